@@ -1,0 +1,33 @@
+"""Rendering: one entry point over interchangeable rasterizers (the pure-torch reference or CUDA)."""
+from __future__ import annotations
+
+import torch
+
+from ..cameras import Camera
+from ..gaussians import Gaussians
+from . import reference
+from .reference import RasterOutput
+
+RASTERIZERS = ("reference", "cuda")
+
+
+def camera_tensors(cam: Camera, device, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """World-to-camera matrix and intrinsics of `cam` as tensors."""
+    return (torch.as_tensor(cam.w2c, dtype=dtype, device=device),
+            torch.as_tensor(cam.K, dtype=dtype, device=device))
+
+
+def rasterizer_fn(name: str):
+    if name == "reference":
+        return reference.rasterize
+    if name == "cuda":
+        from . import cuda  # builds the extension at first use
+        return cuda.rasterize
+    raise ValueError(f"unknown rasterizer {name!r}; choose one of {RASTERIZERS}")
+
+
+def render(g: Gaussians, cam: Camera, sh_degree: int, background, rasterizer: str = "reference") -> RasterOutput:
+    viewmat, K = camera_tensors(cam, g.means.device, g.means.dtype)
+    return rasterizer_fn(rasterizer)(
+        g.means, g.quats, torch.exp(g.log_scales), g.opacities, g.sh, viewmat, K,
+        cam.width, cam.height, min(sh_degree, g.max_sh_degree), background)

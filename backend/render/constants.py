@@ -1,0 +1,10 @@
+"""Rasterizer constants shared by the reference renderer and the CUDA kernels (cuda/constants.h mirrors them)."""
+
+TILE = 16  # tiles are TILE x TILE pixels
+DILATION = 0.3  # added to the 2D covariance's diagonal (anti-aliasing low-pass)
+ALPHA_MAX = 0.99  # alpha cap, which keeps 1 - alpha invertible in the backward walk
+ALPHA_MIN = 1.0 / 255.0  # contributions below this are skipped
+T_STOP = 1e-4  # a pixel stops before a splat that would drop its transmittance below this
+NEAR_PLANE = 0.01  # Gaussians whose centre is nearer than this (view z) are culled
+RADIUS_SIGMAS = 3.0  # screen-space footprint radius, in standard deviations of the major axis
+FOV_CLAMP_MARGIN = 0.3  # the Jacobian is taken at the centre clamped to the view +30% each side

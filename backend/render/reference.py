@@ -1,0 +1,200 @@
+"""Pure-torch differentiable rasterizer: the oracle for the CUDA kernels and the CPU rendering path.
+
+It reproduces the tiled kernel's semantics exactly, not just approximately: a Gaussian touches only the
+16x16 tiles its radius covers, each tile's splats are composited front to back in (depth, index) order,
+alpha is capped at 0.99 and skipped below 1/255, and a pixel stops before the first splat that would drop
+its transmittance below 1e-4. Pixel (i, j) is sampled at its centre (i + 0.5, j + 0.5).
+
+Instead of a per-pixel loop it evaluates every (tile entry, pixel of that tile) pair at once and gets the
+front-to-back transmittance from a per-tile cumulative sum of log(1 - alpha) in float64; tiles are
+processed in chunks so memory stays bounded for large images.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import torch
+
+from ..sh import sh_to_rgb
+from .constants import (ALPHA_MAX, ALPHA_MIN, DILATION, FOV_CLAMP_MARGIN, NEAR_PLANE, RADIUS_SIGMAS,
+                        T_STOP, TILE)
+
+MAX_CHUNK_PIXEL_ENTRIES = 1 << 24  # (tile entry x pixel) pairs evaluated at once
+
+
+@dataclass
+class RasterOutput:
+    image: torch.Tensor  # (H, W, 3) composited over the background
+    alpha: torch.Tensor  # (H, W) accumulated opacity = 1 - final transmittance
+    depth: torch.Tensor  # (H, W) alpha-weighted view depth, sum of w_i z_i (divide by alpha for the mean)
+    means2d: torch.Tensor  # (N, 2) projected centres in pixels; its .grad feeds densification
+    radii: torch.Tensor  # (N,) int32 footprint radius in pixels, 0 where culled
+
+
+@dataclass
+class Projected:
+    means2d: torch.Tensor  # (N, 2)
+    conics: torch.Tensor  # (N, 3) inverse 2D covariance (a, b, c) of [[a, b], [b, c]]
+    depths: torch.Tensor  # (N,)
+    radii: torch.Tensor  # (N,) int32, 0 where culled
+    colors: torch.Tensor  # (N, 3)
+
+
+def quat_to_rotmat(quats: torch.Tensor) -> torch.Tensor:
+    w, x, y, z = torch.nn.functional.normalize(quats, dim=-1).unbind(-1)
+    return torch.stack([
+        1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
+        2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
+        2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
+    ], dim=-1).reshape(quats.shape[:-1] + (3, 3))
+
+
+def project(means, quats, scales, sh, viewmat, K, width: int, height: int, sh_degree: int) -> Projected:
+    """EWA projection of 3D Gaussians to screen-space ellipses, plus view-dependent colour."""
+    R, t = viewmat[:3, :3], viewmat[:3, 3]
+    fx, fy, cx, cy = K[0, 0], K[1, 1], K[0, 2], K[1, 2]
+    p = means @ R.T + t
+    x, y, z = p.unbind(-1)
+    in_front = z > NEAR_PLANE
+    z_safe = torch.where(in_front, z, torch.ones_like(z))
+
+    # Jacobian of the perspective map, taken at the centre clamped to a margin around the view so
+    # Gaussians far outside it do not get huge footprints.
+    lim_x_pos = (width - cx) / fx + FOV_CLAMP_MARGIN * width / fx
+    lim_x_neg = cx / fx + FOV_CLAMP_MARGIN * width / fx
+    lim_y_pos = (height - cy) / fy + FOV_CLAMP_MARGIN * height / fy
+    lim_y_neg = cy / fy + FOV_CLAMP_MARGIN * height / fy
+    tx = z_safe * torch.clamp(x / z_safe, -lim_x_neg, lim_x_pos)
+    ty = z_safe * torch.clamp(y / z_safe, -lim_y_neg, lim_y_pos)
+    zero = torch.zeros_like(z)
+    J = torch.stack([fx / z_safe, zero, -fx * tx / z_safe ** 2,
+                     zero, fy / z_safe, -fy * ty / z_safe ** 2], dim=-1).reshape(-1, 2, 3)
+
+    M = quat_to_rotmat(quats) * scales[:, None, :]
+    T = J @ R @ M
+    cov2d = T @ T.mT
+    a = cov2d[:, 0, 0] + DILATION
+    b = cov2d[:, 0, 1]
+    c = cov2d[:, 1, 1] + DILATION
+    det = a * c - b * b
+    valid = in_front & (det > 0)
+    det_safe = torch.where(valid, det, torch.ones_like(det))
+    conics = torch.stack([c / det_safe, -b / det_safe, a / det_safe], dim=-1)
+
+    mid = 0.5 * (a + c)
+    lambda_max = mid + torch.sqrt(torch.clamp_min(mid * mid - det, 0.1))
+    radii = torch.ceil(RADIUS_SIGMAS * torch.sqrt(lambda_max.detach())).to(torch.int32)
+    means2d = torch.stack([fx * x / z_safe + cx, fy * y / z_safe + cy], dim=-1)
+
+    x_lo, x_hi, y_lo, y_hi = tile_rect(means2d.detach(), radii, width, height)
+    valid = valid & (x_hi > x_lo) & (y_hi > y_lo)
+    radii = torch.where(valid, radii, torch.zeros_like(radii))
+
+    campos = -R.T @ t
+    dirs = torch.nn.functional.normalize(means - campos, dim=-1)
+    colors = sh_to_rgb(sh, dirs, sh_degree)
+    return Projected(means2d, conics, z, radii, colors)
+
+
+def tile_rect(means2d, radii, width: int, height: int):
+    """Half-open tile ranges [x_lo, x_hi) x [y_lo, y_hi) that a footprint of `radii` around `means2d` covers."""
+    tiles_x, tiles_y = (width + TILE - 1) // TILE, (height + TILE - 1) // TILE
+    u, v = means2d[:, 0], means2d[:, 1]
+    r = radii.to(means2d.dtype)
+    x_lo = torch.clamp(torch.floor((u - r) / TILE), 0, tiles_x).long()
+    x_hi = torch.clamp(torch.floor((u + r) / TILE) + 1, 0, tiles_x).long()
+    y_lo = torch.clamp(torch.floor((v - r) / TILE), 0, tiles_y).long()
+    y_hi = torch.clamp(torch.floor((v + r) / TILE) + 1, 0, tiles_y).long()
+    return x_lo, x_hi, y_lo, y_hi
+
+
+def bin_tiles(proj: Projected, width: int, height: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tile entries sorted by (tile, depth, Gaussian index), as the kernels' radix sort on
+    (tile << 32 | float bits of depth) orders them. Returns (tile id, Gaussian id) per entry."""
+    tiles_x = (width + TILE - 1) // TILE
+    x_lo, x_hi, y_lo, y_hi = tile_rect(proj.means2d.detach(), proj.radii, width, height)
+    visible = proj.radii > 0
+    w = torch.where(visible, x_hi - x_lo, torch.zeros_like(x_lo))
+    h = torch.where(visible, y_hi - y_lo, torch.zeros_like(y_lo))
+    counts = w * h
+    gauss = torch.repeat_interleave(torch.arange(len(counts), device=counts.device), counts)
+    first = torch.cumsum(counts, 0) - counts
+    local = torch.arange(len(gauss), device=counts.device) - first[gauss]
+    tile = (y_lo[gauss] + local // w[gauss]) * tiles_x + x_lo[gauss] + local % w[gauss]
+    # Depths are positive, so their float32 bit patterns sort like the values.
+    depth_bits = proj.depths.detach().float().view(torch.int32).long()[gauss]
+    order = torch.argsort(depth_bits, stable=True)
+    order = order[torch.argsort(tile[order], stable=True)]
+    return tile[order], gauss[order]
+
+
+def composite(proj: Projected, tile_ids, gauss_ids, opacities, width: int, height: int):
+    """Front-to-back alpha compositing per tile. Returns colour (H, W, 3), alpha (H, W), depth (H, W)."""
+    tiles_x, tiles_y = (width + TILE - 1) // TILE, (height + TILE - 1) // TILE
+    n_tiles = tiles_x * tiles_y
+    ends = torch.cumsum(torch.bincount(tile_ids, minlength=n_tiles), 0).tolist()
+    budget = max(1, MAX_CHUNK_PIXEL_ENTRIES // (TILE * TILE))
+    chunks = []
+    t0 = 0
+    while t0 < n_tiles:  # chunks of whole tiles holding at most `budget` entries (or one tile)
+        e0 = ends[t0 - 1] if t0 > 0 else 0
+        t1 = max(t0 + 1, bisect.bisect_right(ends, e0 + budget))
+        e1 = ends[t1 - 1]
+        chunks.append(_composite_tiles(proj, tile_ids[e0:e1], gauss_ids[e0:e1], t0, t1, tiles_x, opacities))
+        t0 = t1
+    out = torch.cat(chunks, dim=0)
+    # (tiles_y * tiles_x, TILE * TILE, 5) -> (H, W, 5), cropped to the image.
+    img = out.reshape(tiles_y, tiles_x, TILE, TILE, 5).permute(0, 2, 1, 3, 4)
+    img = img.reshape(tiles_y * TILE, tiles_x * TILE, 5)[:height, :width]
+    return img[..., :3], img[..., 3], img[..., 4]
+
+
+def _composite_tiles(proj: Projected, tid, gid, t0: int, t1: int, tiles_x: int, opacities) -> torch.Tensor:
+    """Composite the sorted entries (tile `tid`, Gaussian `gid`) of tiles [t0, t1).
+    Returns (t1 - t0, TILE * TILE, 5): rgb, alpha, depth per pixel of each tile."""
+    dtype, device = proj.means2d.dtype, proj.means2d.device
+    acc = torch.zeros(t1 - t0, TILE * TILE, 5, dtype=dtype, device=device)
+    if len(gid) == 0:
+        return acc
+    offsets = torch.arange(TILE, device=device, dtype=dtype) + 0.5
+    py_local, px_local = torch.meshgrid(offsets, offsets, indexing="ij")
+    px = (tid % tiles_x * TILE).to(dtype)[:, None] + px_local.reshape(-1)
+    py = (tid // tiles_x * TILE).to(dtype)[:, None] + py_local.reshape(-1)
+    dx = px - proj.means2d[gid, 0, None]
+    dy = py - proj.means2d[gid, 1, None]
+    conic = proj.conics[gid]
+    power = -0.5 * (conic[:, 0, None] * dx * dx + conic[:, 2, None] * dy * dy) - conic[:, 1, None] * dx * dy
+    alpha = torch.clamp_max(opacities[gid, None] * torch.exp(power), ALPHA_MAX)
+    alpha = torch.where((power > 0) | (alpha < ALPHA_MIN), torch.zeros_like(alpha), alpha)
+
+    # Inclusive cumulative log-transmittance along each tile's list; float64 keeps the running sum
+    # across the chunk's tiles exact enough to subtract each tile's base.
+    log_t = torch.log1p(-alpha).double()
+    cum = torch.cumsum(log_t, dim=0)
+    is_first = torch.ones_like(tid, dtype=torch.bool)
+    is_first[1:] = tid[1:] != tid[:-1]
+    first_index = torch.cummax(torch.where(is_first, torch.arange(len(tid), device=device), 0), 0).values
+    base = cum[first_index] - log_t[first_index]
+    t_incl = torch.exp(cum - base)
+    t_before = torch.exp(cum - log_t - base).to(dtype)
+    contributes = t_incl >= T_STOP  # monotone along a tile's list, so this means "before the stop"
+    weight = torch.where(contributes, alpha * t_before, torch.zeros_like(alpha))
+
+    values = torch.cat([weight[..., None] * proj.colors[gid, None, :], weight[..., None],
+                        (weight * proj.depths[gid, None])[..., None]], dim=-1)
+    return acc.index_add(0, tid - t0, values)
+
+
+def rasterize(means, quats, scales, opacities, sh, viewmat, K, width: int, height: int,
+              sh_degree: int, background) -> RasterOutput:
+    """Render Gaussians (world-space means, quaternions, positive scales, opacities in [0, 1], SH
+    coefficients (N, K, 3)) through an OpenCV camera (world-to-camera `viewmat`, intrinsics `K`)."""
+    proj = project(means, quats, scales, sh, viewmat, K, width, height, sh_degree)
+    if proj.means2d.requires_grad:
+        proj.means2d.retain_grad()
+    tile_ids, gauss_ids = bin_tiles(proj, width, height)
+    color, alpha, depth = composite(proj, tile_ids, gauss_ids, opacities, width, height)
+    background = torch.as_tensor(background, dtype=color.dtype, device=color.device)
+    image = color + (1 - alpha)[..., None] * background
+    return RasterOutput(image, alpha, depth, proj.means2d, proj.radii)
