@@ -1,0 +1,67 @@
+"""Command line: python -m backend {train,render,info,demo,bench} ..."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .errors import SplatwrightError
+
+DEFAULT_SCENE = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "lego"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m backend", description="Splatwright backend")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train Gaussians on a transforms*.json scene")
+    p.add_argument("data", help="scene folder with transforms_train.json (and transforms_test.json)")
+    p.add_argument("--out", required=True, help="output folder for splats.ply, metrics.json, checkpoint.pt")
+    add_training_arguments(p)
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+
+    p = sub.add_parser("render", help="render a PLY through the cameras of a transforms file")
+    p.add_argument("splats", help="3DGS PLY file")
+    p.add_argument("--cameras", required=True, help="transforms*.json with the cameras to render")
+    p.add_argument("--out", required=True, help="output folder for the PNGs")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--background", default="white")
+    p.add_argument("--downscale", type=float, default=1.0)
+
+    sub.add_parser("info", help="report Python, torch, CUDA, the GPU and whether the CUDA rasterizer builds")
+
+    p = sub.add_parser("demo", help="train on a scene end to end and write PLY, views and metrics")
+    p.add_argument("data", nargs="?", default=str(DEFAULT_SCENE), help="scene folder (default: the lego scene)")
+    p.add_argument("--out", default=None, help="output folder (default: out/demo-<time>)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+
+    p = sub.add_parser("bench", help="benchmarks (raster, train)", add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "bench":
+            from . import bench
+            return bench.main(args.rest)
+        from . import commands
+        command = {"train": commands.train, "render": commands.render_views, "info": commands.info,
+                   "demo": commands.demo}[args.command]
+        return command(args)
+    except SplatwrightError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def add_training_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--iters", type=int, default=None, help="training steps (default: 30000 on GPU, 3000 on CPU)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--downscale", type=float, default=1.0, help="divide image sizes by this factor")
+    p.add_argument("--background", default="white", help="white, black or r,g,b in [0, 1]")
+    p.add_argument("--sh-degree", type=int, default=3, choices=[0, 1, 2, 3])
+    p.add_argument("--init-points", type=int, default=None, help="random initial Gaussians")
+    p.add_argument("--max-gaussians", type=int, default=None, help="cap on the Gaussian count (0: none)")
+    p.add_argument("--checkpoint-every", type=int, default=1000, help="steps between checkpoints (0: only at the end)")
+    p.add_argument("--seed", type=int, default=0)

@@ -1,0 +1,184 @@
+"""The CLI's commands; each takes parsed arguments and returns an exit code."""
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from dataclasses import replace
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from .data import Dataset, load_cameras, load_split, parse_background
+from .errors import SplatwrightError
+from .ply import read_ply, write_ply
+from .progress import Progress
+from .render import render
+from .strategy import DensifyConfig
+from .train import TrainConfig, Trainer, evaluate, load_checkpoint
+
+CHECKPOINT = "checkpoint.pt"
+
+
+def resolve_device(name: str) -> tuple[str, str]:
+    """(torch device, rasterizer) for --device auto|cpu|cuda."""
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SplatwrightError("--device cuda: no CUDA GPU is visible to torch; use --device cpu")
+    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
+        return "cuda", "cuda"
+    return "cpu", "reference"
+
+
+def cpu_config(iterations: int) -> TrainConfig:
+    """A short schedule for the CPU reference path at small image sizes."""
+    return TrainConfig(
+        iterations=iterations, init_points=5000, sh_interval=max(1, iterations // 4),
+        densify=DensifyConfig(start=100, every=100, stop=int(iterations * 0.8), reset_opacity_every=0,
+                              max_gaussians=20_000))
+
+
+def training_config(args, device: str, rasterizer: str) -> TrainConfig:
+    iterations = args.iters or (30_000 if device == "cuda" else 3000)
+    cfg = TrainConfig(iterations=iterations) if device == "cuda" else cpu_config(iterations)
+    densify = cfg.densify
+    if args.max_gaussians is not None:
+        densify = replace(densify, max_gaussians=args.max_gaussians)
+    return replace(cfg, rasterizer=rasterizer, sh_degree=args.sh_degree, seed=args.seed,
+                   background=parse_background(args.background), densify=densify,
+                   init_points=args.init_points or cfg.init_points)
+
+
+def run_training(trainer: Trainer, checkpoint: Path | None, checkpoint_every: int) -> None:
+    """Train to the configured step count with a progress bar; on interruption or failure the last
+    state is checkpointed first, so nothing is lost."""
+    total = trainer.cfg.iterations
+    bar = Progress(total, "train")
+    try:
+        while trainer.step < total:
+            trainer.train_step()
+            if checkpoint and checkpoint_every and trainer.step % checkpoint_every == 0:
+                trainer.save_checkpoint(checkpoint)
+            bar.update(trainer.step, loss=trainer.last["loss"], psnr=trainer.last["psnr"], gaussians=len(trainer.g))
+    except KeyboardInterrupt:
+        if checkpoint:
+            trainer.save_checkpoint(checkpoint)
+            print(f"\ninterrupted at step {trainer.step}; resume with --resume", file=sys.stderr)
+        raise
+    except FloatingPointError as e:
+        raise SplatwrightError(f"training diverged: {e}; try a lower learning rate or check the input images") from e
+    finally:
+        bar.close()
+    if checkpoint:
+        trainer.save_checkpoint(checkpoint)
+
+
+def train(args) -> int:
+    device, rasterizer = resolve_device(args.device)
+    cfg = training_config(args, device, rasterizer)
+    train_set = load_split(args.data, "train", cfg.background, args.downscale)
+    test_set = load_split(args.data, "test", cfg.background, args.downscale)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    trainer = Trainer(train_set, cfg, device)
+    if args.resume:
+        if not (out / CHECKPOINT).is_file():
+            raise SplatwrightError(f"--resume: no {CHECKPOINT} in {out}")
+        trainer.load_state_dict(load_checkpoint(out / CHECKPOINT))
+        print(f"resuming at step {trainer.step}", file=sys.stderr)
+    run_training(trainer, out / CHECKPOINT, args.checkpoint_every)
+    metrics = finish(trainer, test_set or train_set, out, device)
+    print(json.dumps(metrics))
+    return 0
+
+
+def finish(trainer: Trainer, eval_set: Dataset, out: Path, device: str) -> dict:
+    """Write splats.ply and metrics.json for a finished run; returns the metrics."""
+    write_ply(out / "splats.ply", trainer.g)
+    scores = evaluate(trainer.g, eval_set, trainer.sh_degree, trainer.cfg.background, trainer.cfg.rasterizer)
+    metrics = {**scores, "iterations": trainer.step, "train_seconds": round(trainer.train_seconds, 3),
+               "gaussians": len(trainer.g), "device": device_name(device)}
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    return metrics
+
+
+def device_name(device: str) -> str:
+    return torch.cuda.get_device_name() if device == "cuda" else f"cpu ({platform.processor() or platform.machine()})"
+
+
+def save_png(path: Path, image: torch.Tensor) -> None:
+    array = (image.detach().clamp(0, 1).cpu().numpy() * 255 + 0.5).astype(np.uint8)
+    Image.fromarray(array).save(path)
+
+
+def render_views(args) -> int:
+    device, rasterizer = resolve_device(args.device)
+    g = read_ply(args.splats).to(device)
+    cameras, names = load_cameras(args.cameras, args.downscale)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    background = parse_background(args.background)
+    bar = Progress(len(cameras), "render")
+    with torch.no_grad():
+        for i, (cam, name) in enumerate(zip(cameras, names)):
+            save_png(out / f"{name}.png", render(g, cam, g.max_sh_degree, background, rasterizer).image)
+            bar.update(i + 1)
+    bar.close()
+    print(f"wrote {len(cameras)} images to {out}")
+    return 0
+
+
+def info(args) -> int:
+    report = {"python": sys.version.split()[0], "torch": torch.__version__,
+              "cuda_available": torch.cuda.is_available(), "torch_cuda": torch.version.cuda}
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        report["gpu"] = props.name
+        report["gpu_memory_gb"] = round(props.total_memory / 2**30, 1)
+        from .render import cuda
+        report["cuda_rasterizer"], report["cuda_rasterizer_detail"] = cuda.is_available()
+    else:
+        report["cuda_rasterizer"] = False
+        report["cuda_rasterizer_detail"] = "no CUDA GPU; the CPU reference rasterizer is used"
+    for key, value in report.items():
+        print(f"{key:24s} {value}")
+    return 0
+
+
+def demo(args) -> int:
+    """Train on a scene end to end: the GPU at full size, or the CPU reference path at about 100 px."""
+    device, rasterizer = resolve_device(args.device)
+    out = Path(args.out or f"out/demo-{datetime.now():%Y%m%d-%H%M%S}")
+    out.mkdir(parents=True, exist_ok=True)
+    if device == "cuda":
+        cfg, downscale = replace(TrainConfig(iterations=7000), rasterizer=rasterizer), 1.0
+    else:
+        cfg, downscale = cpu_config(600), None
+    print(f"demo: {args.data} on {device_name(device)}, output in {out}", file=sys.stderr)
+    if downscale is None:  # CPU: about 100 px wide
+        probe, _ = load_cameras(Path(args.data) / "transforms_train.json")
+        downscale = max(1.0, probe[0].width / 100)
+    train_set = load_split(args.data, "train", cfg.background, downscale)
+    test_set = load_split(args.data, "test", cfg.background, downscale) or train_set
+    trainer = Trainer(train_set, cfg, device)
+    initial = evaluate(trainer.g, test_set, 0, cfg.background, rasterizer)
+    run_training(trainer, out / CHECKPOINT, 0)
+    metrics = finish(trainer, test_set, out, device)
+    metrics["initial_psnr"] = initial["psnr"]
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+
+    views = out / "views"
+    views.mkdir(exist_ok=True)
+    with torch.no_grad():
+        for i in np.linspace(0, len(test_set) - 1, 4).astype(int):
+            cam = test_set.cameras[i]
+            save_png(views / f"{i:03d}_render.png",
+                     render(trainer.g, cam, trainer.sh_degree, cfg.background, rasterizer).image)
+            save_png(views / f"{i:03d}_truth.png", test_set.images[i])
+    print(f"test PSNR {initial['psnr']:.2f} dB -> {metrics['psnr']:.2f} dB, SSIM {metrics['ssim']:.3f}, "
+          f"{metrics['gaussians']} Gaussians, {metrics['train_seconds']:.0f} s training; "
+          f"wrote {out}/splats.ply, {views}/, {out}/metrics.json")
+    return 0
+

@@ -1,0 +1,203 @@
+"""Datasets: NeRF-synthetic / instant-ngp `transforms*.json` scenes loaded into memory as tensors."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from .cameras import Camera, from_blender_c2w, intrinsics, intrinsics_from_fov_x
+from .errors import SplatwrightError
+
+
+@dataclass
+class Dataset:
+    cameras: list[Camera]
+    images: torch.Tensor  # (N, H, W, 3) float32 in [0, 1], composited over the background
+    names: list[str]
+
+    def __len__(self) -> int:
+        return len(self.cameras)
+
+    def to(self, device) -> "Dataset":
+        return Dataset(self.cameras, self.images.to(device), self.names)
+
+
+def parse_background(text: str) -> tuple[float, float, float]:
+    """'white', 'black' or 'r,g,b' with components in [0, 1]."""
+    named = {"white": (1.0, 1.0, 1.0), "black": (0.0, 0.0, 0.0)}
+    if text in named:
+        return named[text]
+    try:
+        rgb = tuple(float(c) for c in text.split(","))
+    except ValueError:
+        rgb = ()
+    if len(rgb) != 3 or not all(0.0 <= c <= 1.0 for c in rgb):
+        raise SplatwrightError(f"background {text!r}: use 'white', 'black' or three numbers in [0, 1] like 0.5,0.5,0.5")
+    return rgb
+
+
+def transforms_path(root: str | Path, split: str) -> Path | None:
+    """The transforms file of `split`: transforms_<split>.json, or transforms.json for training."""
+    root = Path(root)
+    if not root.is_dir():
+        raise SplatwrightError(f"{root}: scene folder not found")
+    path = root / f"transforms_{split}.json"
+    if path.is_file():
+        return path
+    if split == "train" and (root / "transforms.json").is_file():
+        return root / "transforms.json"
+    return None
+
+
+def load_split(root: str | Path, split: str, background=(1.0, 1.0, 1.0), downscale: float = 1.0) -> Dataset | None:
+    """Load one split, or None if the scene has no file for it (only 'train' is required)."""
+    path = transforms_path(root, split)
+    if path is None:
+        if split == "train":
+            raise SplatwrightError(f"{root}: no transforms_train.json or transforms.json; "
+                                   "expected a NeRF-synthetic or instant-ngp scene folder")
+        return None
+    return load_transforms(path, background, downscale)
+
+
+def load_transforms(path: Path, background=(1.0, 1.0, 1.0), downscale: float = 1.0) -> Dataset:
+    meta = _read_meta(path)
+    frames = meta["frames"]
+    _check_downscale(downscale)
+
+    cameras, images, names = [], [], []
+    size = None
+    bg = np.asarray(background, dtype=np.float32)
+    for i, frame in enumerate(frames):
+        what = f"{path.name} frame {i}"
+        image_path = _find_image(path.parent, frame.get("file_path"), what)
+        rgb = _load_rgb(image_path, bg)
+        h, w = rgb.shape[:2]
+        if size is None:
+            size = (w, h)
+        elif (w, h) != size:
+            raise SplatwrightError(f"{image_path}: image is {w}x{h} but earlier images are {size[0]}x{size[1]}; "
+                                   "all views of a scene must have one size")
+        cam = _frame_camera(meta, frame, w, h, what)
+        if downscale != 1.0:
+            cam = cam.scaled(1.0 / downscale)
+            rgb = np.asarray(Image.fromarray((rgb * 255 + 0.5).astype(np.uint8)).resize(
+                (cam.width, cam.height), Image.Resampling.BOX), dtype=np.float32) / 255.0
+        cameras.append(cam)
+        images.append(torch.from_numpy(np.ascontiguousarray(rgb)))
+        names.append(Path(str(frame.get("file_path"))).name)
+    return Dataset(cameras, torch.stack(images), names)
+
+
+def load_cameras(path: str | Path, downscale: float = 1.0) -> tuple[list[Camera], list[str]]:
+    """Only the cameras of a transforms file; image sizes come from its w/h or from the image headers."""
+    path = Path(path)
+    _check_downscale(downscale)
+    meta = _read_meta(path)
+    cameras, names = [], []
+    for i, frame in enumerate(meta["frames"]):
+        what = f"{path.name} frame {i}"
+        w, h = frame.get("w", meta.get("w")), frame.get("h", meta.get("h"))
+        if w is None or h is None:
+            with Image.open(_find_image(path.parent, frame.get("file_path"), what)) as im:
+                w, h = im.size
+        cam = _frame_camera(meta, frame, int(w), int(h), what)
+        cameras.append(cam.scaled(1.0 / downscale) if downscale != 1.0 else cam)
+        names.append(Path(str(frame.get("file_path", f"view_{i:03d}"))).name)
+    return cameras, names
+
+
+def _check_downscale(downscale: float) -> None:
+    if not downscale >= 1.0:
+        raise SplatwrightError(f"downscale must be a number >= 1, got {downscale}")
+
+
+def _read_meta(path: Path) -> dict:
+    if not path.is_file():
+        raise SplatwrightError(f"{path}: transforms file not found")
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SplatwrightError(f"{path}: cannot read transforms ({e})") from e
+    if not isinstance(meta, dict) or not isinstance(meta.get("frames"), list) or not meta["frames"]:
+        raise SplatwrightError(f"{path}: no 'frames' list")
+    return meta
+
+
+def _frame_camera(meta: dict, frame: dict, w: int, h: int, what: str) -> Camera:
+    K = _intrinsics(meta, frame, w, h, what)
+    return from_blender_c2w(frame.get("transform_matrix"), K, w, h, what)
+
+
+def _find_image(folder: Path, file_path, what: str) -> Path:
+    if not isinstance(file_path, str) or not file_path:
+        raise SplatwrightError(f"{what}: missing 'file_path'")
+    base = folder / file_path
+    for candidate in (base, base.with_name(base.name + ".png")):
+        if candidate.is_file():
+            return candidate
+    raise SplatwrightError(f"{what}: image not found: {base} (also tried {base.name}.png)")
+
+
+def _load_rgb(path: Path, background: np.ndarray) -> np.ndarray:
+    """8-bit image as float RGB in [0, 1]; RGBA is composited over `background`."""
+    try:
+        with Image.open(path) as im:
+            im = im.convert("RGBA") if im.mode in ("RGBA", "LA", "P") else im.convert("RGB")
+            a = np.asarray(im, dtype=np.float32) / 255.0
+    except OSError as e:
+        raise SplatwrightError(f"{path}: cannot read image ({e})") from e
+    if a.shape[-1] == 4:
+        return a[..., :3] * a[..., 3:] + background * (1.0 - a[..., 3:])
+    return a
+
+
+def _intrinsics(meta: dict, frame: dict, w: int, h: int, what: str) -> np.ndarray:
+    if not isinstance(frame, dict):
+        raise SplatwrightError(f"{what}: a frame must be a JSON object")
+
+    def get(key):
+        return frame.get(key, meta.get(key))
+    if get("fl_x") is not None:
+        fl_x = float(get("fl_x"))
+        fl_y = float(get("fl_y") if get("fl_y") is not None else fl_x)
+        ref_w, ref_h = float(get("w") or w), float(get("h") or h)
+        cx = float(get("cx") if get("cx") is not None else ref_w / 2)
+        cy = float(get("cy") if get("cy") is not None else ref_h / 2)
+        sx, sy = w / ref_w, h / ref_h  # the file's intrinsics refer to its w, h
+        return intrinsics(fl_x * sx, fl_y * sy, cx * sx, cy * sy)
+    if get("camera_angle_x") is not None:
+        return intrinsics_from_fov_x(float(get("camera_angle_x")), w, h)
+    raise SplatwrightError(f"{what}: no intrinsics (need camera_angle_x or fl_x/fl_y/cx/cy)")
+
+
+def scene_bounds(cameras: list[Camera]) -> tuple[np.ndarray, float]:
+    """Centre and half-size of the region the cameras look at: the point nearest to all optical axes,
+    and half the width the nearest camera sees there."""
+    centres = np.stack([c.position for c in cameras])
+    axes = np.stack([c.c2w[:3, 2] for c in cameras])
+    A = np.zeros((3, 3))
+    b = np.zeros(3)
+    for o, d in zip(centres, axes):
+        P = np.eye(3) - np.outer(d, d)  # projects onto the plane normal to the axis
+        A += P
+        b += P @ o
+    if np.linalg.cond(A) < 1e8:
+        center = np.linalg.solve(A, b)
+    else:  # parallel axes: fall back to a point in front of the mean camera
+        center = centres.mean(0) + axes.mean(0)
+    dist = np.linalg.norm(centres - center, axis=1)
+    nearest = int(np.argmin(dist))
+    cam = cameras[nearest]
+    half_width = 0.5 * dist[nearest] * cam.width / cam.K[0, 0]
+    return center, float(max(half_width, 1e-3))
+
+
+def camera_extent(cameras: list[Camera]) -> float:
+    """The 3DGS scene extent: 1.1 x the radius of the camera centres around their mean."""
+    centres = np.stack([c.position for c in cameras])
+    return float(1.1 * max(np.linalg.norm(centres - centres.mean(0), axis=1).max(), 1e-3))

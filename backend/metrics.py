@@ -1,0 +1,44 @@
+"""Image losses and metrics on (H, W, 3) tensors in [0, 1]."""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+
+def psnr(img: torch.Tensor, gt: torch.Tensor) -> float:
+    mse = torch.mean((img.detach().float() - gt.float()) ** 2).clamp_min(1e-12)
+    return float(-10.0 * torch.log10(mse))
+
+
+@functools.lru_cache(maxsize=8)
+def _window(size: int, sigma: float, device, dtype) -> torch.Tensor:
+    x = torch.arange(size, dtype=torch.float64) - (size - 1) / 2
+    g = torch.exp(-x ** 2 / (2 * sigma ** 2))
+    g = (g / g.sum()).to(device=device, dtype=dtype)
+    return (g[:, None] * g[None, :]).expand(3, 1, size, size).contiguous()
+
+
+def ssim(img: torch.Tensor, gt: torch.Tensor, window: int = 11, sigma: float = 1.5) -> torch.Tensor:
+    """Mean structural similarity with an 11x11 Gaussian window (sigma 1.5), as in 3DGS; differentiable."""
+    x = img.permute(2, 0, 1)[None]
+    y = gt.permute(2, 0, 1)[None]
+    w = _window(window, sigma, img.device, img.dtype)
+    pad = window // 2
+
+    def blur(t):
+        return F.conv2d(t, w, padding=pad, groups=3)
+
+    mu_x, mu_y = blur(x), blur(y)
+    sigma_x = blur(x * x) - mu_x ** 2
+    sigma_y = blur(y * y) - mu_y ** 2
+    sigma_xy = blur(x * y) - mu_x * mu_y
+    c1, c2 = 0.01 ** 2, 0.03 ** 2
+    s = ((2 * mu_x * mu_y + c1) * (2 * sigma_xy + c2)) / ((mu_x ** 2 + mu_y ** 2 + c1) * (sigma_x + sigma_y + c2))
+    return s.mean()
+
+
+def photometric_loss(img: torch.Tensor, gt: torch.Tensor, ssim_weight: float = 0.2) -> torch.Tensor:
+    """(1 - w) L1 + w (1 - SSIM), the 3DGS training loss."""
+    return (1 - ssim_weight) * (img - gt).abs().mean() + ssim_weight * (1 - ssim(img, gt))

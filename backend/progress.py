@@ -1,0 +1,49 @@
+"""A small progress bar for long CLI work (stderr; redrawn in place on a terminal, periodic lines otherwise)."""
+from __future__ import annotations
+
+import sys
+import time
+
+
+class Progress:
+    def __init__(self, total: int, desc: str, stream=None):
+        self.total, self.desc = max(1, total), desc
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.start = self.last_draw = time.monotonic()
+        self.done = self.drawn = 0
+        self.fields = ""
+
+    def update(self, done: int, **fields) -> None:
+        self.done = done
+        self.fields = "  ".join(f"{k} {_fmt(v)}" for k, v in fields.items())
+        now = time.monotonic()
+        interval = 0.25 if self.tty else 10.0
+        if now - self.last_draw >= interval or done >= self.total:
+            self.last_draw = now
+            self._draw(now)
+
+    def _draw(self, now: float) -> None:
+        self.drawn = self.done
+        frac = min(1.0, self.done / self.total)
+        elapsed = now - self.start
+        rate = self.done / elapsed if elapsed > 0 else 0.0
+        eta = (self.total - self.done) / rate if rate > 0 else 0.0
+        bar = "#" * int(24 * frac) + "-" * (24 - int(24 * frac))
+        line = (f"{self.desc} [{bar}] {self.done}/{self.total}  {rate:.1f} it/s  "
+                f"eta {eta:4.0f}s  {self.fields}")
+        self.stream.write(("\r" + line + "\033[K") if self.tty else line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.drawn != self.done:
+            self._draw(time.monotonic())
+        if self.tty:
+            self.stream.write("\n")
+        self.stream.flush()
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)

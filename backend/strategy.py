@@ -1,0 +1,139 @@
+"""Densification strategies: how the set of Gaussians grows and shrinks during training.
+
+A strategy sees each step's render output after the backward pass and may clone, split, prune or reset
+Gaussians; `edit_rows` keeps the optimizer's per-row state consistent with every such change.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .gaussians import Gaussians, logit
+from .render import RasterOutput
+from .render.reference import quat_to_rotmat
+
+
+def edit_rows(optimizer: torch.optim.Optimizer, g: Gaussians, keep: torch.Tensor | None = None,
+              append: dict[str, torch.Tensor] | None = None) -> None:
+    """Keep the rows of every parameter selected by `keep` (bool mask), then append the rows in
+    `append` (one tensor per parameter name). Adam moments follow the rows; appended rows start at zero."""
+    for group in optimizer.param_groups:
+        name = group["name"]
+        old = group["params"][0]
+        state = optimizer.state.pop(old, {})
+
+        def edit(t: torch.Tensor, new_rows: torch.Tensor) -> torch.Tensor:
+            if keep is not None:
+                t = t[keep]
+            return torch.cat([t, new_rows]) if append is not None else t
+
+        extra = append[name].to(old.dtype) if append is not None else None
+        new = edit(old.detach(), extra).requires_grad_(True)
+        for key in ("exp_avg", "exp_avg_sq"):
+            if key in state:
+                state[key] = edit(state[key], torch.zeros_like(extra) if extra is not None else None)
+        if state:
+            optimizer.state[new] = state
+        group["params"][0] = new
+        setattr(g, name, new)
+
+
+@dataclass
+class DensifyConfig:
+    grad_threshold: float = 2e-4  # mean screen-space gradient (NDC units) that marks a Gaussian for growth
+    start: int = 500
+    stop: int = 15_000
+    every: int = 100
+    reset_opacity_every: int = 3000
+    prune_opacity: float = 0.005
+    percent_dense: float = 0.01  # clone below, split above this fraction of the scene extent
+    prune_scale: float = 0.1  # prune Gaussians larger than this fraction of the extent (after a reset)
+    split_scale_divisor: float = 1.6
+    max_gaussians: int = 0  # 0: no cap
+
+
+class DefaultStrategy:
+    """Adaptive density control of the original 3DGS: clone, split, prune, reset opacity."""
+
+    def __init__(self, config: DensifyConfig, extent: float):
+        self.cfg, self.extent = config, extent
+        self.grad_sum: torch.Tensor | None = None
+        self.count: torch.Tensor | None = None
+
+    def state_dict(self) -> dict:
+        return {"grad_sum": self.grad_sum, "count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.grad_sum, self.count = state["grad_sum"], state["count"]
+
+    def after_backward(self, step: int, out: RasterOutput, width: int, height: int, g: Gaussians,
+                       optimizer: torch.optim.Optimizer, generator: torch.Generator) -> None:
+        """`step` counts completed steps, this one included."""
+        cfg = self.cfg
+        if step <= cfg.stop and out.means2d.grad is not None:
+            self._accumulate(out, width, height, len(g))
+        if cfg.start < step <= cfg.stop and step % cfg.every == 0:
+            self._refine(step, g, optimizer, generator)
+        if cfg.reset_opacity_every and step <= cfg.stop and step % cfg.reset_opacity_every == 0:
+            self._reset_opacity(g, optimizer)
+
+    def _accumulate(self, out: RasterOutput, width: int, height: int, n: int) -> None:
+        if self.grad_sum is None or self.grad_sum.shape[0] != n:
+            self.grad_sum = torch.zeros(n, device=out.means2d.device)
+            self.count = torch.zeros(n, device=out.means2d.device)
+        grad = out.means2d.grad.detach() * out.means2d.new_tensor([0.5 * width, 0.5 * height])
+        visible = out.radii > 0
+        self.grad_sum += torch.where(visible, grad.norm(dim=-1), 0.0).to(self.grad_sum.dtype)
+        self.count += visible.to(self.count.dtype)
+
+    def _refine(self, step: int, g: Gaussians, optimizer, generator) -> None:
+        cfg = self.cfg
+        n = len(g)
+        if self.grad_sum is None or self.grad_sum.shape[0] != n:
+            return
+        avg = self.grad_sum / self.count.clamp_min(1)
+        hot = avg > cfg.grad_threshold
+        if cfg.max_gaussians:
+            room = max(0, cfg.max_gaussians - n)
+            if int(hot.sum()) > room:  # grow only the hottest that fit under the cap
+                hottest = torch.topk(torch.where(hot, avg, -1.0), room).indices
+                hot = torch.zeros_like(hot)
+                hot[hottest] = True
+        max_scale = torch.exp(g.log_scales.detach()).amax(dim=-1)
+        small = max_scale <= cfg.percent_dense * self.extent
+        clone, split = hot & small, hot & ~small
+
+        new_rows = {name: t.detach()[clone] for name, t in g.tensors().items()}
+        split_rows = self._split_samples(g, split, generator)
+        for name in new_rows:
+            new_rows[name] = torch.cat([new_rows[name], split_rows[name]])
+
+        prune = torch.sigmoid(g.opacity_logits.detach()) < cfg.prune_opacity
+        if step > cfg.reset_opacity_every:
+            prune |= max_scale > cfg.prune_scale * self.extent
+        keep = ~(prune | split)
+        edit_rows(optimizer, g, keep=keep, append=new_rows)
+        self.grad_sum = torch.zeros(len(g), device=g.means.device)
+        self.count = torch.zeros(len(g), device=g.means.device)
+
+    def _split_samples(self, g: Gaussians, split: torch.Tensor, generator) -> dict[str, torch.Tensor]:
+        """Two Gaussians per split one, placed by sampling it, with scales divided by 1.6."""
+        rows = {name: t.detach()[split].repeat_interleave(2, dim=0) for name, t in g.tensors().items()}
+        scales = torch.exp(rows["log_scales"])
+        noise = torch.randn(scales.shape, generator=generator, device=scales.device) * scales
+        rows["means"] = rows["means"] + (quat_to_rotmat(rows["quats"]) @ noise[..., None])[..., 0]
+        rows["log_scales"] = rows["log_scales"] - math.log(self.cfg.split_scale_divisor)
+        return rows
+
+    def _reset_opacity(self, g: Gaussians, optimizer) -> None:
+        ceiling = float(logit(2 * self.cfg.prune_opacity))
+        for group in optimizer.param_groups:
+            if group["name"] == "opacity_logits":
+                p = group["params"][0]
+                with torch.no_grad():
+                    p.clamp_(max=ceiling)
+                for v in optimizer.state.get(p, {}).values():
+                    if torch.is_tensor(v) and v.shape == p.shape:
+                        v.zero_()

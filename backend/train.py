@@ -1,0 +1,163 @@
+"""The trainer, written once for CPU and GPU: optimise Gaussians against a dataset's views."""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from .errors import SplatwrightError
+from .data import Dataset, camera_extent, scene_bounds
+from .gaussians import Gaussians
+from .metrics import photometric_loss, psnr, ssim
+from .render import render
+from .strategy import DefaultStrategy, DensifyConfig
+
+CHECKPOINT_FORMAT = 1
+
+
+@dataclass
+class LearningRates:
+    """The standard 3DGS rates; the means' rate is scaled by the scene extent and decays exponentially."""
+    means: float = 1.6e-4
+    means_final: float = 1.6e-6
+    log_scales: float = 5e-3
+    quats: float = 1e-3
+    opacity_logits: float = 5e-2
+    sh_dc: float = 2.5e-3
+    sh_rest: float = 2.5e-3 / 20
+
+
+@dataclass
+class TrainConfig:
+    iterations: int = 30_000
+    sh_degree: int = 3
+    sh_interval: int = 1000  # the active SH degree grows by one every this many steps
+    ssim_weight: float = 0.2
+    background: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    init_points: int = 100_000  # random initialisation when no points are given
+    rasterizer: str = "reference"
+    seed: int = 0
+    log_every: int = 50  # steps between loss read-backs (each is a host synchronisation)
+    lr: LearningRates = field(default_factory=LearningRates)
+    densify: DensifyConfig = field(default_factory=DensifyConfig)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        d = dict(d)
+        d["lr"] = LearningRates(**d.get("lr", {}))
+        d["densify"] = DensifyConfig(**d.get("densify", {}))
+        d["background"] = tuple(d.get("background", (1.0, 1.0, 1.0)))
+        return cls(**d)
+
+
+def evaluate(g: Gaussians, data: Dataset, sh_degree: int, background, rasterizer: str) -> dict[str, float]:
+    """Mean PSNR and SSIM over a dataset's views."""
+    psnrs, ssims = [], []
+    with torch.no_grad():
+        for cam, gt in zip(data.cameras, data.images):
+            gt = gt.to(g.means.device)
+            img = render(g, cam, sh_degree, background, rasterizer).image.clamp(0, 1)
+            psnrs.append(psnr(img, gt))
+            ssims.append(float(ssim(img, gt)))
+    return {"psnr": sum(psnrs) / len(psnrs), "ssim": sum(ssims) / len(ssims)}
+
+
+class Trainer:
+    def __init__(self, data: Dataset, cfg: TrainConfig, device: str | torch.device = "cpu",
+                 gaussians: Gaussians | None = None):
+        self.cfg = cfg
+        self.device = torch.device(device)
+        self.data = data.to(self.device)
+        self.extent = camera_extent(data.cameras)
+        if gaussians is None:
+            center, half = scene_bounds(data.cameras)
+            gaussians = Gaussians.random_in_box(cfg.init_points, center, half, cfg.sh_degree, cfg.seed)
+        self.g = gaussians.to(self.device).requires_grad_()
+        self.optimizer = self._make_optimizer()
+        self.strategy = DefaultStrategy(cfg.densify, self.extent)
+        self.generator = torch.Generator(self.device).manual_seed(cfg.seed)
+        self.background = torch.tensor(cfg.background, dtype=torch.float32, device=self.device)
+        self.step = 0
+        self.train_seconds = 0.0
+        self.last = {"loss": math.nan, "psnr": math.nan}
+
+    def _make_optimizer(self) -> torch.optim.Adam:
+        lr = asdict(self.cfg.lr)
+        lr["means"] *= self.extent
+        groups = [{"params": [t], "lr": lr[name], "name": name} for name, t in self.g.tensors().items()]
+        return torch.optim.Adam(groups, eps=1e-15)
+
+    @property
+    def sh_degree(self) -> int:
+        return min(self.cfg.sh_degree, self.g.max_sh_degree, self.step // self.cfg.sh_interval)
+
+    def _means_lr(self) -> float:
+        t = min(1.0, self.step / max(1, self.cfg.iterations))
+        a, b = self.cfg.lr.means * self.extent, self.cfg.lr.means_final * self.extent
+        return math.exp(math.log(a) * (1 - t) + math.log(b) * t)
+
+    def train_step(self) -> None:
+        start = time.perf_counter()
+        for group in self.optimizer.param_groups:
+            if group["name"] == "means":
+                group["lr"] = self._means_lr()
+        i = int(torch.randint(len(self.data), (1,), generator=self.generator, device=self.device))
+        cam, gt = self.data.cameras[i], self.data.images[i]
+        out = render(self.g, cam, self.sh_degree, self.background, self.cfg.rasterizer)
+        loss = photometric_loss(out.image, gt, self.cfg.ssim_weight)
+        loss.backward()
+        self.step += 1
+        if self.step % self.cfg.log_every == 0 or self.step == self.cfg.iterations:
+            loss_value = float(loss)
+            if not math.isfinite(loss_value):
+                raise FloatingPointError(f"loss became {loss_value} at step {self.step}")
+            self.last = {"loss": loss_value, "psnr": psnr(out.image, gt)}
+        self.strategy.after_backward(self.step, out, cam.width, cam.height, self.g, self.optimizer,
+                                     self.generator)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cuda" and self.step % self.cfg.log_every == 0:
+            torch.cuda.synchronize(self.device)
+        self.train_seconds += time.perf_counter() - start
+
+    # Checkpoints hold everything needed to continue exactly: parameters, optimizer moments,
+    # densification statistics, step and random state.
+    def state_dict(self) -> dict:
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "step": self.step,
+            "train_seconds": self.train_seconds,
+            "config": asdict(self.cfg),
+            "gaussians": {k: v.detach().cpu() for k, v in self.g.tensors().items()},
+            "optimizer": self.optimizer.state_dict(),
+            "strategy": self.strategy.state_dict(),
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.g = Gaussians(**state["gaussians"]).to(self.device).requires_grad_()
+        self.optimizer = self._make_optimizer()
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.strategy.load_state_dict(state["strategy"])
+        self.generator.set_state(state["generator"])
+        self.step = state["step"]
+        self.train_seconds = state["train_seconds"]
+
+    def save_checkpoint(self, path: str | Path) -> None:
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save(self.state_dict(), tmp)
+        tmp.replace(path)  # atomic: a crash never leaves a half-written checkpoint
+
+
+def load_checkpoint(path: str | Path) -> dict:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises assorted types for truncated or foreign files
+        raise SplatwrightError(f"{path}: cannot read checkpoint ({e})") from e
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        raise SplatwrightError(f"{path}: not a Splatwright checkpoint of format {CHECKPOINT_FORMAT}")
+    return state

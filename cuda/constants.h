@@ -1,0 +1,16 @@
+// Rasterizer constants; mirrors backend/render/constants.py (keep the two in step).
+#pragma once
+
+namespace splatwright {
+
+constexpr int TILE = 16;                       // tiles are TILE x TILE pixels
+constexpr int BLOCK_SIZE = TILE * TILE;        // one thread per pixel of a tile
+constexpr float DILATION = 0.3f;               // added to the 2D covariance's diagonal
+constexpr float ALPHA_MAX = 0.99f;             // alpha cap
+constexpr float ALPHA_MIN = 1.0f / 255.0f;     // contributions below this are skipped
+constexpr float T_STOP = 1e-4f;                // a pixel stops before T would fall below this
+constexpr float NEAR_PLANE = 0.01f;            // view-space z at or below this is culled
+constexpr float RADIUS_SIGMAS = 3.0f;          // footprint radius in standard deviations
+constexpr double FOV_CLAMP_MARGIN = 0.3;       // Jacobian taken at the centre clamped to view +30%
+
+}  // namespace splatwright
