@@ -65,10 +65,14 @@ def read_ply(path: str | Path) -> Gaussians:
     if absent:
         raise SplatwrightError(f"{path}: f_rest columns are not numbered 0..{n_rest - 1} (missing {absent[0]})")
 
-    def col(*cols: str) -> np.ndarray:
-        return np.stack([np.asarray(vertex[c], dtype=np.float32) for c in cols], axis=1)
-
     n = len(vertex.data)
+
+    def col(*cols: str) -> np.ndarray:
+        out = np.empty((n, len(cols)), np.float32)
+        for i, c in enumerate(cols):
+            out[:, i] = vertex[c]
+        return out
+
     arrays = {
         "means": col("x", "y", "z"),
         "log_scales": col("scale_0", "scale_1", "scale_2"),

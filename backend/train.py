@@ -111,7 +111,7 @@ class Trainer:
         loss.backward()
         self.step += 1
         if self.step % self.cfg.log_every == 0 or self.step == self.cfg.iterations:
-            loss_value = float(loss)
+            loss_value = float(loss.detach())
             if not math.isfinite(loss_value):
                 raise FloatingPointError(f"loss became {loss_value} at step {self.step}")
             self.last = {"loss": loss_value, "psnr": psnr(out.image, gt)}

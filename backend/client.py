@@ -1,0 +1,263 @@
+"""A small blocking client for the Splatwright backend server.
+
+Standard library + numpy only: this file is copied verbatim into the Blender add-on next to protocol.py.
+One reader thread receives every frame: replies complete the request of their id, events go to the
+`on_event` callback (called on the reader thread) or, without one, to a bounded queue read by `events()`.
+Requests may be sent from any thread.
+"""
+from __future__ import annotations
+
+import itertools
+import queue
+import socket
+import threading
+
+import numpy as np
+
+from . import protocol
+from .protocol import Message, ProtocolError, SERVER_MESSAGES
+
+MAX_QUEUED_EVENTS = 1000
+
+
+class RemoteError(Exception):
+    """The server answered a request with an error."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{message} [{code}]")
+        self.code, self.message = code, message
+
+
+class PendingReply:
+    """A request in flight; result() waits for its reply."""
+
+    def __init__(self, type: str):
+        self.type = type
+        self._done = threading.Event()
+        self._reply: Message | None = None
+        self._error: Exception | None = None
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self, timeout: float | None = None) -> Message:
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"no reply to {self.type} within {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self._reply
+
+    def _finish(self, reply: Message | None = None, error: Exception | None = None) -> None:
+        self._reply, self._error = reply, error
+        self._done.set()
+
+
+class Client:
+    def __init__(self, host: str, port: int, token: str = "", timeout: float = 60.0,
+                 on_event=None, client_name: str = "splatwright-client"):
+        """Connect and authenticate; raises RemoteError if the server refuses (wrong token, other
+        protocol version, busy) and OSError if it cannot be reached."""
+        self.timeout = timeout
+        self.on_event = on_event
+        self._events: queue.Queue = queue.Queue(MAX_QUEUED_EVENTS)
+        self._send_lock = threading.Lock()
+        self._pending: dict[int, PendingReply] = {}
+        self._pending_lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._closed_reason = ""
+        self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            self.hello = self._handshake(token, client_name)
+        except BaseException:
+            self.sock.close()
+            raise
+        self.sock.settimeout(None)  # the reader blocks until the server sends something
+        self._reader = threading.Thread(target=self._read_loop, name="splatwright-client-reader", daemon=True)
+        self._reader.start()
+
+    def _handshake(self, token: str, client_name: str) -> dict:
+        request_id = next(self._ids)
+        fields = {"token": token, "protocol": protocol.PROTOCOL_VERSION, "client": client_name}
+        protocol.send_message(self.sock, protocol.encode_message(protocol.REQUESTS, "hello", request_id, fields))
+        try:
+            reply = protocol.read_message(self.sock, SERVER_MESSAGES)
+        except protocol.ConnectionClosed:
+            raise ConnectionError("the server closed the connection during hello") from None
+        if reply.type == "error":
+            raise RemoteError(reply.fields["code"], reply.fields["message"])
+        if reply.type != "reply" or reply.id != request_id:
+            raise ConnectionError(f"unexpected {reply.type} message in answer to hello")
+        return reply.fields
+
+    # ---- requests ----
+
+    def submit(self, type: str, fields: dict | None = None, payload: bytes | memoryview = b"") -> PendingReply:
+        """Send a request without waiting; the returned PendingReply completes with its reply."""
+        request_id = next(self._ids)
+        parts = protocol.encode_message(protocol.REQUESTS, type, request_id, fields, payload)  # validates
+        pending = PendingReply(type)
+        with self._pending_lock:
+            if self._closed_reason:
+                raise ConnectionError(self._closed_reason)
+            self._pending[request_id] = pending
+        try:
+            with self._send_lock:
+                protocol.send_message(self.sock, parts)
+        except OSError as e:
+            self._fail_all(f"connection to the backend lost while sending {type}: {e}")
+        return pending
+
+    def request(self, type: str, fields: dict | None = None, payload: bytes | memoryview = b"",
+                timeout: float | None = None) -> Message:
+        """Send a request and wait for its reply; raises RemoteError for an error reply."""
+        return self.submit(type, fields, payload).result(self.timeout if timeout is None else timeout)
+
+    def events(self, timeout: float | None = None):
+        """Yield event fields as they arrive (when no on_event callback is set); stops after `timeout`
+        seconds without an event or when the connection closes."""
+        while True:
+            try:
+                event = self._events.get(timeout=timeout)
+            except queue.Empty:
+                return
+            if event is None:
+                return
+            yield event
+
+    def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        self._reader.join(timeout=5)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- operations ----
+
+    def capabilities(self) -> dict:
+        return self.request("capabilities").fields
+
+    def open_session(self, name: str, create: bool = True) -> dict:
+        return self.request("open_session", {"name": name, "create": create}).fields
+
+    def add_view(self, camera: dict, image) -> dict:
+        """`camera` from protocol.camera_to_wire; `image` is PNG bytes or an (H, W, 3 or 4) uint8 or float16
+        array with rows bottom-up."""
+        if isinstance(image, (bytes, bytearray)):
+            format, payload = "png", image
+        else:
+            format, payload = protocol.image_to_wire(image)
+        return self.request("add_view", {"camera": camera, "format": format}, payload).fields
+
+    def set_points(self, xyz: np.ndarray, rgb: np.ndarray) -> dict:
+        """Initial points: positions (N, 3) and 8-bit colours (N, 3)."""
+        return self.request("set_points", {"count": len(xyz)}, protocol.points_to_wire(xyz, rgb)).fields
+
+    def start_training(self, **config) -> dict:
+        """Keyword arguments are the start_training fields of protocol.REQUESTS."""
+        return self.request("start_training", config).fields
+
+    def pause(self) -> dict:
+        return self.request("pause").fields
+
+    def resume(self) -> dict:
+        return self.request("resume").fields
+
+    def stop(self) -> dict:
+        return self.request("stop").fields
+
+    def submit_render(self, camera: dict, format: str = "rgba8") -> PendingReply:
+        """Ask for a frame without waiting; a newer request supersedes this one if it has not started
+        (its result() then raises RemoteError with code 'superseded'). Decode with decode_frame."""
+        return self.submit("render", {"camera": camera, "format": format})
+
+    def render(self, camera: dict, format: str = "rgba8", timeout: float | None = None) -> np.ndarray:
+        """The (H, W, 4) uint8 frame, rows bottom-up (ready for a GPU texture; np.flipud for top-down)."""
+        return decode_frame(self.submit_render(camera, format).result(self.timeout if timeout is None else timeout))
+
+    def export_ply(self) -> bytes:
+        return self.request("export_ply").payload
+
+    def save_checkpoint(self) -> dict:
+        return self.request("save_checkpoint").fields
+
+    def load_checkpoint(self) -> dict:
+        return self.request("load_checkpoint").fields
+
+    def load_ply(self, data: bytes, background=(1.0, 1.0, 1.0)) -> dict:
+        return self.request("load_ply", {"background": [float(c) for c in background]}, data).fields
+
+    def shutdown(self) -> dict:
+        return self.request("shutdown").fields
+
+    # ---- reader thread ----
+
+    def _read_loop(self) -> None:
+        reason = "connection closed"
+        try:
+            while True:
+                message = protocol.read_message(self.sock, SERVER_MESSAGES)
+                if message.type == "event" or message.id == 0:
+                    self._deliver_event(message)
+                else:
+                    with self._pending_lock:
+                        pending = self._pending.pop(message.id, None)
+                    if pending is not None:
+                        pending._finish(*_outcome(message))
+        except protocol.ConnectionClosed:
+            reason = "the backend closed the connection"
+        except ProtocolError as e:
+            reason = f"bad frame from the backend: {e.message}"
+        except OSError as e:
+            reason = f"connection to the backend lost: {e}"
+        self._fail_all(reason)
+
+    def _deliver_event(self, message: Message) -> None:
+        event = message.fields
+        if message.type == "error":  # an error that answers no request, e.g. before the server hangs up
+            event = {"event": "error", **message.fields}
+        if self.on_event is not None:
+            self.on_event(event)
+            return
+        while True:
+            try:
+                self._events.put_nowait(event)
+                return
+            except queue.Full:  # nobody is reading: the oldest events go first
+                try:
+                    self._events.get_nowait()
+                except queue.Empty:
+                    pass
+
+    def _fail_all(self, reason: str) -> None:
+        with self._pending_lock:
+            if not self._closed_reason:
+                self._closed_reason = reason
+            pending, self._pending = list(self._pending.values()), {}
+        for p in pending:
+            p._finish(error=ConnectionError(reason))
+        try:
+            self._events.put_nowait(None)  # ends events()
+        except queue.Full:
+            pass
+
+
+def _outcome(message: Message) -> tuple[Message | None, Exception | None]:
+    if message.type == "error":
+        return None, RemoteError(message.fields["code"], message.fields["message"])
+    return message, None
+
+
+def decode_frame(reply: Message) -> np.ndarray:
+    """The (H, W, 4) uint8 frame of a render reply, rows bottom-up whatever the wire format."""
+    f = reply.fields
+    if f["format"] == "png":
+        return np.ascontiguousarray(protocol.decode_png(reply.payload)[::-1])
+    return protocol.image_from_wire("rgba8", reply.payload, f["width"], f["height"])

@@ -1,0 +1,150 @@
+"""CUDA rasterizer: the kernels in cuda/ behind the reference rasterizer's interface.
+
+The extension is built at first use with torch.utils.cpp_extension.load (ninja) into a cache directory keyed
+by a hash of the sources, the torch version and the target architectures: ~/.cache/splatwright/ext-<hash>,
+or $SPLATWRIGHT_EXT_CACHE/ext-<hash>. Architectures come from TORCH_CUDA_ARCH_LIST, else the GPUs present.
+
+Autograd is split in two Functions so that means2d is a real intermediate: projection (means, quats, scales,
+sh -> means2d, conics, colors) and rasterization (means2d, conics, colors, opacities -> image, alpha, depth).
+The output's means2d therefore receives dL/d(means2d) in .grad, which densification reads. The depth image
+carries no gradient.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from pathlib import Path
+
+import torch
+
+from ..errors import SplatwrightError
+from .reference import RasterOutput
+
+CUDA_DIR = Path(__file__).resolve().parents[2] / "cuda"
+SOURCES = ("bindings.cpp", "projection_fwd.cu", "projection_bwd.cu", "binning.cu", "rasterize_fwd.cu",
+           "rasterize_bwd.cu")
+CUDA_FLAGS = ["-O3", "-std=c++17", "--expt-relaxed-constexpr"]
+CXX_FLAGS = ["-O3", "-std=c++17"]
+
+_ext = None
+_ext_lock = threading.Lock()
+
+
+def _arch_key() -> str:
+    env = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if env:
+        return env
+    caps = sorted({torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
+    return ";".join(f"{major}.{minor}" for major, minor in caps)
+
+
+def build_dir() -> Path:
+    """Cache directory for the current sources, torch version and target architectures."""
+    h = hashlib.sha256()
+    for path in sorted(CUDA_DIR.glob("*")):
+        if path.suffix in (".cu", ".cuh", ".h", ".cpp"):
+            h.update(path.name.encode())
+            h.update(path.read_bytes())
+    h.update(torch.__version__.encode())
+    h.update(_arch_key().encode())
+    h.update(" ".join(CUDA_FLAGS + CXX_FLAGS).encode())
+    root = os.environ.get("SPLATWRIGHT_EXT_CACHE") or Path.home() / ".cache" / "splatwright"
+    return Path(root) / f"ext-{h.hexdigest()[:16]}"
+
+
+def extension():
+    """The compiled extension module, built on first call. Raises SplatwrightError if the build fails."""
+    global _ext
+    with _ext_lock:
+        if _ext is None:
+            if not torch.cuda.is_available():
+                raise SplatwrightError("the CUDA rasterizer needs a CUDA GPU, and torch sees none")
+            from torch.utils.cpp_extension import load
+            directory = build_dir()
+            directory.mkdir(parents=True, exist_ok=True)
+            try:
+                _ext = load(name="splatwright_cuda", sources=[str(CUDA_DIR / s) for s in SOURCES],
+                            extra_cflags=CXX_FLAGS, extra_cuda_cflags=CUDA_FLAGS,
+                            extra_include_paths=[str(CUDA_DIR)], build_directory=str(directory), verbose=False)
+            except Exception as exc:  # the message holds the compiler's output
+                raise SplatwrightError(f"building the CUDA rasterizer in {directory} failed:\n{exc}") from exc
+    return _ext
+
+
+def is_available() -> tuple[bool, str]:
+    """(True, device name) if a CUDA device is present and the extension builds, else (False, why not)."""
+    if not torch.cuda.is_available():
+        return False, "no CUDA device visible to torch"
+    try:
+        extension()
+    except SplatwrightError as exc:
+        return False, str(exc)
+    return True, torch.cuda.get_device_name()
+
+
+class _Project(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, means, quats, scales, sh, viewmat, K, width, height, sh_degree):
+        means2d, conics, depths, radii, colors = extension().project_forward(
+            means, quats, scales, sh, viewmat, K, width, height, sh_degree)
+        ctx.save_for_backward(means, quats, scales, sh, viewmat, K, radii)
+        ctx.args = (width, height, sh_degree)
+        ctx.mark_non_differentiable(depths, radii)
+        return means2d, conics, depths, radii, colors
+
+    @staticmethod
+    def backward(ctx, g_means2d, g_conics, g_depths, g_radii, g_colors):
+        means, quats, scales, sh, viewmat, K, radii = ctx.saved_tensors
+        width, height, sh_degree = ctx.args
+        g_means, g_quats, g_scales, g_sh = extension().project_backward(
+            means, quats, scales, sh, viewmat, K, width, height, sh_degree, radii,
+            g_means2d.contiguous(), g_conics.contiguous(), g_colors.contiguous())
+        return g_means, g_quats, g_scales, g_sh, None, None, None, None, None
+
+
+class _Rasterize(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, means2d, conics, colors, opacities, depths, radii, background, width, height):
+        ext = extension()
+        ranges, gauss_ids = ext.bin_tiles(means2d, radii, depths, width, height)
+        image, alpha, depth, final_t, n_contrib = ext.rasterize_forward(
+            ranges, gauss_ids, means2d, conics, colors, opacities, depths, background, width, height)
+        ctx.save_for_backward(ranges, gauss_ids, means2d, conics, colors, opacities, background, final_t, n_contrib)
+        ctx.size = (width, height)
+        ctx.mark_non_differentiable(depth)
+        return image, alpha, depth
+
+    @staticmethod
+    def backward(ctx, g_image, g_alpha, g_depth):
+        ranges, gauss_ids, means2d, conics, colors, opacities, background, final_t, n_contrib = ctx.saved_tensors
+        width, height = ctx.size
+        g_means2d, g_conics, g_colors, g_opacities = extension().rasterize_backward(
+            ranges, gauss_ids, means2d, conics, colors, opacities, background, width, height, final_t, n_contrib,
+            g_image.contiguous(), g_alpha.contiguous())
+        return g_means2d, g_conics, g_colors, g_opacities, None, None, None, None, None
+
+
+def rasterize(means, quats, scales, opacities, sh, viewmat, K, width: int, height: int,
+              sh_degree: int, background) -> RasterOutput:
+    """Same contract as reference.rasterize, on float32 CUDA tensors. Gradients flow to means, quats, scales,
+    opacities and sh; the output's means2d gets dL/d(means2d) in .grad after backward."""
+    device = means.device
+    if device.type != "cuda":
+        raise SplatwrightError(f"the CUDA rasterizer needs its inputs on a CUDA device, got {device}")
+    if means.dtype != torch.float32:
+        raise SplatwrightError(f"the CUDA rasterizer works in float32, got {means.dtype}")
+
+    def prep(t):
+        return torch.as_tensor(t, dtype=torch.float32, device=device).contiguous()
+
+    means, quats, scales, opacities, sh = (prep(t) for t in (means, quats, scales, opacities, sh))
+    viewmat, K = prep(viewmat).detach(), prep(K).detach()
+    background = torch.broadcast_to(prep(background).detach(), (3,)).contiguous()
+    means2d, conics, depths, radii, colors = _Project.apply(means, quats, scales, sh, viewmat, K, int(width),
+                                                            int(height), int(sh_degree))
+    if means2d.requires_grad:
+        means2d.retain_grad()
+    image, alpha, depth = _Rasterize.apply(means2d, conics, colors, opacities.reshape(-1), depths, radii,
+                                           background, int(width), int(height))
+    return RasterOutput(image, alpha, depth, means2d, radii)

@@ -1,0 +1,216 @@
+// The one file that knows torch: checks and allocates tensors, passes raw pointers and the current stream to
+// the launchers in splatwright.h.
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/extension.h>
+
+#include <limits>
+
+#include "constants.h"
+#include "splatwright.h"
+
+namespace sw = splatwright;
+
+namespace {
+
+// When set (tests), outputs that kernels must write in full are NaN- / -1-filled instead of left
+// uninitialised, so a pixel or Gaussian that no thread wrote shows up.
+bool g_poison_outputs = false;
+
+void set_poison_outputs(bool on) { g_poison_outputs = on; }
+
+torch::Tensor new_output(at::IntArrayRef shape, const torch::TensorOptions& options) {
+  if (!g_poison_outputs) return torch::empty(shape, options);
+  if (options.dtype() == torch::kFloat32) return torch::full(shape, std::numeric_limits<float>::quiet_NaN(), options);
+  return torch::full(shape, -1, options);
+}
+
+void check(cudaError_t err, const char* what) {
+  TORCH_CHECK(err == cudaSuccess, "splatwright CUDA ", what, " failed: ", cudaGetErrorString(err));
+}
+
+void check_input(const torch::Tensor& t, const char* name, torch::ScalarType dtype = torch::kFloat32) {
+  TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor");
+  TORCH_CHECK(t.scalar_type() == dtype, name, " has dtype ", t.scalar_type(), ", expected ", dtype);
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+}
+
+float* fptr(const torch::Tensor& t) { return t.data_ptr<float>(); }
+int32_t* iptr(const torch::Tensor& t) { return t.data_ptr<int32_t>(); }
+
+sw::GaussianArgs gaussian_args(const torch::Tensor& means, const torch::Tensor& quats, const torch::Tensor& scales,
+                               const torch::Tensor& sh, int64_t sh_degree) {
+  check_input(means, "means");
+  check_input(quats, "quats");
+  check_input(scales, "scales");
+  check_input(sh, "sh");
+  const int64_t n = means.size(0);
+  TORCH_CHECK(means.dim() == 2 && means.size(1) == 3, "means must be (N, 3)");
+  TORCH_CHECK(quats.dim() == 2 && quats.size(0) == n && quats.size(1) == 4, "quats must be (N, 4)");
+  TORCH_CHECK(scales.dim() == 2 && scales.size(0) == n && scales.size(1) == 3, "scales must be (N, 3)");
+  TORCH_CHECK(sh.dim() == 3 && sh.size(0) == n && sh.size(2) == 3, "sh must be (N, K, 3)");
+  TORCH_CHECK(sh_degree >= 0 && sh_degree <= 3, "sh_degree must be 0..3");
+  TORCH_CHECK(sh.size(1) >= (sh_degree + 1) * (sh_degree + 1), "sh has too few coefficients for the degree");
+  TORCH_CHECK(n <= std::numeric_limits<int>::max(), "too many Gaussians");
+  return {fptr(means), fptr(quats), fptr(scales), fptr(sh), (int)n, (int)sh.size(1), (int)sh_degree};
+}
+
+sw::CameraArgs camera_args(const torch::Tensor& viewmat, const torch::Tensor& K, int64_t width, int64_t height) {
+  check_input(viewmat, "viewmat");
+  check_input(K, "K");
+  TORCH_CHECK(viewmat.numel() == 16 && K.numel() == 9, "viewmat must be (4, 4) and K (3, 3)");
+  TORCH_CHECK(width >= 0 && height >= 0, "image size must be non-negative");
+  return {fptr(viewmat), fptr(K), (int)width, (int)height};
+}
+
+// Returns means2d (N, 2), conics (N, 3), depths (N,), radii (N,) int32, colors (N, 3).
+std::vector<torch::Tensor> project_forward(const torch::Tensor& means, const torch::Tensor& quats,
+                                           const torch::Tensor& scales, const torch::Tensor& sh,
+                                           const torch::Tensor& viewmat, const torch::Tensor& K, int64_t width,
+                                           int64_t height, int64_t sh_degree) {
+  const c10::cuda::CUDAGuard guard(means.device());
+  const sw::GaussianArgs g = gaussian_args(means, quats, scales, sh, sh_degree);
+  const sw::CameraArgs cam = camera_args(viewmat, K, width, height);
+  const auto f32 = means.options();
+  const int64_t n = g.n;
+  torch::Tensor means2d = new_output({n, 2}, f32), conics = new_output({n, 3}, f32), depths = new_output({n}, f32);
+  torch::Tensor radii = new_output({n}, f32.dtype(torch::kInt32)), colors = new_output({n, 3}, f32);
+  check(sw::launch_projection_fwd(g, cam, fptr(means2d), fptr(conics), fptr(depths), iptr(radii), fptr(colors),
+                                  c10::cuda::getCurrentCUDAStream()),
+        "projection forward");
+  return {means2d, conics, depths, radii, colors};
+}
+
+// Returns grads w.r.t. means, quats, scales, sh.
+std::vector<torch::Tensor> project_backward(const torch::Tensor& means, const torch::Tensor& quats,
+                                            const torch::Tensor& scales, const torch::Tensor& sh,
+                                            const torch::Tensor& viewmat, const torch::Tensor& K, int64_t width,
+                                            int64_t height, int64_t sh_degree, const torch::Tensor& radii,
+                                            const torch::Tensor& grad_means2d, const torch::Tensor& grad_conics,
+                                            const torch::Tensor& grad_colors) {
+  const c10::cuda::CUDAGuard guard(means.device());
+  const sw::GaussianArgs g = gaussian_args(means, quats, scales, sh, sh_degree);
+  const sw::CameraArgs cam = camera_args(viewmat, K, width, height);
+  check_input(radii, "radii", torch::kInt32);
+  check_input(grad_means2d, "grad_means2d");
+  check_input(grad_conics, "grad_conics");
+  check_input(grad_colors, "grad_colors");
+  torch::Tensor gm = new_output(means.sizes(), means.options()), gq = new_output(quats.sizes(), quats.options());
+  torch::Tensor gs = new_output(scales.sizes(), scales.options()), gsh = new_output(sh.sizes(), sh.options());
+  check(sw::launch_projection_bwd(g, cam, iptr(radii), fptr(grad_means2d), fptr(grad_conics), fptr(grad_colors),
+                                  fptr(gm), fptr(gq), fptr(gs), fptr(gsh), c10::cuda::getCurrentCUDAStream()),
+        "projection backward");
+  return {gm, gq, gs, gsh};
+}
+
+// Returns tile ranges (n_tiles, 2) int32 and the sorted Gaussian id of each entry (n_entries,) int32.
+std::vector<torch::Tensor> bin_tiles(const torch::Tensor& means2d, const torch::Tensor& radii,
+                                     const torch::Tensor& depths, int64_t width, int64_t height) {
+  const c10::cuda::CUDAGuard guard(means2d.device());
+  check_input(means2d, "means2d");
+  check_input(radii, "radii", torch::kInt32);
+  check_input(depths, "depths");
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const int n = (int)means2d.size(0);
+  const int tiles_x = (int)(width + sw::TILE - 1) / sw::TILE, tiles_y = (int)(height + sw::TILE - 1) / sw::TILE;
+  const int n_tiles = tiles_x * tiles_y;
+  const auto i64 = means2d.options().dtype(torch::kInt64);
+  const auto i32 = means2d.options().dtype(torch::kInt32);
+  const auto u8 = means2d.options().dtype(torch::kUInt8);
+
+  torch::Tensor counts = torch::empty({n}, i64), offsets = torch::empty({n}, i64);
+  torch::Tensor scan_temp = torch::empty({(int64_t)sw::scan_temp_bytes(n)}, u8);
+  check(sw::launch_tile_counts(fptr(means2d), iptr(radii), n, (int)width, (int)height, counts.data_ptr<int64_t>(),
+                               offsets.data_ptr<int64_t>(), scan_temp.data_ptr(), scan_temp.numel(), stream),
+        "tile counts");
+  const int64_t n_entries = n > 0 ? offsets[n - 1].item<int64_t>() : 0;  // the one host sync
+  TORCH_CHECK(n_entries <= std::numeric_limits<int>::max(), "too many tile entries: ", n_entries);
+
+  // uint64 keys live in int64 tensors; the bit patterns are what is sorted.
+  torch::Tensor keys = torch::empty({n_entries}, i64), ids = torch::empty({n_entries}, i32);
+  check(sw::launch_emit_keys(fptr(means2d), iptr(radii), fptr(depths), offsets.data_ptr<int64_t>(), n, (int)width,
+                             (int)height, reinterpret_cast<uint64_t*>(keys.data_ptr<int64_t>()), iptr(ids), stream),
+        "emit keys");
+  const int end_bit = sw::sort_end_bit((int)width, (int)height);
+  torch::Tensor sorted_keys = torch::empty({n_entries}, i64), sorted_ids = torch::empty({n_entries}, i32);
+  torch::Tensor sort_temp = torch::empty({(int64_t)sw::sort_temp_bytes((int)n_entries, end_bit)}, u8);
+  check(sw::launch_sort_keys(reinterpret_cast<const uint64_t*>(keys.data_ptr<int64_t>()),
+                             reinterpret_cast<uint64_t*>(sorted_keys.data_ptr<int64_t>()), iptr(ids), iptr(sorted_ids),
+                             (int)n_entries, end_bit, sort_temp.data_ptr(), sort_temp.numel(), stream),
+        "radix sort");
+  torch::Tensor ranges = torch::empty({n_tiles, 2}, i32);
+  check(sw::launch_tile_ranges(reinterpret_cast<const uint64_t*>(sorted_keys.data_ptr<int64_t>()), (int)n_entries,
+                               n_tiles, iptr(ranges), stream),
+        "tile ranges");
+  return {ranges, sorted_ids};
+}
+
+sw::RasterArgs raster_args(const torch::Tensor& ranges, const torch::Tensor& gauss_ids, const torch::Tensor& means2d,
+                           const torch::Tensor& conics, const torch::Tensor& colors, const torch::Tensor& opacities,
+                           const torch::Tensor& background, int64_t width, int64_t height) {
+  check_input(ranges, "ranges", torch::kInt32);
+  check_input(gauss_ids, "gauss_ids", torch::kInt32);
+  check_input(means2d, "means2d");
+  check_input(conics, "conics");
+  check_input(colors, "colors");
+  check_input(opacities, "opacities");
+  check_input(background, "background");
+  TORCH_CHECK(background.numel() == 3, "background must have 3 values");
+  TORCH_CHECK(opacities.numel() == means2d.size(0), "opacities must be (N,)");
+  return {iptr(ranges), iptr(gauss_ids), fptr(means2d), fptr(conics), fptr(colors), fptr(opacities),
+          fptr(background), (int)width, (int)height};
+}
+
+// Returns image (H, W, 3), alpha (H, W), depth (H, W), final T (H, W), n_contrib (H, W) int32.
+std::vector<torch::Tensor> rasterize_forward(const torch::Tensor& ranges, const torch::Tensor& gauss_ids,
+                                             const torch::Tensor& means2d, const torch::Tensor& conics,
+                                             const torch::Tensor& colors, const torch::Tensor& opacities,
+                                             const torch::Tensor& depths, const torch::Tensor& background,
+                                             int64_t width, int64_t height) {
+  const c10::cuda::CUDAGuard guard(means2d.device());
+  const sw::RasterArgs r =
+      raster_args(ranges, gauss_ids, means2d, conics, colors, opacities, background, width, height);
+  check_input(depths, "depths");
+  const auto f32 = means2d.options();
+  torch::Tensor image = new_output({height, width, 3}, f32), alpha = new_output({height, width}, f32);
+  torch::Tensor depth = new_output({height, width}, f32), final_T = new_output({height, width}, f32);
+  torch::Tensor n_contrib = new_output({height, width}, f32.dtype(torch::kInt32));
+  check(sw::launch_rasterize_fwd(r, fptr(depths), fptr(image), fptr(alpha), fptr(depth), fptr(final_T),
+                                 iptr(n_contrib), c10::cuda::getCurrentCUDAStream()),
+        "rasterize forward");
+  return {image, alpha, depth, final_T, n_contrib};
+}
+
+// Returns grads w.r.t. means2d, conics, colors, opacities.
+std::vector<torch::Tensor> rasterize_backward(const torch::Tensor& ranges, const torch::Tensor& gauss_ids,
+                                              const torch::Tensor& means2d, const torch::Tensor& conics,
+                                              const torch::Tensor& colors, const torch::Tensor& opacities,
+                                              const torch::Tensor& background, int64_t width, int64_t height,
+                                              const torch::Tensor& final_T, const torch::Tensor& n_contrib,
+                                              const torch::Tensor& grad_image, const torch::Tensor& grad_alpha) {
+  const c10::cuda::CUDAGuard guard(means2d.device());
+  const sw::RasterArgs r =
+      raster_args(ranges, gauss_ids, means2d, conics, colors, opacities, background, width, height);
+  check_input(final_T, "final_T");
+  check_input(n_contrib, "n_contrib", torch::kInt32);
+  check_input(grad_image, "grad_image");
+  check_input(grad_alpha, "grad_alpha");
+  // accumulated with atomics, so they start at zero
+  torch::Tensor gm = torch::zeros_like(means2d), gc = torch::zeros_like(conics);
+  torch::Tensor gcol = torch::zeros_like(colors), gop = torch::zeros_like(opacities);
+  check(sw::launch_rasterize_bwd(r, fptr(final_T), iptr(n_contrib), fptr(grad_image), fptr(grad_alpha), fptr(gm),
+                                 fptr(gc), fptr(gcol), fptr(gop), c10::cuda::getCurrentCUDAStream()),
+        "rasterize backward");
+  return {gm, gc, gcol, gop};
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("project_forward", &project_forward);
+  m.def("project_backward", &project_backward);
+  m.def("bin_tiles", &bin_tiles);
+  m.def("rasterize_forward", &rasterize_forward);
+  m.def("rasterize_backward", &rasterize_backward);
+  m.def("set_poison_outputs", &set_poison_outputs);
+}

@@ -1,0 +1,223 @@
+// Per-Gaussian projection math shared by projection_fwd.cu and projection_bwd.cu: EWA projection of a 3D
+// Gaussian to a screen-space conic, the tile rectangle of its footprint, SH colour, and their backward.
+// Host-and-device functions, so the formulas can also be checked on a CPU.
+#pragma once
+
+#include <cmath>
+
+#include "constants.h"
+
+#if defined(__CUDACC__)
+#define SW_HD __host__ __device__ __forceinline__
+#else
+#define SW_HD inline
+#endif
+
+namespace splatwright {
+
+// World-to-camera rotation R (row-major) and translation t, pinhole intrinsics, and the limits of the
+// Jacobian clamp (tangent space, the reference's lim_x_neg/pos, lim_y_neg/pos).
+struct Camera {
+  float R[9];
+  float t[3];
+  float fx, fy, cx, cy;
+  float lim_x_neg, lim_x_pos, lim_y_neg, lim_y_pos;
+  int width, height;
+};
+
+// margin_x = float(0.3 * width) and margin_y likewise, computed on the host in double as the reference
+// does with Python floats.
+SW_HD Camera load_camera(const float* viewmat, const float* K, int width, int height, float margin_x,
+                         float margin_y) {
+  Camera c;
+  for (int i = 0; i < 3; ++i) {
+    for (int j = 0; j < 3; ++j) c.R[i * 3 + j] = viewmat[i * 4 + j];
+    c.t[i] = viewmat[i * 4 + 3];
+  }
+  c.fx = K[0];
+  c.fy = K[4];
+  c.cx = K[2];
+  c.cy = K[5];
+  c.lim_x_pos = (width - c.cx) / c.fx + margin_x / c.fx;
+  c.lim_x_neg = c.cx / c.fx + margin_x / c.fx;
+  c.lim_y_pos = (height - c.cy) / c.fy + margin_y / c.fy;
+  c.lim_y_neg = c.cy / c.fy + margin_y / c.fy;
+  c.width = width;
+  c.height = height;
+  return c;
+}
+
+SW_HD void quat_to_rotmat(float w, float x, float y, float z, float* R) {
+  R[0] = 1.f - 2.f * (y * y + z * z);
+  R[1] = 2.f * (x * y - w * z);
+  R[2] = 2.f * (x * z + w * y);
+  R[3] = 2.f * (x * y + w * z);
+  R[4] = 1.f - 2.f * (x * x + z * z);
+  R[5] = 2.f * (y * z - w * x);
+  R[6] = 2.f * (x * z - w * y);
+  R[7] = 2.f * (y * z + w * x);
+  R[8] = 1.f - 2.f * (x * x + y * y);
+}
+
+// Everything the forward computes on the way to the conic; the backward recomputes it.
+struct EwaState {
+  float p[3];         // camera-space centre
+  float z;            // p[2] if in front, else 1 (the reference's z_safe)
+  bool in_front;
+  float u_t, v_t;     // x / z and y / z before the clamp
+  bool clamped_x, clamped_y;
+  float cu, cv;       // clamped tangents
+  float tx, ty;       // z * clamped tangent
+  float J00, J02, J11, J12;
+  float W[6];         // J R (2 x 3)
+  float qn[4];        // unit quaternion
+  float qnorm;
+  float Rq[9];        // rotation of the unit quaternion
+  float s[3];
+  float T[6];         // J R Rq diag(s) (2 x 3)
+  float a, b, c, det; // 2D covariance + dilation, and its determinant
+};
+
+SW_HD float clampf(float v, float lo, float hi) { return fminf(fmaxf(v, lo), hi); }
+
+SW_HD void ewa_forward(const Camera& cam, const float* mean, const float* quat, const float* scale, EwaState& e) {
+  const float* R = cam.R;
+  for (int i = 0; i < 3; ++i)
+    e.p[i] = R[i * 3 + 0] * mean[0] + R[i * 3 + 1] * mean[1] + R[i * 3 + 2] * mean[2] + cam.t[i];
+  e.in_front = e.p[2] > NEAR_PLANE;
+  e.z = e.in_front ? e.p[2] : 1.f;
+  const float z = e.z;
+  e.u_t = e.p[0] / z;
+  e.v_t = e.p[1] / z;
+  // torch.clamp passes gradient where lo <= v <= hi
+  e.clamped_x = !(e.u_t >= -cam.lim_x_neg && e.u_t <= cam.lim_x_pos);
+  e.clamped_y = !(e.v_t >= -cam.lim_y_neg && e.v_t <= cam.lim_y_pos);
+  e.cu = clampf(e.u_t, -cam.lim_x_neg, cam.lim_x_pos);
+  e.cv = clampf(e.v_t, -cam.lim_y_neg, cam.lim_y_pos);
+  e.tx = z * e.cu;
+  e.ty = z * e.cv;
+  e.J00 = cam.fx / z;
+  e.J02 = -cam.fx * e.tx / (z * z);
+  e.J11 = cam.fy / z;
+  e.J12 = -cam.fy * e.ty / (z * z);
+  for (int j = 0; j < 3; ++j) {
+    e.W[j] = e.J00 * R[j] + e.J02 * R[6 + j];
+    e.W[3 + j] = e.J11 * R[3 + j] + e.J12 * R[6 + j];
+  }
+  // F.normalize: q / max(|q|, 1e-12)
+  e.qnorm = fmaxf(sqrtf(quat[0] * quat[0] + quat[1] * quat[1] + quat[2] * quat[2] + quat[3] * quat[3]), 1e-12f);
+  for (int i = 0; i < 4; ++i) e.qn[i] = quat[i] / e.qnorm;
+  quat_to_rotmat(e.qn[0], e.qn[1], e.qn[2], e.qn[3], e.Rq);
+  for (int i = 0; i < 3; ++i) e.s[i] = scale[i];
+  for (int r = 0; r < 2; ++r)
+    for (int k = 0; k < 3; ++k)
+      e.T[r * 3 + k] =
+          (e.W[r * 3 + 0] * e.Rq[k] + e.W[r * 3 + 1] * e.Rq[3 + k] + e.W[r * 3 + 2] * e.Rq[6 + k]) * e.s[k];
+  const float* T = e.T;
+  e.a = T[0] * T[0] + T[1] * T[1] + T[2] * T[2] + DILATION;
+  e.b = T[0] * T[3] + T[1] * T[4] + T[2] * T[5];
+  e.c = T[3] * T[3] + T[4] * T[4] + T[5] * T[5] + DILATION;
+  e.det = e.a * e.c - e.b * e.b;
+}
+
+// Half-open tile range [x_lo, x_hi) x [y_lo, y_hi) covered by a footprint of radius r around (u, v).
+SW_HD void tile_rect(float u, float v, int radius, int width, int height, int& x_lo, int& x_hi, int& y_lo,
+                     int& y_hi) {
+  const float tiles_x = (float)((width + TILE - 1) / TILE);
+  const float tiles_y = (float)((height + TILE - 1) / TILE);
+  const float r = (float)radius;
+  x_lo = (int)clampf(floorf((u - r) / TILE), 0.f, tiles_x);
+  x_hi = (int)clampf(floorf((u + r) / TILE) + 1.f, 0.f, tiles_x);
+  y_lo = (int)clampf(floorf((v - r) / TILE), 0.f, tiles_y);
+  y_hi = (int)clampf(floorf((v + r) / TILE) + 1.f, 0.f, tiles_y);
+}
+
+// Screen-space centre, conic and radius (0 when culled) of one Gaussian.
+SW_HD void project_gaussian(const Camera& cam, const float* mean, const float* quat, const float* scale,
+                            EwaState& e, float* mean2d, float* conic, int& radius) {
+  ewa_forward(cam, mean, quat, scale, e);
+  mean2d[0] = cam.fx * e.p[0] / e.z + cam.cx;
+  mean2d[1] = cam.fy * e.p[1] / e.z + cam.cy;
+  radius = 0;
+  conic[0] = conic[1] = conic[2] = 0.f;
+  if (!(e.in_front && e.det > 0.f)) return;
+  conic[0] = e.c / e.det;
+  conic[1] = -e.b / e.det;
+  conic[2] = e.a / e.det;
+  const float mid = 0.5f * (e.a + e.c);
+  const float lambda_max = mid + sqrtf(fmaxf(mid * mid - e.det, 0.1f));
+  const int r = (int)ceilf(RADIUS_SIGMAS * sqrtf(lambda_max));
+  int x_lo, x_hi, y_lo, y_hi;
+  tile_rect(mean2d[0], mean2d[1], r, cam.width, cam.height, x_lo, x_hi, y_lo, y_hi);
+  if (x_hi > x_lo && y_hi > y_lo) radius = r;
+}
+
+// Backward of project_gaussian's mean2d and conic (for a Gaussian with radius > 0): accumulates into
+// grad_mean (3) and writes grad_quat (4) and grad_scale (3).
+SW_HD void project_gaussian_bwd(const Camera& cam, const EwaState& e, const float* g_mean2d, const float* g_conic,
+                                float* grad_mean, float* grad_quat, float* grad_scale) {
+  const float a = e.a, b = e.b, c = e.c;
+  const float id = 1.f / e.det, id2 = id * id;
+  // conic = (c, -b, a) / det
+  const float ga = g_conic[0] * (-c * c * id2) + g_conic[1] * (b * c * id2) + g_conic[2] * (id - a * c * id2);
+  const float gb = g_conic[0] * (2.f * b * c * id2) + g_conic[1] * (-id - 2.f * b * b * id2) +
+                   g_conic[2] * (2.f * a * b * id2);
+  const float gc = g_conic[0] * (id - a * c * id2) + g_conic[1] * (a * b * id2) + g_conic[2] * (-a * a * id2);
+  // cov = T T^T; a, b, c read cov[0][0], cov[0][1], cov[1][1]
+  float gT[6];
+  for (int k = 0; k < 3; ++k) {
+    gT[k] = 2.f * ga * e.T[k] + gb * e.T[3 + k];
+    gT[3 + k] = gb * e.T[k] + 2.f * gc * e.T[3 + k];
+  }
+  // T = W M with M = Rq diag(s)
+  float gW[6], gRq[9];
+  for (int r = 0; r < 2; ++r)
+    for (int j = 0; j < 3; ++j) {
+      float acc = 0.f;
+      for (int k = 0; k < 3; ++k) acc += gT[r * 3 + k] * e.Rq[j * 3 + k] * e.s[k];
+      gW[r * 3 + j] = acc;
+    }
+  for (int k = 0; k < 3; ++k) {
+    float gs = 0.f;
+    for (int j = 0; j < 3; ++j) {
+      const float gM = e.W[j] * gT[k] + e.W[3 + j] * gT[3 + k];
+      gs += gM * e.Rq[j * 3 + k];
+      gRq[j * 3 + k] = gM * e.s[k];
+    }
+    grad_scale[k] = gs;
+  }
+  // rotation matrix -> unit quaternion -> raw quaternion
+  const float w = e.qn[0], x = e.qn[1], y = e.qn[2], z = e.qn[3];
+  const float* g = gRq;
+  float gq[4];
+  gq[0] = 2.f * (-z * g[1] + y * g[2] + z * g[3] - x * g[5] - y * g[6] + x * g[7]);
+  gq[1] = 2.f * (y * g[1] + z * g[2] + y * g[3] - 2.f * x * g[4] - w * g[5] + z * g[6] + w * g[7] - 2.f * x * g[8]);
+  gq[2] = 2.f * (-2.f * y * g[0] + x * g[1] + w * g[2] + x * g[3] + z * g[5] - w * g[6] + z * g[7] - 2.f * y * g[8]);
+  gq[3] = 2.f * (-2.f * z * g[0] - w * g[1] + x * g[2] + w * g[3] - 2.f * z * g[4] + y * g[5] + x * g[6] + y * g[7]);
+  const float dot = gq[0] * w + gq[1] * x + gq[2] * y + gq[3] * z;
+  for (int i = 0; i < 4; ++i) grad_quat[i] = (gq[i] - e.qn[i] * dot) / e.qnorm;
+  // W = J R
+  const float* R = cam.R;
+  const float gJ00 = gW[0] * R[0] + gW[1] * R[1] + gW[2] * R[2];
+  const float gJ02 = gW[0] * R[6] + gW[1] * R[7] + gW[2] * R[8];
+  const float gJ11 = gW[3] * R[3] + gW[4] * R[4] + gW[5] * R[5];
+  const float gJ12 = gW[3] * R[6] + gW[4] * R[7] + gW[5] * R[8];
+  // J = [[fx/z, 0, -fx tx/z^2], [0, fy/z, -fy ty/z^2]], tx = z clamp(x/z); mean2d = (fx x/z + cx, fy y/z + cy)
+  const float zz = e.z, iz = 1.f / zz, iz2 = iz * iz, iz3 = iz2 * iz;
+  float gp[3];
+  gp[0] = g_mean2d[0] * cam.fx * iz;
+  gp[1] = g_mean2d[1] * cam.fy * iz;
+  gp[2] = -g_mean2d[0] * cam.fx * e.p[0] * iz2 - g_mean2d[1] * cam.fy * e.p[1] * iz2 - gJ00 * cam.fx * iz2 -
+          gJ11 * cam.fy * iz2 + 2.f * gJ02 * cam.fx * e.tx * iz3 + 2.f * gJ12 * cam.fy * e.ty * iz3;
+  const float g_tx = -gJ02 * cam.fx * iz2;
+  const float g_ty = -gJ12 * cam.fy * iz2;
+  // unclamped: tx = x exactly (its z terms cancel); clamped: tx = z * limit, no gradient to x
+  if (e.clamped_x) gp[2] += g_tx * e.cu;
+  else gp[0] += g_tx;
+  if (e.clamped_y) gp[2] += g_ty * e.cv;
+  else gp[1] += g_ty;
+  // p = R mean + t
+  for (int j = 0; j < 3; ++j) grad_mean[j] += R[j] * gp[0] + R[3 + j] * gp[1] + R[6 + j] * gp[2];
+}
+
+}  // namespace splatwright

@@ -1,0 +1,300 @@
+"""The CUDA rasterizer against the pure-torch reference (float32, both on the GPU), on fresh random scenes.
+
+Tolerances: image, alpha and depth max abs diff <= 1e-4 (depth relative to the largest depth); every gradient
+group (means, quats, scales, opacities, sh, and means2d.grad) relative L2 <= 1e-3. The kernels run with
+outputs NaN-poisoned so an unwritten pixel or Gaussian fails.
+
+One exclusion: the two sides compute the same float32 formulas in a different order, so a splat whose alpha
+lies within rounding (relative 1e-5) of the 1/255 floor can be kept by one side and skipped by the other,
+moving its pixel by up to ~4e-3. Such pixels are found from the reference's own tile lists, left out of the
+image comparison, and must be rare (at most 0.1% of the image).
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+from backend.render import reference
+from backend.render.constants import ALPHA_MIN, TILE
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(),
+                       reason="needs a CUDA GPU (torch sees none); run on a GPU machine such as the H200"),
+]
+
+DEV = "cuda"
+IMAGE_TOL = 1e-4
+GRAD_TOL = 1e-3
+AMBIGUOUS_REL = 1e-5
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ext():
+    from backend.render import cuda
+    module = cuda.extension()
+    module.set_poison_outputs(True)
+    yield module
+    module.set_poison_outputs(False)
+
+
+def fresh_seed() -> int:
+    return int.from_bytes(os.urandom(4), "little")
+
+
+def look_camera(width, height, gen, fx=None):
+    """World-to-camera matrix of a camera 6 units from the origin, looking at it from a random direction."""
+    fx = fx or 0.9 * max(width, height)
+    K = torch.tensor([[fx, 0, width / 2 + 1.5], [0, fx * 1.05, height / 2 - 2.0], [0, 0, 1]])
+    axis = torch.randn(3, generator=gen)
+    skew = torch.tensor([[0, -axis[2], axis[1]], [axis[2], 0, -axis[0]], [-axis[1], axis[0], 0]])
+    R = torch.linalg.matrix_exp(0.5 * skew)
+    viewmat = torch.eye(4)
+    viewmat[:3, :3] = R
+    viewmat[:3, 3] = torch.tensor([0.2, -0.1, 6.0])
+    return viewmat, K
+
+
+def to_world(points_cam, viewmat):
+    R, t = viewmat[:3, :3], viewmat[:3, 3]
+    return (points_cam - t) @ R
+
+
+def random_scene(n, width, height, gen, *, scale=0.05, z_range=(3.0, 9.0), opacity=None, sh_coeffs=16):
+    """Gaussians spread over (and a little beyond) the view of a random camera."""
+    viewmat, K = look_camera(width, height, gen)
+    z = z_range[0] + (z_range[1] - z_range[0]) * torch.rand(n, generator=gen)
+    u = (torch.rand(n, generator=gen) * 1.3 - 0.15) * width
+    v = (torch.rand(n, generator=gen) * 1.3 - 0.15) * height
+    cam = torch.stack([(u - K[0, 2]) / K[0, 0] * z, (v - K[1, 2]) / K[1, 1] * z, z], dim=-1)
+    scene = {
+        "means": to_world(cam, viewmat),
+        "quats": torch.randn(n, 4, generator=gen),
+        "scales": scale * torch.exp(0.5 * torch.randn(n, 3, generator=gen)),
+        "opacities": torch.sigmoid(1.5 * torch.randn(n, generator=gen)) if opacity is None
+        else torch.full((n,), float(opacity)),
+        "sh": 0.3 * torch.randn(n, sh_coeffs, 3, generator=gen),
+        "viewmat": viewmat,
+        "K": K,
+    }
+    scene["sh"][:, 0] = torch.randn(n, 3, generator=gen)
+    return scene
+
+
+PARAMS = ("means", "quats", "scales", "opacities", "sh")
+
+
+def ambiguous_pixels(scene, width, height, sh_degree):
+    """Pixels where some splat of the tile's list has alpha within AMBIGUOUS_REL of the 1/255 floor."""
+    s = {k: v.to(DEV) for k, v in scene.items()}
+    with torch.no_grad():
+        proj = reference.project(s["means"], s["quats"], s["scales"], s["sh"], s["viewmat"], s["K"], width, height,
+                                 sh_degree)
+        tile_ids, gauss_ids = reference.bin_tiles(proj, width, height)
+        tiles_x, tiles_y = (width + TILE - 1) // TILE, (height + TILE - 1) // TILE
+        flags = torch.zeros(tiles_y * tiles_x, TILE * TILE, dtype=torch.int32, device=DEV)
+        offsets = torch.arange(TILE, device=DEV, dtype=torch.float32) + 0.5
+        py_local, px_local = torch.meshgrid(offsets, offsets, indexing="ij")
+        for c0 in range(0, len(gauss_ids), 4096):
+            tid, gid = tile_ids[c0:c0 + 4096], gauss_ids[c0:c0 + 4096]
+            px = (tid % tiles_x * TILE).float()[:, None] + px_local.reshape(-1)
+            py = (tid // tiles_x * TILE).float()[:, None] + py_local.reshape(-1)
+            dx, dy = px - proj.means2d[gid, 0, None], py - proj.means2d[gid, 1, None]
+            a, b, c = proj.conics[gid].unbind(-1)
+            power = -0.5 * (a[:, None] * dx * dx + c[:, None] * dy * dy) - b[:, None] * dx * dy
+            alpha = s["opacities"][gid, None] * torch.exp(power)
+            near = (alpha - ALPHA_MIN).abs() <= AMBIGUOUS_REL * ALPHA_MIN
+            flags.index_add_(0, tid, near.int())
+        img = (flags > 0).reshape(tiles_y, tiles_x, TILE, TILE).permute(0, 2, 1, 3).reshape(tiles_y * TILE, tiles_x * TILE)
+    return img[:height, :width]
+
+
+def rel_l2(ours, ref):
+    denom = ref.norm()
+    if denom == 0:
+        return ours.norm().item()
+    return ((ours - ref).norm() / denom).item()
+
+
+def render_both(scene, width, height, sh_degree, background, grad=True):
+    from backend.render import cuda
+    outs, grads = {}, {}
+    for name, fn in (("cuda", cuda.rasterize), ("reference", reference.rasterize)):
+        params = {k: scene[k].to(DEV).requires_grad_(grad) for k in PARAMS}
+        out = fn(params["means"], params["quats"], params["scales"], params["opacities"], params["sh"],
+                 scene["viewmat"].to(DEV), scene["K"].to(DEV), width, height, sh_degree,
+                 torch.tensor(background, device=DEV))
+        outs[name] = out
+        if grad:
+            gen = torch.Generator(device=DEV).manual_seed(1234)
+            w_img = torch.randn(out.image.shape, generator=gen, device=DEV)
+            w_alpha = torch.randn(out.alpha.shape, generator=gen, device=DEV)
+            loss = (out.image * w_img).sum() + (out.alpha * w_alpha).sum()
+            if name == "cuda" or loss.requires_grad:  # the reference's graph is cut where no splat reaches a pixel
+                loss.backward()
+            grads[name] = {k: params[k].grad for k in PARAMS}
+            grads[name]["means2d"] = out.means2d.grad
+            if name == "reference":
+                grads[name] = {k: g if g is not None else torch.zeros_like(grads["cuda"][k])
+                               for k, g in grads[name].items()}
+    return outs, grads
+
+
+def check_against_reference(scene, width, height, sh_degree=3, background=(0.1, 0.5, 0.9), seed=None):
+    outs, grads = render_both(scene, width, height, sh_degree, background)
+    ours, ref = outs["cuda"], outs["reference"]
+    msg = f"(seed {seed}, {len(scene['means'])} Gaussians, {width}x{height})"
+    assert ours.image.shape == (height, width, 3) and ours.alpha.shape == (height, width), msg
+    for name in ("image", "alpha", "depth"):
+        assert torch.isfinite(getattr(ours, name)).all(), f"{name} has unwritten (NaN) values {msg}"
+    assert torch.equal(ours.radii, ref.radii), f"radii differ at {int((ours.radii != ref.radii).sum())} {msg}"
+    assert torch.allclose(ours.means2d, ref.means2d, rtol=1e-5, atol=1e-4), msg
+
+    skip = ambiguous_pixels(scene, width, height, sh_degree)
+    assert skip.float().mean() <= 1e-3, f"{int(skip.sum())} ambiguous pixels {msg}"
+    keep = ~skip
+    image_diff = (ours.image - ref.image).abs()[keep].max().item() if keep.any() else 0.0
+    alpha_diff = (ours.alpha - ref.alpha).abs()[keep].max().item() if keep.any() else 0.0
+    depth_scale = max(1.0, ref.depth.abs().max().item())
+    depth_diff = (ours.depth - ref.depth).abs()[keep].max().item() / depth_scale if keep.any() else 0.0
+    assert image_diff <= IMAGE_TOL, f"image max abs diff {image_diff:.2e} {msg}"
+    assert alpha_diff <= IMAGE_TOL, f"alpha max abs diff {alpha_diff:.2e} {msg}"
+    assert depth_diff <= IMAGE_TOL, f"depth max rel diff {depth_diff:.2e} {msg}"
+
+    for name in PARAMS + ("means2d",):
+        g_ours, g_ref = grads["cuda"][name], grads["reference"][name]
+        assert g_ours is not None and g_ours.shape == g_ref.shape, f"{name} grad missing {msg}"
+        assert torch.isfinite(g_ours).all(), f"{name} grad not finite {msg}"
+        err = rel_l2(g_ours, g_ref)
+        assert err <= GRAD_TOL, f"{name} grad relative L2 {err:.2e} {msg}"
+    return outs, grads
+
+
+@pytest.mark.parametrize("n, width, height, sh_degree", [
+    (2000, 256, 192, 3),   # multiples of 16
+    (1500, 203, 141, 3),   # not multiples of 16, non-square
+    (800, 97, 250, 2),     # tall
+    (1000, 160, 160, 1),
+    (600, 120, 90, 0),
+])
+def test_random_scenes_match_reference(n, width, height, sh_degree):
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    check_against_reference(random_scene(n, width, height, gen), width, height, sh_degree, seed=seed)
+
+
+def test_more_sh_coefficients_than_the_degree_uses():
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    _, grads = check_against_reference(random_scene(500, 96, 80, gen, sh_coeffs=16), 96, 80, 1, seed=seed)
+    assert (grads["cuda"]["sh"][:, 4:] == 0).all()
+
+
+def test_no_gaussians():
+    from backend.render import cuda
+    z3 = torch.zeros(0, 3, device=DEV, requires_grad=True)
+    params = [z3, torch.zeros(0, 4, device=DEV, requires_grad=True), torch.zeros(0, 3, device=DEV, requires_grad=True),
+              torch.zeros(0, device=DEV, requires_grad=True), torch.zeros(0, 16, 3, device=DEV, requires_grad=True)]
+    viewmat, K = look_camera(40, 30, torch.Generator().manual_seed(0))
+    out = cuda.rasterize(*params, viewmat.to(DEV), K.to(DEV), 40, 30, 3, (0.2, 0.3, 0.4))
+    assert torch.equal(out.image, torch.tensor([0.2, 0.3, 0.4], device=DEV).expand(30, 40, 3))
+    assert (out.alpha == 0).all() and (out.depth == 0).all()
+    (out.image.sum() + out.alpha.sum()).backward()
+    assert all(p.grad is not None and p.grad.shape == p.shape for p in params)
+
+
+def test_one_gaussian():
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    scene = random_scene(1, 64, 48, gen, scale=0.3, opacity=0.8)
+    check_against_reference(scene, 64, 48, seed=seed)
+
+
+def test_all_behind_the_camera_or_off_screen():
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    scene = random_scene(300, 80, 60, gen)
+    cam = torch.randn(300, 3, generator=gen)
+    cam[:150, 2] = -cam[:150, 2].abs() - 0.5                  # behind
+    cam[150:, 0], cam[150:, 2] = 50 + cam[150:, 0].abs(), 5.0  # far right of the view
+    scene["means"] = to_world(cam, scene["viewmat"])
+    outs, grads = check_against_reference(scene, 80, 60, seed=seed)
+    assert (outs["cuda"].radii == 0).all()
+    assert (outs["cuda"].alpha == 0).all()
+    for name in PARAMS:
+        assert (grads["cuda"][name] == 0).all(), name
+
+
+def test_splat_covering_the_whole_image():
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    scene = random_scene(40, 150, 100, gen)
+    scene["means"][0] = to_world(torch.tensor([[0.0, 0.0, 2.0]]), scene["viewmat"])[0]
+    scene["scales"][0] = torch.tensor([3.0, 2.5, 0.5])
+    scene["opacities"][0] = 0.6
+    outs, _ = check_against_reference(scene, 150, 100, seed=seed)
+    assert outs["cuda"].radii[0] > 150
+
+
+def test_alpha_at_the_cap():
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    scene = random_scene(200, 96, 64, gen, scale=0.15, opacity=1.0)
+    scene["opacities"][::2] = 0.995
+    check_against_reference(scene, 96, 64, seed=seed)
+
+
+def test_zero_opacity():
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    scene = random_scene(400, 96, 64, gen)
+    scene["opacities"][::3] = 0.0
+    _, grads = check_against_reference(scene, 96, 64, seed=seed)
+    assert (grads["cuda"]["means"][::3] == 0).all()
+
+
+def test_gaussians_crossing_the_near_plane():
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    scene = random_scene(300, 96, 64, gen, scale=0.01)
+    z = 0.01 + 0.2 * torch.randn(300, generator=gen)  # straddling the near plane at 0.01
+    cam = torch.stack([0.3 * z * torch.randn(300, generator=gen), 0.3 * z * torch.randn(300, generator=gen), z], -1)
+    scene["means"] = to_world(cam, scene["viewmat"])
+    outs, _ = check_against_reference(scene, 96, 64, seed=seed)
+    culled = (cam[:, 2] <= 0.01).to(DEV)
+    assert (outs["cuda"].radii[culled] == 0).all()
+    assert (outs["cuda"].radii[~culled] > 0).any()
+
+
+@pytest.mark.parametrize("opacity_range", [(0.005, 0.02), (0.1, 0.4)])  # T never stops / T stops mid-list
+def test_more_gaussians_in_a_tile_than_one_batch(opacity_range):
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    n = 700
+    scene = random_scene(n, 48, 40, gen, scale=0.02)
+    # all centred in tile (1, 1): pixels 16..32 x 16..32
+    u = 17 + 14 * torch.rand(n, generator=gen)
+    v = 17 + 14 * torch.rand(n, generator=gen)
+    z = 3 + 3 * torch.rand(n, generator=gen)
+    K = scene["K"]
+    cam = torch.stack([(u - K[0, 2]) / K[0, 0] * z, (v - K[1, 2]) / K[1, 1] * z, z], dim=-1)
+    scene["means"] = to_world(cam, scene["viewmat"])
+    lo, hi = opacity_range
+    scene["opacities"] = lo + (hi - lo) * torch.rand(n, generator=gen)
+    outs, _ = check_against_reference(scene, 48, 40, seed=seed)
+    assert (outs["cuda"].radii > 0).sum() > 256
+
+
+def test_means2d_grad_and_no_grad_mode():
+    from backend.render import cuda
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    scene = random_scene(300, 64, 64, gen)
+    with torch.no_grad():
+        out = cuda.rasterize(*(scene[k].to(DEV) for k in PARAMS), scene["viewmat"].to(DEV), scene["K"].to(DEV),
+                             64, 64, 3, (0.0, 0.0, 0.0))
+    assert not out.image.requires_grad and out.means2d.grad is None
+    assert math.isfinite(out.image.sum().item())

@@ -1,0 +1,88 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from backend.data import load_cameras, load_split, parse_background, scene_bounds
+from backend.errors import SplatwrightError
+from conftest import LEGO, orbit_cameras
+
+
+def test_loads_splits_composited_over_the_background(tiny_scene):
+    white = load_split(tiny_scene, "train", (1.0, 1.0, 1.0))
+    black = load_split(tiny_scene, "train", (0.0, 0.0, 0.0))
+    assert white.images.shape == (8, 32, 32, 3) and len(load_split(tiny_scene, "test")) == 3
+    corner_white, corner_black = white.images[:, 0, 0], black.images[:, 0, 0]
+    assert torch.all(corner_white >= corner_black)
+    assert (white.images - black.images).abs().max() > 0.5  # transparent pixels differ
+
+
+def test_cameras_survive_the_file_round_trip(tiny_scene):
+    cams, names = load_cameras(tiny_scene / "transforms_train.json")
+    for loaded, original in zip(cams, orbit_cameras(8, 32, 32)):
+        np.testing.assert_allclose(loaded.c2w, original.c2w, atol=1e-12)
+        np.testing.assert_allclose(loaded.K, original.K, atol=1e-9)
+    assert names[0] == "r_0"
+
+
+def test_downscale_resizes_images_and_intrinsics(tiny_scene):
+    d = load_split(tiny_scene, "train", downscale=2)
+    assert d.images.shape[1:3] == (16, 16)
+    assert d.cameras[0].K[0, 2] == pytest.approx(8.0)
+
+
+def test_missing_folder(tmp_path):
+    with pytest.raises(SplatwrightError, match="scene folder not found"):
+        load_split(tmp_path / "nope", "train")
+
+
+def test_missing_image(tiny_scene):
+    (tiny_scene / "train" / "r_3.png").unlink()
+    with pytest.raises(SplatwrightError, match="frame 3: image not found"):
+        load_split(tiny_scene, "train")
+
+
+def test_mixed_sizes(tiny_scene):
+    Image.new("RGBA", (20, 32)).save(tiny_scene / "train" / "r_5.png")
+    with pytest.raises(SplatwrightError, match="r_5.png: image is 20x32 but earlier images are 32x32"):
+        load_split(tiny_scene, "train")
+
+
+@pytest.mark.parametrize("matrix, message", [
+    ([[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 1]], "singular"),
+    ([[1, 0.5, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]], "not a proper rotation"),
+])
+def test_bad_matrices(tiny_scene, matrix, message):
+    path = tiny_scene / "transforms_train.json"
+    meta = json.loads(path.read_text())
+    meta["frames"][2]["transform_matrix"] = matrix
+    path.write_text(json.dumps(meta))
+    with pytest.raises(SplatwrightError, match=f"frame 2: .*{message}"):
+        load_split(tiny_scene, "train")
+
+
+def test_instant_ngp_intrinsics(tiny_scene):
+    path = tiny_scene / "transforms_train.json"
+    meta = json.loads(path.read_text())
+    del meta["camera_angle_x"]
+    meta.update({"fl_x": 40.0, "fl_y": 42.0, "cx": 15.0, "cy": 17.0, "w": 32, "h": 32})
+    path.write_text(json.dumps(meta))
+    cam = load_split(tiny_scene, "train").cameras[0]
+    np.testing.assert_allclose(cam.K, [[40, 0, 15], [0, 42, 17], [0, 0, 1]])
+
+
+def test_backgrounds():
+    assert parse_background("black") == (0.0, 0.0, 0.0)
+    assert parse_background("0.5,0.25,1") == (0.5, 0.25, 1.0)
+    with pytest.raises(SplatwrightError, match="background"):
+        parse_background("purple")
+
+
+@pytest.mark.skipif(not LEGO.is_dir(), reason="shared/data/lego not present")
+def test_lego_bounds_hold_the_object():
+    cams, _ = load_cameras(LEGO / "transforms_train.json")
+    center, half = scene_bounds(cams)
+    assert np.linalg.norm(center) < 0.3  # lego sits at the origin
+    assert 1.0 < half < 2.5

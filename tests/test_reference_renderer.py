@@ -1,0 +1,130 @@
+"""The reference rasterizer against a per-pixel sequential loop (the kernel's semantics written the
+slow, obvious way), its projection against closed forms, and its gradients against finite differences."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from backend.cameras import Camera, intrinsics, look_at
+from backend.render import camera_tensors, reference
+from backend.render.constants import ALPHA_MAX, ALPHA_MIN, T_STOP, TILE
+from conftest import orbit_cameras, random_gaussians
+
+
+def sequential_oracle(g, cam, sh_degree, background):
+    """Per pixel: walk the splats whose tile rectangle holds the pixel's tile in (depth, index) order."""
+    viewmat, K = camera_tensors(cam, "cpu", torch.float64)
+    g64 = g.to(dtype=torch.float64)
+    proj = reference.project(g64.means, g64.quats, torch.exp(g64.log_scales), g64.sh, viewmat, K,
+                             cam.width, cam.height, sh_degree)
+    x_lo, x_hi, y_lo, y_hi = reference.tile_rect(proj.means2d, proj.radii, cam.width, cam.height)
+    opac = torch.sigmoid(g64.opacity_logits)
+    order = sorted((float(np.float32(proj.depths[i])), i) for i in range(len(g)) if proj.radii[i] > 0)
+    image = np.zeros((cam.height, cam.width, 3))
+    alpha_out = np.zeros((cam.height, cam.width))
+    for py in range(cam.height):
+        for px in range(cam.width):
+            tx, ty = px // TILE, py // TILE
+            T, color = 1.0, np.zeros(3)
+            for _, i in order:
+                if not (x_lo[i] <= tx < x_hi[i] and y_lo[i] <= ty < y_hi[i]):
+                    continue
+                dx, dy = px + 0.5 - float(proj.means2d[i, 0]), py + 0.5 - float(proj.means2d[i, 1])
+                a, b, c = proj.conics[i].tolist()
+                power = -0.5 * (a * dx * dx + c * dy * dy) - b * dx * dy
+                if power > 0:
+                    continue
+                alpha = min(ALPHA_MAX, float(opac[i]) * math.exp(power))
+                if alpha < ALPHA_MIN:
+                    continue
+                if T * (1 - alpha) < T_STOP:
+                    break
+                color += proj.colors[i].numpy() * alpha * T
+                T *= 1 - alpha
+            image[py, px] = color + T * np.asarray(background)
+            alpha_out[py, px] = 1 - T
+    return image, alpha_out
+
+
+@pytest.mark.parametrize("n, width, height, seed", [(60, 37, 21, 0), (150, 33, 40, 1)])
+def test_matches_the_sequential_per_pixel_walk(n, width, height, seed):
+    g = random_gaussians(n, seed=seed, sh_degree=2, scale=0.12)
+    g.opacity_logits = g.opacity_logits + 2.0  # opaque enough that some pixels reach the stop rule
+    cam = orbit_cameras(1, width, height, radius=2.5)[0]
+    expected_image, expected_alpha = sequential_oracle(g, cam, 2, (0.2, 0.5, 0.9))
+    out = reference.rasterize(*_args(g.to(dtype=torch.float64), cam, 2, (0.2, 0.5, 0.9)))
+    np.testing.assert_allclose(out.image.numpy(), expected_image, atol=1e-9)
+    np.testing.assert_allclose(out.alpha.numpy(), expected_alpha, atol=1e-9)
+    assert (expected_alpha > 1 - 1e-3).any(), "scene should exercise the transmittance stop"
+
+
+def test_chunking_does_not_change_the_result(monkeypatch):
+    g = random_gaussians(400, seed=3)
+    cam = orbit_cameras(1, 70, 50)[0]
+    whole = reference.rasterize(*_args(g, cam, 3, (1.0, 1.0, 1.0)))
+    monkeypatch.setattr(reference, "MAX_CHUNK_PIXEL_ENTRIES", 256 * 40)
+    chunked = reference.rasterize(*_args(g, cam, 3, (1.0, 1.0, 1.0)))
+    torch.testing.assert_close(chunked.image, whole.image, atol=1e-6, rtol=0)
+    torch.testing.assert_close(chunked.depth, whole.depth, atol=1e-5, rtol=0)
+
+
+def test_projection_of_an_isotropic_gaussian_on_the_axis():
+    f, z, s = 100.0, 4.0, 0.1
+    cam = Camera(look_at([0, 0, z], [0, 0, 0], up=(0, 1, 0)), intrinsics(f, f, 32, 24), 64, 48)
+    viewmat, K = camera_tensors(cam, "cpu", torch.float64)
+    means = torch.zeros(1, 3, dtype=torch.float64)
+    quats = torch.tensor([[1.0, 0, 0, 0]], dtype=torch.float64)
+    scales = torch.full((1, 3), s, dtype=torch.float64)
+    sh = torch.zeros(1, 1, 3, dtype=torch.float64)
+    proj = reference.project(means, quats, scales, sh, viewmat, K, 64, 48, 0)
+    var = (f * s / z) ** 2 + 0.3
+    torch.testing.assert_close(proj.means2d[0], torch.tensor([32.0, 24.0], dtype=torch.float64))
+    torch.testing.assert_close(proj.conics[0], torch.tensor([1 / var, 0.0, 1 / var], dtype=torch.float64))
+    assert proj.radii[0] == math.ceil(3 * math.sqrt(var))
+    assert proj.depths[0] == pytest.approx(z)
+    torch.testing.assert_close(proj.colors[0], torch.full((3,), 0.5, dtype=torch.float64))
+
+
+def test_culls_behind_near_plane_and_off_screen():
+    cam = orbit_cameras(1, 32, 32)[0]
+    g = random_gaussians(3)
+    eye = torch.tensor(cam.position, dtype=torch.float32)
+    forward = torch.tensor(cam.c2w[:3, 2], dtype=torch.float32)
+    right = torch.tensor(cam.c2w[:3, 0], dtype=torch.float32)
+    g.means = torch.stack([eye - forward, eye + 0.005 * forward, eye + 2 * forward + 50 * right])
+    out = reference.rasterize(*_args(g, cam, 0, (1.0, 1.0, 1.0)))
+    assert out.radii.tolist() == [0, 0, 0]
+    torch.testing.assert_close(out.image, torch.ones(32, 32, 3))
+
+
+def test_outputs_alpha_and_depth():
+    g = random_gaussians(200, seed=5)
+    cam = orbit_cameras(1, 40, 40)[0]
+    out = reference.rasterize(*_args(g, cam, 3, (0.0, 0.0, 0.0)))
+    assert 0 <= out.alpha.min() and out.alpha.max() <= 1
+    mean_depth = out.depth[out.alpha > 0.5] / out.alpha[out.alpha > 0.5]
+    assert ((mean_depth > 1.5) & (mean_depth < 4.5)).all()  # the model sits about 3 m away
+
+
+def test_gradcheck_float64():
+    """Gradients to means, quaternions, scales, opacities and SH agree with finite differences."""
+    g = random_gaussians(6, seed=7, sh_degree=3, scale=0.3).to(dtype=torch.float64)
+    cam = orbit_cameras(1, 20, 18, radius=2.5)[0]
+    viewmat, K = camera_tensors(cam, "cpu", torch.float64)
+    weights = torch.rand(18, 20, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+
+    def f(means, quats, log_scales, opacity_logits, sh):
+        out = reference.rasterize(means, quats, torch.exp(log_scales), torch.sigmoid(opacity_logits), sh,
+                                  viewmat, K, 20, 18, 3, (0.3, 0.3, 0.3))
+        return (out.image * weights).sum()
+
+    inputs = tuple(t.clone().requires_grad_() for t in
+                   (g.means, g.quats, g.log_scales, g.opacity_logits, g.sh))
+    assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-5, rtol=1e-4)
+
+
+def _args(g, cam, sh_degree, background):
+    viewmat, K = camera_tensors(cam, "cpu", g.means.dtype)
+    return (g.means, g.quats, torch.exp(g.log_scales), g.opacities, g.sh, viewmat, K,
+            cam.width, cam.height, sh_degree, background)

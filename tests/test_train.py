@@ -1,0 +1,159 @@
+import json
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+import pytest
+import torch
+
+from backend.commands import cpu_config
+from backend.data import Dataset, load_split
+from backend.gaussians import Gaussians
+from backend.ply import read_ply
+from backend.strategy import DensifyConfig, edit_rows
+from backend.train import Trainer, evaluate, load_checkpoint
+from conftest import LEGO, ROOT
+
+
+def small_config(iterations: int):
+    cfg = cpu_config(iterations)
+    return replace(cfg, init_points=500, sh_interval=20, log_every=10,
+                   densify=replace(cfg.densify, start=10, every=10, stop=iterations, reset_opacity_every=30))
+
+
+def test_training_improves_the_fit(tiny_scene):
+    data = load_split(tiny_scene, "train")
+    trainer = Trainer(data, small_config(120))
+    before = evaluate(trainer.g, data, 0, (1, 1, 1), "reference")["psnr"]
+    while trainer.step < 120:
+        trainer.train_step()
+    after = evaluate(trainer.g, data, trainer.sh_degree, (1, 1, 1), "reference")["psnr"]
+    assert after > before + 3, (before, after)
+    assert trainer.sh_degree == 3  # grew one degree every 20 steps up to the maximum
+
+
+def test_resume_continues_exactly(tiny_scene, tmp_path):
+    data = load_split(tiny_scene, "train")
+    cfg = small_config(60)
+    straight = Trainer(data, cfg)
+    while straight.step < 60:
+        straight.train_step()
+
+    first = Trainer(data, cfg)
+    while first.step < 25:  # stop between densification steps, after an opacity reset is due later
+        first.train_step()
+    first.save_checkpoint(tmp_path / "ck.pt")
+    resumed = Trainer(data, cfg)
+    resumed.load_state_dict(load_checkpoint(tmp_path / "ck.pt"))
+    while resumed.step < 60:
+        resumed.train_step()
+    assert len(resumed.g) == len(straight.g)
+    for name, t in straight.g.tensors().items():
+        torch.testing.assert_close(getattr(resumed.g, name), t, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_edit_rows_keeps_optimizer_state_in_step_with_rows():
+    g = Gaussians.random_in_box(5, [0, 0, 0], 1.0, sh_degree=1).requires_grad_()
+    opt = torch.optim.Adam([{"params": [t], "name": n} for n, t in g.tensors().items()])
+    sum(t.sum() * (i + 1) for i, t in enumerate(g.tensors().values())).backward()
+    opt.step()
+    before = {n: opt.state[t]["exp_avg"].clone() for n, t in g.tensors().items()}
+    keep = torch.tensor([True, False, True, True, False])
+    edit_rows(opt, g, keep=keep, append={n: t.detach()[:2] for n, t in g.tensors().items()})
+    assert len(g) == 5
+    for group in opt.param_groups:
+        name, p = group["name"], group["params"][0]
+        assert p is getattr(g, name) and p.requires_grad
+        state = opt.state[p]["exp_avg"]
+        assert state.shape == p.shape
+        torch.testing.assert_close(state[:3], before[name][keep])
+        assert torch.all(state[3:] == 0)
+
+
+def test_gaussian_cap_is_respected(tiny_scene):
+    data = load_split(tiny_scene, "train")
+    cfg = small_config(60)
+    cfg = replace(cfg, densify=replace(cfg.densify, max_gaussians=520, grad_threshold=1e-7))
+    trainer = Trainer(data, cfg)
+    while trainer.step < 60:
+        trainer.train_step()
+        assert len(trainer.g) <= 520
+
+
+def run_cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "backend", *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_cli_train_writes_ply_and_metrics(tiny_scene, tmp_path):
+    out = tmp_path / "out"
+    r = run_cli("train", tiny_scene, "--out", out, "--iters", 30, "--device", "cpu", "--init-points", 300)
+    assert r.returncode == 0, r.stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert set(metrics) >= {"psnr", "ssim", "iterations", "train_seconds", "gaussians", "device"}
+    assert metrics["iterations"] == 30
+    assert len(read_ply(out / "splats.ply")) == metrics["gaussians"]
+    r = run_cli("train", tiny_scene, "--out", out, "--iters", 40, "--device", "cpu", "--resume")
+    assert r.returncode == 0, r.stderr
+    assert "resuming at step 30" in r.stderr
+    assert json.loads((out / "metrics.json").read_text())["iterations"] == 40
+
+    r = run_cli("render", out / "splats.ply", "--cameras", tiny_scene / "transforms_test.json",
+                "--out", tmp_path / "views", "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (tmp_path / "views").iterdir()) == ["r_0.png", "r_1.png", "r_2.png"]
+
+
+def _wrong_size(scene):
+    from PIL import Image
+    Image.new("RGBA", (16, 16)).save(scene / "train" / "r_4.png")
+
+
+def _singular(scene):
+    path = scene / "transforms_train.json"
+    meta = json.loads(path.read_text())
+    meta["frames"][1]["transform_matrix"] = [[0] * 4, [0] * 4, [0] * 4, [0, 0, 0, 1]]
+    path.write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("breakage, message", [
+    (None, "scene folder not found"),
+    (_wrong_size, "image is 16x16 but earlier images are 32x32"),
+    (_singular, "frame 1: matrix is singular"),
+])
+def test_cli_errors_are_one_line(tiny_scene, tmp_path, breakage, message):
+    scene = tiny_scene if breakage else tmp_path / "missing"
+    if breakage:
+        breakage(scene)
+    r = run_cli("train", scene, "--out", tmp_path / "o", "--iters", 5, "--device", "cpu")
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.stderr
+
+
+def test_cli_info():
+    r = run_cli("info")
+    assert r.returncode == 0, r.stderr
+    assert "torch" in r.stdout and "cuda_rasterizer" in r.stdout
+
+
+@pytest.mark.skipif(not LEGO.is_dir(), reason="shared/data/lego not present")
+def test_cpu_training_on_lego_gains_6db_within_5_minutes():
+    """The CPU bar: lego at 100x100, at most 20k Gaussians, +6 dB test PSNR in under 5 minutes."""
+    train = load_split(LEGO, "train", downscale=4)
+    test_full = load_split(LEGO, "test", downscale=4)
+    test = Dataset(test_full.cameras[::4], test_full.images[::4], test_full.names[::4])
+    assert train.images.shape[1:3] == (100, 100)
+    cfg = cpu_config(300)
+    trainer = Trainer(train, cfg)
+    initial = evaluate(trainer.g, test, 0, cfg.background, "reference")["psnr"]
+    start = time.monotonic()
+    while trainer.step < cfg.iterations:
+        trainer.train_step()
+        assert len(trainer.g) <= 20_000
+    elapsed = time.monotonic() - start
+    final = evaluate(trainer.g, test, trainer.sh_degree, cfg.background, "reference")["psnr"]
+    print(f"lego 100x100 CPU: {initial:.2f} -> {final:.2f} dB in {elapsed:.0f} s, {len(trainer.g)} Gaussians")
+    assert elapsed < 300
+    assert final >= initial + 6.0
