@@ -32,6 +32,12 @@ def resolve_device(name: str) -> tuple[str, str]:
     return "cpu", "reference"
 
 
+PRESETS = {
+    "quality": TrainConfig(iterations=30_000),
+    "fast": TrainConfig(iterations=7000, densify=DensifyConfig(stop=5000)),
+}
+
+
 def cpu_config(iterations: int) -> TrainConfig:
     """A short schedule for the CPU reference path at small image sizes."""
     return TrainConfig(
@@ -41,8 +47,11 @@ def cpu_config(iterations: int) -> TrainConfig:
 
 
 def training_config(args, device: str, rasterizer: str) -> TrainConfig:
-    iterations = args.iters or (30_000 if device == "cuda" else 3000)
-    cfg = TrainConfig(iterations=iterations) if device == "cuda" else cpu_config(iterations)
+    if device == "cuda":
+        cfg = PRESETS[args.preset]
+        cfg = replace(cfg, iterations=args.iters or cfg.iterations)
+    else:
+        cfg = cpu_config(args.iters or 3000)
     densify = cfg.densify
     if args.max_gaussians is not None:
         densify = replace(densify, max_gaussians=args.max_gaussians)
@@ -153,7 +162,7 @@ def demo(args) -> int:
     out = Path(args.out or f"out/demo-{datetime.now():%Y%m%d-%H%M%S}")
     out.mkdir(parents=True, exist_ok=True)
     if device == "cuda":
-        cfg, downscale = replace(TrainConfig(iterations=7000), rasterizer=rasterizer), 1.0
+        cfg, downscale = replace(PRESETS["fast"], rasterizer=rasterizer), 1.0
     else:
         cfg, downscale = cpu_config(600), None
     print(f"demo: {args.data} on {device_name(device)}, output in {out}", file=sys.stderr)

@@ -122,7 +122,7 @@ class DefaultStrategy:
         """Two Gaussians per split one, placed by sampling it, with scales divided by 1.6."""
         rows = {name: t.detach()[split].repeat_interleave(2, dim=0) for name, t in g.tensors().items()}
         scales = torch.exp(rows["log_scales"])
-        noise = torch.randn(scales.shape, generator=generator, device=scales.device) * scales
+        noise = torch.randn(scales.shape, generator=generator).to(scales.device) * scales
         rows["means"] = rows["means"] + (quat_to_rotmat(rows["quats"]) @ noise[..., None])[..., 0]
         rows["log_scales"] = rows["log_scales"] - math.log(self.cfg.split_scale_divisor)
         return rows

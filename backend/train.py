@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from .errors import SplatwrightError
+from .cameras import Camera
 from .data import Dataset, camera_extent, scene_bounds
 from .gaussians import Gaussians
 from .metrics import photometric_loss, psnr, ssim
@@ -78,7 +79,8 @@ class Trainer:
         self.g = gaussians.to(self.device).requires_grad_()
         self.optimizer = self._make_optimizer()
         self.strategy = DefaultStrategy(cfg.densify, self.extent)
-        self.generator = torch.Generator(self.device).manual_seed(cfg.seed)
+        # On the CPU, so drawing a view or split noise never waits for the GPU.
+        self.generator = torch.Generator().manual_seed(cfg.seed)
         self.background = torch.tensor(cfg.background, dtype=torch.float32, device=self.device)
         self.step = 0
         self.train_seconds = 0.0
@@ -88,7 +90,7 @@ class Trainer:
         lr = asdict(self.cfg.lr)
         lr["means"] *= self.extent
         groups = [{"params": [t], "lr": lr[name], "name": name} for name, t in self.g.tensors().items()]
-        return torch.optim.Adam(groups, eps=1e-15)
+        return torch.optim.Adam(groups, eps=1e-15, fused=self.device.type == "cuda")
 
     @property
     def sh_degree(self) -> int:
@@ -104,7 +106,7 @@ class Trainer:
         for group in self.optimizer.param_groups:
             if group["name"] == "means":
                 group["lr"] = self._means_lr()
-        i = int(torch.randint(len(self.data), (1,), generator=self.generator, device=self.device))
+        i = int(torch.randint(len(self.data), (1,), generator=self.generator))
         cam, gt = self.data.cameras[i], self.data.images[i]
         out = render(self.g, cam, self.sh_degree, self.background, self.cfg.rasterizer)
         loss = photometric_loss(out.image, gt, self.cfg.ssim_weight)
@@ -122,6 +124,12 @@ class Trainer:
         if self.device.type == "cuda" and self.step % self.cfg.log_every == 0:
             torch.cuda.synchronize(self.device)
         self.train_seconds += time.perf_counter() - start
+
+    def add_view(self, camera: Camera, image: torch.Tensor, name: str) -> None:
+        """Append a view (image (H, W, 3) in [0, 1], the size of the others) that later steps draw from too.
+        The scene extent, and with it the learning rates, stays that of the views training started with."""
+        images = torch.cat([self.data.images, image[None].to(self.data.images)])
+        self.data = Dataset(self.data.cameras + [camera], images, self.data.names + [name])
 
     # Checkpoints hold everything needed to continue exactly: parameters, optimizer moments,
     # densification statistics, step and random state.
