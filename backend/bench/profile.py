@@ -1,0 +1,72 @@
+"""`python -m backend bench profile`: where a GPU training step's time goes, from the torch profiler.
+
+Device time is grouped by kernel name into stages; what the GPU does not account for is host-side
+overhead (Python, launches, synchronisation)."""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from dataclasses import replace
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from ..cli import DEFAULT_SCENE
+from ..commands import PRESETS
+from ..data import load_split
+from ..train import Trainer
+
+# First match wins; kernel names come from cuda/ and from torch's own kernels.
+STAGES = [
+    ("projection", r"projection_(fwd|bwd)"),
+    ("binning + sort", r"tile_counts|emit_keys|tile_ranges|RadixSort|DeviceScan|cub::"),
+    ("rasterize forward", r"rasterize_fwd|render_fwd"),
+    ("rasterize backward", r"rasterize_bwd|render_bwd"),
+    ("optimizer (Adam)", r"adam|Adam"),
+    ("loss (SSIM convolutions)", r"conv|cudnn|implicit_gemm|sm90_xmma|wgrad|dgrad"),
+    ("densification + indexing", r"index|gather|scatter|cat|nonzero|masked|sort|topk"),
+]
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m backend bench profile")
+    p.add_argument("--data", default=str(DEFAULT_SCENE))
+    p.add_argument("--warmup", type=int, default=2000, help="steps before profiling (lets the model grow)")
+    p.add_argument("--steps", type=int, default=200, help="profiled steps")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench profile needs a CUDA GPU", file=sys.stderr)
+        return 1
+    cfg = replace(PRESETS["quality"], rasterizer="cuda")
+    trainer = Trainer(load_split(args.data, "train", cfg.background), cfg, "cuda")
+    while trainer.step < args.warmup:
+        trainer.train_step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            trainer.train_step()
+        torch.cuda.synchronize()
+        wall_ms = (time.perf_counter() - start) * 1e3 / args.steps
+
+    per_stage = {name: 0.0 for name, _ in STAGES}
+    per_stage["other GPU (elementwise, activations, loss terms)"] = 0.0
+    for event in prof.key_averages():
+        device_us = getattr(event, "self_device_time_total", 0) or 0
+        if device_us <= 0 or event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        stage = next((name for name, pattern in STAGES if re.search(pattern, event.key)),
+                     "other GPU (elementwise, activations, loss terms)")
+        per_stage[stage] += device_us / 1e3 / args.steps
+    gpu_ms = sum(per_stage.values())
+    print(f"step {trainer.step}, {len(trainer.g)} Gaussians, {torch.cuda.get_device_name()}: "
+          f"{wall_ms:.2f} ms/step wall, {gpu_ms:.2f} ms/step GPU busy")
+    print("| stage | ms/step | share of wall |")
+    print("|---|---|---|")
+    for name, ms in sorted(per_stage.items(), key=lambda kv: -kv[1]):
+        print(f"| {name} | {ms:.3f} | {100 * ms / wall_ms:.1f}% |")
+    overhead = max(0.0, wall_ms - gpu_ms)
+    print(f"| host overhead (Python, launches, syncs) | {overhead:.3f} | {100 * overhead / wall_ms:.1f}% |")
+    return 0
