@@ -1,4 +1,4 @@
-"""Command line: python -m backend {train,render,info,demo,bench} ..."""
+"""Command line: python -m backend {train,render,info,demo,serve,bench} ..."""
 from __future__ import annotations
 
 import argparse
@@ -35,11 +35,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="output folder (default: out/demo-<time>)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
 
+    p = sub.add_parser("serve", help="serve training and rendering to the Blender add-on over TCP")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind; other than loopback needs --token-file")
+    p.add_argument("--port", type=int, default=0, help="TCP port (0: a free one; the ready line names it)")
+    p.add_argument("--token-file", default=None, help="file holding the secret every client must send")
+    p.add_argument("--workdir", default="out/sessions", help="folder of the sessions")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+
     p = sub.add_parser("bench", help="benchmarks (raster, train)", add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)
 
     args = parser.parse_args(argv)
     try:
+        if args.command == "serve":
+            from . import server
+            return server.serve(args)
         if args.command == "bench":
             from . import bench
             return bench.main(args.rest)

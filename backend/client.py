@@ -131,7 +131,8 @@ class Client:
         except OSError:
             pass
         self.sock.close()
-        self._reader.join(timeout=5)
+        if threading.current_thread() is not self._reader:  # close() may be called from on_event
+            self._reader.join(timeout=5)
 
     def __enter__(self) -> "Client":
         return self
@@ -143,6 +144,9 @@ class Client:
 
     def capabilities(self) -> dict:
         return self.request("capabilities").fields
+
+    def status(self) -> dict:
+        return self.request("status").fields
 
     def open_session(self, name: str, create: bool = True) -> dict:
         return self.request("open_session", {"name": name, "create": create}).fields

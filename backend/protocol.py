@@ -19,6 +19,17 @@ Wire conventions (one definition each):
   textures), pixels interleaved, values display-referred in [0, 1] (8-bit: 0..255), little-endian.
   "png" payloads are ordinary PNG files, rows top-down as PNG defines them.
 - Points: xyz as float32 (N, 3) little-endian, then rgb as uint8 (N, 3).
+
+Replies (fields; "status" = session, state, views, step, iterations, gaussians, checkpoint):
+- hello, status, open_session, pause, resume, stop, load_checkpoint, shutdown: status
+  (hello adds protocol and server; start_training adds continued: whether it went on from earlier steps)
+- capabilities: python, torch, numpy, protocol, device, rasterizer, cuda_available, gpu, gpu_memory_gb,
+  cuda_rasterizer, cuda_rasterizer_detail
+- add_view: index, views; set_points: points; save_checkpoint: step, path; load_ply: gaussians, sh_degree
+- render: width, height, format, step, sh_degree + the frame as payload (RGBA8 or PNG)
+- export_ply: path, gaussians, step + the PLY file as payload
+Events ({"event": kind, ...}): "progress" (state, step, iterations, loss, psnr, gaussians, views, its_per_s,
+gpu_memory_mb; loss and psnr null until measured), "state" (status), "error" (code, message).
 """
 from __future__ import annotations
 
@@ -216,12 +227,13 @@ REQUESTS: dict[str, MessageSpec] = {
     "hello": MessageSpec(Fields(token=Str(MAX_TOKEN_CHARS), protocol=Int(0, 2**31),
                                 client=optional(Str(200), ""))),
     "capabilities": MessageSpec(),
+    "status": MessageSpec(),
     "open_session": MessageSpec(Fields(name=Str(64, pattern=SESSION_NAME), create=optional(Bool(), True))),
     "add_view": MessageSpec(Fields(camera=CAMERA, format=Str(choices=UPLOAD_FORMATS),
                                    name=optional(Str(200), "")), MAX_IMAGE_BYTES),
     "set_points": MessageSpec(Fields(count=Int(1, MAX_POINTS)), MAX_POINTS * 15),
     "start_training": MessageSpec(Fields(
-        preset=optional(Str(choices=("full", "preview")), "full"),
+        preset=optional(Str(choices=("quality", "fast")), "quality"),  # GPU schedules; CPU uses a short one
         iterations=optional(Int(1, 10_000_000)),  # default: the preset's
         sh_degree=optional(Int(0, 3), 3),
         max_gaussians=optional(Int(0, 100_000_000)),  # 0: no cap; default: the preset's

@@ -1,0 +1,171 @@
+"""Server latency benchmark: render round trips through the real socket (p50/p95, with training paused and
+while training) and training throughput with and without a client asking for frames at 30 per second.
+
+It starts `python -m backend serve` on loopback, uploads views of a random model rendered here, trains from
+the model's points and measures from the client's side. Default size: 1M Gaussians at 1920x1080 on a GPU,
+2000 Gaussians at 64x48 on the CPU reference rasterizer. `--out DIR` also writes serve-<date>-<device>.json.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .. import protocol
+from ..cameras import Camera, intrinsics_from_fov_x, look_at
+from ..client import Client
+from ..commands import device_name, resolve_device
+from ..gaussians import Gaussians
+from ..render import render
+from .raster import git_commit
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def orbit_camera(angle: float, width: int, height: int, radius: float = 3.0) -> Camera:
+    eye = [radius * math.cos(angle), radius * math.sin(angle), 0.6 * radius]
+    return Camera(look_at(eye, [0.0, 0.0, 0.0]), intrinsics_from_fov_x(0.8, width, height), width, height)
+
+
+def wire(cam: Camera) -> dict:
+    return protocol.camera_to_wire(cam.c2w, cam.K, cam.width, cam.height)
+
+
+def make_scene(n: int, views: int, width: int, height: int, device: str, rasterizer: str, seed: int = 0):
+    """Random points in the unit cube (xyz float32, rgb uint8) and RGB8 views of the model built from them,
+    rows bottom-up as the wire wants them."""
+    gen = torch.Generator().manual_seed(seed)
+    xyz = (2 * torch.rand(n, 3, generator=gen) - 1).numpy()
+    rgb = (torch.rand(n, 3, generator=gen) * 255).to(torch.uint8).numpy()
+    g = Gaussians.from_points(torch.from_numpy(xyz).to(device), torch.from_numpy(rgb).to(device).float() / 255, 0)
+    g = g.to(device)
+    cameras = [orbit_camera(2 * math.pi * i / views, width, height) for i in range(views)]
+    images = []
+    with torch.no_grad():
+        for cam in cameras:
+            image = render(g, cam, 0, (1.0, 1.0, 1.0), rasterizer).image.clamp(0, 1)
+            images.append((image * 255 + 0.5).to(torch.uint8).cpu().numpy()[::-1])
+    return xyz, rgb, cameras, images
+
+
+def start_backend(workdir: str, device: str) -> tuple[subprocess.Popen, int]:
+    proc = subprocess.Popen([sys.executable, "-m", "backend", "serve", "--port", "0", "--workdir", workdir,
+                             "--device", device], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    if not line:
+        raise RuntimeError(f"the backend exited with code {proc.wait()} before it was ready")
+    return proc, json.loads(line)["port"]
+
+
+def render_round_trips(client: Client, width: int, height: int, seconds: float, fps: float | None,
+                       stop: threading.Event | None = None) -> list[float]:
+    """Milliseconds per frame, the camera orbiting a little each frame; `fps` paces the requests (None: back
+    to back), the way a viewport asks for frames."""
+    times, deadline, i = [], time.monotonic() + seconds, 0
+    while time.monotonic() < deadline and not (stop and stop.is_set()):
+        start = time.perf_counter()
+        client.render(wire(orbit_camera(0.3 + 0.01 * i, width, height)))
+        elapsed = time.perf_counter() - start
+        times.append(1000 * elapsed)
+        i += 1
+        if fps:
+            time.sleep(max(0.0, 1 / fps - elapsed))
+    return times
+
+
+def training_rate(client: Client, seconds: float) -> float:
+    """Training steps per second over `seconds`, read from the server's step count."""
+    step0, t0 = client.status()["step"], time.monotonic()
+    time.sleep(seconds)
+    return (client.status()["step"] - step0) / (time.monotonic() - t0)
+
+
+def percentiles(times: list[float]) -> dict:
+    return {"p50_ms": round(float(np.percentile(times, 50)), 2), "p95_ms": round(float(np.percentile(times, 95)), 2),
+            "frames": len(times)}
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m backend bench serve", description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--gaussians", type=int, default=None, help="default: 1000000 on GPU, 2000 on CPU")
+    p.add_argument("--width", type=int, default=None, help="default: 1920 on GPU, 64 on CPU")
+    p.add_argument("--height", type=int, default=None, help="default: 1080 on GPU, 48 on CPU")
+    p.add_argument("--views", type=int, default=8)
+    p.add_argument("--seconds", type=float, default=None, help="per measurement (default: 10 on GPU, 3 on CPU)")
+    p.add_argument("--fps", type=float, default=30.0, help="frame rate the client asks for while training")
+    p.add_argument("--out", type=Path, default=None, help="folder for a JSON result file")
+    args = p.parse_args(argv)
+
+    device, rasterizer = resolve_device(args.device)
+    gpu = device == "cuda"
+    n = args.gaussians or (1_000_000 if gpu else 2000)
+    width, height = args.width or (1920 if gpu else 64), args.height or (1080 if gpu else 48)
+    seconds = args.seconds or (10.0 if gpu else 3.0)
+    print(f"bench serve: {n:,} Gaussians at {width}x{height} on {device_name(device)}", flush=True)
+    xyz, rgb, cameras, images = make_scene(n, args.views, width, height, device, rasterizer)
+    if gpu:
+        torch.cuda.empty_cache()  # leave the GPU to the server
+
+    with tempfile.TemporaryDirectory() as workdir:
+        proc, port = start_backend(workdir, device)
+        try:
+            with Client("127.0.0.1", port, timeout=600) as client:
+                client.open_session("bench")
+                for cam, image in zip(cameras, images):
+                    client.add_view(wire(cam), image)
+                client.set_points(xyz, rgb)
+                # No growth past the model's size and no checkpoints: the steps stay comparable.
+                client.start_training(iterations=10_000_000, sh_degree=0, max_gaussians=n, checkpoint_every=0)
+                client.pause()
+                for _ in range(3):  # warm-up
+                    client.render(wire(cameras[0]))
+                idle = render_round_trips(client, width, height, seconds, fps=None)
+                client.resume()
+                training_rate(client, min(2.0, seconds))  # warm-up
+                alone = training_rate(client, seconds)
+                stop = threading.Event()
+                frames: list[float] = []
+                viewer = threading.Thread(target=lambda: frames.extend(
+                    render_round_trips(client, width, height, 3600, args.fps, stop)))
+                viewer.start()
+                with_client = training_rate(client, seconds)
+                stop.set()
+                viewer.join()
+                gaussians = client.stop()["gaussians"]
+                client.shutdown()
+        finally:
+            if proc.poll() is None:
+                proc.wait(30)
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    result = {"benchmark": "serve", "date": now.strftime("%Y-%m-%d %H:%M UTC"),
+              "device": device_name(device), "commit": git_commit(), "torch": torch.__version__,
+              "gaussians_start": n, "gaussians_end": gaussians, "width": width, "height": height,
+              "render_idle": percentiles(idle), "render_while_training": percentiles(frames),
+              "train_its": round(alone, 2), "train_its_with_client": round(with_client, 2),
+              "client_fps_asked": args.fps, "client_fps_got": round(len(frames) / seconds, 1)}
+    print(f"render round trip, paused:   p50 {result['render_idle']['p50_ms']:8.2f} ms  "
+          f"p95 {result['render_idle']['p95_ms']:8.2f} ms  ({len(idle)} frames)")
+    print(f"render round trip, training: p50 {result['render_while_training']['p50_ms']:8.2f} ms  "
+          f"p95 {result['render_while_training']['p95_ms']:8.2f} ms  ({len(frames)} frames, "
+          f"{result['client_fps_got']} of {args.fps:g} fps)")
+    print(f"training: {alone:.2f} it/s alone, {with_client:.2f} it/s with the client "
+          f"({100 * (1 - with_client / alone) if alone else 0:.0f}% slower)")
+    print(json.dumps(result))
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        path = args.out / f"serve-{now.strftime('%Y%m%d-%H%M')}-{device}.json"
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {path}")
+    return 0

@@ -1,0 +1,470 @@
+"""The backend server, driven through the real socket and client on a tiny synthetic scene (CPU).
+
+Most tests start `python -m backend serve` as a subprocess on loopback; the failure-injection test runs the
+server in this process so it can make a training step fail on purpose.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from backend import protocol
+from backend.client import Client, RemoteError
+from backend.ply import read_ply, write_ply
+from backend.protocol import REQUESTS, SERVER_MESSAGES
+from backend.render import render
+from backend.server import Server
+from backend.session import Engine
+from backend.train import Trainer, load_checkpoint
+from conftest import ROOT, orbit_cameras, random_gaussians
+
+SIZE = 32
+
+
+class ServerProcess:
+    """`python -m backend serve` on loopback, its stderr in a log file next to the workdir."""
+
+    def __init__(self, workdir: Path, *args: str):
+        self.log_path = workdir.parent / f"{workdir.name}-server-{time.monotonic_ns()}.log"
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "backend", "serve", "--port", "0", "--workdir", str(workdir),
+                 "--device", "cpu", *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True)
+        line = self.proc.stdout.readline()
+        assert line, f"server exited before its ready line:\n{self.log_path.read_text()}"
+        ready = json.loads(line)
+        assert ready["event"] == "ready" and ready["protocol"] == protocol.PROTOCOL_VERSION
+        self.port = ready["port"]
+
+    def client(self, token: str = "", **kwargs) -> Client:
+        return Client("127.0.0.1", self.port, token, timeout=30, **kwargs)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+        self.proc.stdout.close()
+
+
+@pytest.fixture
+def start_server():
+    servers = []
+
+    def start(workdir: Path, *args: str) -> ServerProcess:
+        servers.append(ServerProcess(workdir, *args))
+        return servers[-1]
+    yield start
+    for s in servers:
+        s.kill()
+
+
+@pytest.fixture(scope="module")
+def scene():
+    """A random 300-Gaussian model and six 32x32 views of it: (model, cameras, top-down uint8 RGB images)."""
+    model = random_gaussians(300, seed=1, sh_degree=1)
+    cameras = orbit_cameras(6, SIZE, SIZE)
+    images = []
+    with torch.no_grad():
+        for cam in cameras:
+            image = render(model, cam, 1, (1.0, 1.0, 1.0)).image
+            images.append((image.clamp(0, 1).numpy() * 255 + 0.5).astype(np.uint8))
+    return model, cameras, images
+
+
+def wire(cam) -> dict:
+    return protocol.camera_to_wire(cam.c2w, cam.K, cam.width, cam.height)
+
+
+def png_bytes(image: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def expected_frame(g, cam, sh_degree: int, background) -> np.ndarray:
+    """What the server should send: RGBA8, rows bottom-up."""
+    with torch.no_grad():
+        out = render(g, cam, sh_degree, background)
+    rgba = torch.cat([out.image, out.alpha[..., None]], dim=-1)
+    return (rgba.clamp(0, 1) * 255 + 0.5).to(torch.uint8).numpy()[::-1]
+
+
+def wait_for(client: Client, predicate, timeout: float = 30.0) -> dict:
+    deadline = time.monotonic() + timeout
+    for event in client.events(timeout=timeout):
+        if predicate(event):
+            return event
+        assert time.monotonic() < deadline, "timed out waiting for an event"
+    raise AssertionError("no matching event before the connection closed or went quiet")
+
+
+def add_scene_views(client: Client, scene, count: int = 4) -> None:
+    _, cameras, images = scene
+    for cam, image in list(zip(cameras, images))[:count]:
+        client.add_view(wire(cam), png_bytes(image))
+
+
+def test_session_end_to_end(tmp_path, start_server, scene):
+    model, cameras, images = scene
+    token = "s3cret-token"
+    (tmp_path / "token").write_text(token + "\n")
+    server = start_server(tmp_path / "work", "--token-file", str(tmp_path / "token"))
+
+    with pytest.raises(RemoteError) as e:
+        server.client("wrong")
+    assert e.value.code == "auth" and "token" in e.value.message
+
+    client = server.client(token)
+    assert client.hello["protocol"] == protocol.PROTOCOL_VERSION and client.hello["session"] is None
+    with pytest.raises(RemoteError) as e:  # one client at a time: a clear refusal, not a hang
+        server.client(token)
+    assert e.value.code == "busy"
+
+    caps = client.capabilities()
+    assert caps["device"] == "cpu" and caps["cuda_rasterizer"] is False and caps["torch"] == torch.__version__
+
+    with pytest.raises(RemoteError, match="no session is open"):
+        client.add_view(wire(cameras[0]), png_bytes(images[0]))
+    assert client.open_session("scene")["views"] == 0
+    # The same views through every upload format: PNG, RGB8 and RGBA16F (raw rows bottom-up).
+    client.add_view(wire(cameras[0]), png_bytes(images[0]))
+    client.add_view(wire(cameras[1]), images[1][::-1])
+    rgba16 = np.concatenate([images[2], np.full((SIZE, SIZE, 1), 255, np.uint8)], axis=-1) / 255.0
+    assert client.add_view(wire(cameras[2]), rgba16[::-1].astype(np.float16))["views"] == 3
+
+    with pytest.raises(RemoteError, match="share one size"):
+        small = cameras[3].scaled(0.5)
+        client.add_view(wire(small), png_bytes(np.zeros((small.height, small.width, 3), np.uint8)))
+    with pytest.raises(RemoteError, match="camera is 32x32"):
+        client.add_view(wire(cameras[3]), png_bytes(np.zeros((8, 8, 3), np.uint8)))
+    sheared = wire(cameras[3])
+    sheared["c2w"][0][1] += 0.5
+    with pytest.raises(RemoteError, match="proper rotation"):
+        client.add_view(sheared, png_bytes(images[3]))
+    with pytest.raises(RemoteError, match="nothing to render"):
+        client.render(wire(cameras[0]))
+
+    colors = (torch.sigmoid(model.sh_dc[:, 0]) * 255).to(torch.uint8).numpy()
+    assert client.set_points(model.means.numpy(), colors)["points"] == 300
+    started = client.start_training(iterations=20_000, checkpoint_every=25, progress_interval=0.1,
+                                    max_gaussians=600, sh_degree=1)
+    assert started["state"] == "training" and started["continued"] is False and started["gaussians"] == 300
+    with pytest.raises(RemoteError, match="already running"):
+        client.start_training()
+
+    progress = wait_for(client, lambda e: e["event"] == "progress" and e["loss"] is not None)
+    assert progress["gaussians"] > 0 and progress["its_per_s"] > 0 and progress["psnr"] > 0
+    # A view added while training joins the running trainer.
+    client.add_view(wire(cameras[3]), png_bytes(images[3]))
+    wait_for(client, lambda e: e["event"] == "progress" and e["views"] == 4)
+    frame = client.render(wire(cameras[0]))
+    assert frame.shape == (SIZE, SIZE, 4) and frame.dtype == np.uint8
+
+    paused = client.pause()
+    assert paused["state"] == "paused"
+    time.sleep(0.3)
+    with pytest.raises(RemoteError, match="stop it before loading"):
+        client.load_ply(b"ply\n")
+    # While paused the model is fixed: raw and PNG frames agree with each other and with a local render of
+    # the exported PLY at the SH degree the server reports.
+    reply = client.request("render", {"camera": wire(cameras[4])})
+    assert reply.fields["step"] == paused["step"]
+    raw = client.render(wire(cameras[4]))
+    assert np.array_equal(raw, client.render(wire(cameras[4]), format="png"))
+    ply = client.export_ply()
+    (tmp_path / "export.ply").write_bytes(ply)
+    exported = read_ply(tmp_path / "export.ply")
+    assert len(exported) == paused["gaussians"]
+    expected = expected_frame(exported, cameras[4], reply.fields["sh_degree"], (1.0, 1.0, 1.0))
+    assert np.abs(raw.astype(int) - expected).max() <= 1
+
+    # A newer render request supersedes one that is still queued behind a slow render.
+    big = cameras[0].scaled(24)
+    slow = client.submit_render(wire(big))
+    time.sleep(0.05)
+    queued = client.submit_render(wire(cameras[1]))
+    newest = client.submit_render(wire(cameras[2]))
+    assert slow.result(60).fields["width"] == big.width
+    with pytest.raises(RemoteError) as e:
+        queued.result(30)
+    assert e.value.code == "superseded"
+    assert newest.result(30).fields["width"] == SIZE
+
+    saved = client.save_checkpoint()
+    assert saved["step"] == paused["step"]
+    assert client.resume()["state"] == "training"
+    wait_for(client, lambda e: e["event"] == "progress" and e["step"] > paused["step"])
+    stopped = client.stop()
+    assert stopped["state"] == "stopped" and stopped["checkpoint"]
+    checkpoint = load_checkpoint(tmp_path / "work" / "scene" / "checkpoint.pt")
+    assert checkpoint["step"] == stopped["step"]
+    assert client.load_checkpoint()["step"] == stopped["step"]
+
+    # A PLY loaded to view, without training, over a black background.
+    write_ply(tmp_path / "model.ply", model)
+    loaded = client.load_ply((tmp_path / "model.ply").read_bytes(), background=(0.0, 0.0, 0.0))
+    assert loaded == {"gaussians": 300, "sh_degree": 1}
+    frame = client.render(wire(cameras[5]))
+    assert np.abs(frame.astype(int) - expected_frame(model, cameras[5], 1, (0.0, 0.0, 0.0))).max() <= 1
+    with pytest.raises(RemoteError, match="unreadable PLY|not a PLY"):
+        client.load_ply(b"ply\nformat nonsense\n")
+
+    assert client.shutdown()["state"] == "stopped"
+    assert server.proc.wait(30) == 0
+    client.close()
+
+
+def test_refuses_other_hosts_without_token(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "backend", "serve", "--host", "0.0.0.0", "--workdir",
+                             str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and result.stdout == ""
+    assert "refusing to serve without a token" in result.stderr and "--token-file" in result.stderr
+
+
+def raw_connect(port: int, hello: bool = True) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    if hello:
+        protocol.send_message(sock, protocol.encode_message(
+            REQUESTS, "hello", 1, {"token": "", "protocol": protocol.PROTOCOL_VERSION}))
+        assert protocol.read_message(sock, SERVER_MESSAGES).type == "reply"
+    return sock
+
+
+def read_until_closed(sock: socket.socket) -> list:
+    """Every message the server sends until it closes the connection."""
+    messages = []
+    while True:
+        try:
+            messages.append(protocol.read_message(sock, SERVER_MESSAGES))
+        except protocol.ConnectionClosed:
+            return messages
+
+
+def test_handshake_errors(tmp_path, start_server):
+    server = start_server(tmp_path / "work")
+    with raw_connect(server.port, hello=False) as sock:
+        protocol.send_message(sock, protocol.encode_message(REQUESTS, "hello", 1, {"token": "", "protocol": 99}))
+        [error] = read_until_closed(sock)
+    assert error.fields["code"] == "version" and "speaks protocol 99" in error.fields["message"]
+    with raw_connect(server.port, hello=False) as sock:
+        protocol.send_message(sock, protocol.encode_message(REQUESTS, "capabilities", 5))
+        [error] = read_until_closed(sock)
+    assert (error.id, error.fields["code"]) == (5, "auth")
+    with raw_connect(server.port) as sock:  # a bad frame after hello: error reply, then the server hangs up
+        sock.sendall(b"GET / HTTP/1.1\r\n\r\n")
+        [error] = read_until_closed(sock)
+    assert error.fields["code"] == "bad_frame"
+    with raw_connect(server.port) as sock:  # a client vanishing mid-frame
+        sock.sendall(b"".join(bytes(p) for p in protocol.encode_message(REQUESTS, "capabilities", 2))[:9])
+    with server.client() as client:  # empty token accepted on loopback without --token-file
+        assert client.capabilities()["protocol"] == protocol.PROTOCOL_VERSION
+
+
+# ---- fuzzing ----
+
+FUZZ_FRAMES = 10_000
+FUZZ_SECONDS = 60
+FUZZ_CAMERA = protocol.camera_to_wire(np.eye(4), [[40.0, 0, 4], [0, 40.0, 4], [0, 0, 1]], 8, 8)
+
+
+def fuzz_templates() -> list[tuple[str, dict, bytes]]:
+    """Valid requests to mutate; none that shuts down or starts training (a random start could keep the
+    CPU busy for the rest of the test)."""
+    return [
+        ("capabilities", {}, b""), ("open_session", {"name": "fuzz"}, b""),
+        ("add_view", {"camera": FUZZ_CAMERA, "format": "rgb8"}, bytes(8 * 8 * 3)),
+        ("add_view", {"camera": FUZZ_CAMERA, "format": "png"}, png_bytes(np.zeros((8, 8, 3), np.uint8))),
+        ("set_points", {"count": 2}, bytes(30)), ("pause", {}, b""), ("stop", {}, b""),
+        ("render", {"camera": FUZZ_CAMERA}, b""), ("export_ply", {}, b""), ("save_checkpoint", {}, b""),
+        ("load_checkpoint", {}, b""), ("load_ply", {}, b"ply\nformat binary_little_endian 1.0\n"),
+        ("hello", {"token": "", "protocol": 1}, b""),
+    ]
+
+
+def random_json(rng: random.Random, depth: int = 0):
+    kind = rng.randrange(9 if depth < 3 else 6)
+    if kind == 0:
+        return None
+    if kind == 1:
+        return rng.choice([True, False])
+    if kind == 2:
+        return rng.choice([0, -1, 1, 2**31, 2**63, -(2**70), rng.randrange(-10**6, 10**6)])
+    if kind == 3:
+        return rng.choice([0.5, -1e308, 1e-320, float(rng.uniform(-1e3, 1e3))])
+    if kind == 4:
+        return "".join(rng.choice("ab_./\\\u00e9\u4e2d\x00") for _ in range(rng.randrange(0, 80)))
+    if kind == 5:
+        return rng.choice(["rgba8", "png", "fuzz", "../x", "", "a" * 5000])
+    if kind == 6:
+        return [random_json(rng, depth + 1) for _ in range(rng.randrange(0, 5))]
+    if kind == 7:
+        return [[rng.uniform(-2, 2) for _ in range(4)] for _ in range(rng.choice([3, 4]))]
+    return {rng.choice(["camera", "name", "format", "count", "x", "c2w"]): random_json(rng, depth + 1)
+            for _ in range(rng.randrange(0, 4))}
+
+
+def fuzz_frame(rng: random.Random, templates) -> bytes:
+    type, fields, payload = rng.choice(templates)
+    fields = json.loads(json.dumps(fields))
+    valid = b"".join(bytes(p) for p in protocol.encode_message(REQUESTS, type, rng.randrange(1, 1000),
+                                                                 fields, payload))
+    strategy = rng.randrange(8)
+    if strategy == 0:  # random bytes, sometimes after the magic
+        noise = rng.randbytes(rng.randrange(0, 64))
+        return protocol.MAGIC + noise if rng.random() < 0.5 else noise
+    if strategy == 1:  # flipped bytes anywhere
+        data = bytearray(valid)
+        for _ in range(rng.randrange(1, 4)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        return bytes(data)
+    if strategy == 2:  # cut short
+        return valid[:rng.randrange(len(valid))]
+    if strategy == 3:  # a random header object
+        header = {k: random_json(rng) for k in rng.sample(["type", "id", "payload_size", "fields", "x"],
+                                                         rng.randrange(1, 5))}
+        return protocol.PREFIX.pack(protocol.MAGIC, len(json.dumps(header))) + json.dumps(header).encode()
+    if strategy == 4:  # random field values in a well-formed frame
+        for key in list(fields) + ["x"] * (rng.random() < 0.2):
+            if rng.random() < 0.6:
+                fields[key] = random_json(rng)
+        return protocol.encode_header(type, rng.randrange(1, 1000), fields, len(payload)) + payload
+    if strategy == 5:  # a payload size that lies
+        size = max(0, len(payload) + rng.choice([-5, -1, 1, 7, 1000]))
+        return protocol.encode_header(type, 1, fields, size) + payload
+    if strategy == 6:  # a random known type with random fields
+        t = rng.choice([t for t in REQUESTS if t not in ("shutdown", "start_training", "resume")])
+        return protocol.encode_header(t, rng.randrange(0, 2**53), random_json(rng, 2) or {}, 0)
+    return valid
+
+
+def test_fuzz_frames_then_server_still_works(tmp_path, start_server, scene):
+    server = start_server(tmp_path / "work")
+    rng = random.Random(1234)
+    templates = fuzz_templates()
+    sent = connections = replies = 0
+    start = time.monotonic()
+    while sent < FUZZ_FRAMES:
+        assert time.monotonic() - start < FUZZ_SECONDS, f"only {sent} frames in {FUZZ_SECONDS} s"
+        frames = [fuzz_frame(rng, templates) for _ in range(rng.randrange(1, 8))]
+        with raw_connect(server.port, hello=rng.random() < 0.9) as sock:
+            try:
+                sock.sendall(b"".join(frames))
+                sock.shutdown(socket.SHUT_WR)
+                replies += len(read_until_closed(sock))  # every frame the server sends must parse
+            except (ConnectionResetError, BrokenPipeError):
+                pass  # the server hung up after a fatal frame while we were still sending
+            except protocol.ProtocolError as e:
+                assert "mid-frame" in e.message, e.message
+        sent += len(frames)
+        connections += 1
+    elapsed = time.monotonic() - start
+    print(f"fuzz: {sent} frames over {connections} connections, {replies} replies, {elapsed:.1f} s")
+    assert server.proc.poll() is None
+
+    model, cameras, _ = scene
+    write_ply(tmp_path / "model.ply", model)
+    with server.client() as client:
+        assert client.hello["protocol"] == protocol.PROTOCOL_VERSION
+        client.load_ply((tmp_path / "model.ply").read_bytes())
+        frame = client.render(wire(cameras[0]))
+    assert np.abs(frame.astype(int) - expected_frame(model, cameras[0], 1, (1.0, 1.0, 1.0))).max() <= 1
+
+
+# ---- durability ----
+
+def test_kill_during_training_then_resume(tmp_path, start_server, scene):
+    workdir = tmp_path / "work"
+    server = start_server(workdir)
+    every = 20
+    with server.client() as client:
+        client.open_session("durable")
+        add_scene_views(client, scene)
+        client.start_training(iterations=100_000, checkpoint_every=every, progress_interval=0.05,
+                              init_points=200, max_gaussians=400)
+        last_seen = wait_for(client, lambda e: e["event"] == "progress" and e["step"] >= 3 * every)["step"]
+        os.kill(server.proc.pid, signal.SIGKILL)
+        server.proc.wait(10)
+
+    checkpoint = load_checkpoint(workdir / "durable" / "checkpoint.pt")  # intact despite the kill
+    saved = checkpoint["step"]
+    assert saved % every == 0 and saved >= last_seen - every
+
+    server = start_server(workdir)
+    with server.client() as client:
+        reopened = client.open_session("durable", create=False)
+        assert reopened["views"] == 4 and reopened["checkpoint"] and reopened["state"] == "idle"
+        started = client.start_training(checkpoint_every=every, progress_interval=0.05)
+        assert started["continued"] and started["step"] >= saved
+        event = wait_for(client, lambda e: e["event"] == "progress")
+        assert event["step"] > saved  # continued from the checkpoint, not restarted from 0
+        assert event["iterations"] == 100_000  # the checkpoint's configuration
+        client.shutdown()
+    assert server.proc.wait(30) == 0
+    assert load_checkpoint(workdir / "durable" / "checkpoint.pt")["step"] > saved
+
+
+# ---- failures inside training and rendering (server in this process to inject them) ----
+
+@pytest.fixture
+def local_server(tmp_path):
+    server = Server(Engine(tmp_path, "cpu", "reference"))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.stop()
+    thread.join(30)
+
+
+def test_nan_loss_and_out_of_memory_are_reported_and_survived(local_server, scene, monkeypatch):
+    original_step = Trainer.train_step
+    failure: list[BaseException] = []
+
+    def failing_step(self):
+        if failure and self.step >= 30:
+            raise failure[0]
+        original_step(self)
+    monkeypatch.setattr(Trainer, "train_step", failing_step)
+
+    with Client("127.0.0.1", local_server.port) as client:
+        client.open_session("failing")
+        add_scene_views(client, scene)
+        failure.append(FloatingPointError("loss became nan at step 31"))
+        client.start_training(iterations=1000, checkpoint_every=10, progress_interval=0.05, init_points=200)
+        error = wait_for(client, lambda e: e["event"] == "error")
+        assert error["code"] == "diverged" and "loss became nan" in error["message"]
+        assert "last checkpoint, step 30" in error["message"]
+        assert wait_for(client, lambda e: e["event"] == "state")["state"] == "failed"
+        assert client.status()["step"] == 30  # back at the checkpoint, still serving
+
+        failure[0] = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        client.resume()
+        error = wait_for(client, lambda e: e["event"] == "error")
+        assert error["code"] == "out_of_memory" and "max_gaussians" in error["message"]
+
+        failure.clear()
+        client.resume()
+        assert wait_for(client, lambda e: e["event"] == "progress" and e["step"] > 35)["state"] == "training"
+
+        def render_out_of_memory(*args, **kwargs):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        with monkeypatch.context() as m:
+            m.setattr("backend.session.render", render_out_of_memory)
+            with pytest.raises(RemoteError) as e:
+                client.render(wire(scene[1][0]))
+        assert e.value.code == "out_of_memory"
+        assert client.render(wire(scene[1][0])).shape == (SIZE, SIZE, 4)
+        client.stop()
