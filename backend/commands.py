@@ -139,19 +139,22 @@ def render_views(args) -> int:
     return 0
 
 
-def info(args) -> int:
-    report = {"python": sys.version.split()[0], "torch": torch.__version__,
-              "cuda_available": torch.cuda.is_available(), "torch_cuda": torch.version.cuda}
+def system_report() -> dict:
+    """Python, torch, CUDA, the GPU and whether the CUDA rasterizer builds."""
+    report = {"python": platform.python_version(), "torch": torch.__version__,
+              "cuda_available": torch.cuda.is_available(), "torch_cuda": torch.version.cuda,
+              "gpu": None, "gpu_memory_gb": None, "cuda_rasterizer": False,
+              "cuda_rasterizer_detail": "no CUDA GPU; the CPU reference rasterizer is used"}
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
-        report["gpu"] = props.name
-        report["gpu_memory_gb"] = round(props.total_memory / 2**30, 1)
+        report["gpu"], report["gpu_memory_gb"] = props.name, round(props.total_memory / 2**30, 1)
         from .render import cuda
         report["cuda_rasterizer"], report["cuda_rasterizer_detail"] = cuda.is_available()
-    else:
-        report["cuda_rasterizer"] = False
-        report["cuda_rasterizer_detail"] = "no CUDA GPU; the CPU reference rasterizer is used"
-    for key, value in report.items():
+    return report
+
+
+def info(args) -> int:
+    for key, value in system_report().items():
         print(f"{key:24s} {value}")
     return 0
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import json
 import math
-import platform
 import sys
 import threading
 import time
@@ -24,7 +23,7 @@ from PIL import Image
 
 from . import protocol
 from .cameras import Camera, check_rigid
-from .commands import CHECKPOINT, PRESETS, cpu_config
+from .commands import CHECKPOINT, PRESETS, cpu_config, system_report
 from .data import Dataset
 from .errors import SplatwrightError
 from .gaussians import Gaussians
@@ -260,20 +259,8 @@ class Engine:
 
     def capabilities(self) -> dict:
         if self._capabilities is None:
-            report = {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
-                      "protocol": protocol.PROTOCOL_VERSION, "device": self.device, "rasterizer": self.rasterizer,
-                      "cuda_available": torch.cuda.is_available(), "torch_cuda": torch.version.cuda,
-                      "gpu": None, "gpu_memory_gb": None, "cuda_rasterizer": False}
-            if torch.cuda.is_available():
-                props = torch.cuda.get_device_properties(0)
-                report["gpu"], report["gpu_memory_gb"] = props.name, round(props.total_memory / 2**30, 1)
-                try:
-                    from .render import cuda
-                    report["cuda_rasterizer"], report["cuda_rasterizer_detail"] = cuda.is_available()
-                except ImportError as e:
-                    report["cuda_rasterizer_detail"] = f"this backend has no CUDA rasterizer ({e})"
-            else:
-                report["cuda_rasterizer_detail"] = "no CUDA GPU; the CPU reference rasterizer is used"
+            report = {**system_report(), "numpy": np.__version__, "protocol": protocol.PROTOCOL_VERSION,
+                      "device": self.device, "rasterizer": self.rasterizer}
             self._capabilities = report
         return self._capabilities
 
