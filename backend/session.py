@@ -211,7 +211,8 @@ class RenderQueue:
             self.cond.notify_all()
 
     def let_in(self) -> None:
-        """Wait until every job submitted so far has been rendered; jobs arriving meanwhile wait a step."""
+        """Wait until every job submitted so far has been drawn from the model; jobs arriving meanwhile
+        wait a step."""
         with self.cond:
             target = self.submitted
             self.cond.wait_for(lambda: self.settled >= target or self.closed)
@@ -510,7 +511,9 @@ class Engine:
     def _render_loop(self) -> None:
         while (job := self.renders.take()) is not None:
             try:
-                job.done(*self._render(job.camera, job.format))
+                fields, frame = self._draw(job.camera, job.format)
+                self.renders.settle(job)  # the frame is queued on the GPU: training may go on
+                job.done(fields, self._encode(frame, job.format))
             except SplatwrightError as e:
                 job.fail(protocol.REJECTED, str(e))
             except torch.cuda.OutOfMemoryError:
@@ -523,17 +526,31 @@ class Engine:
             finally:
                 self.renders.settle(job)
 
-    def _render(self, camera: Camera, format: str) -> tuple[dict, bytes | memoryview]:
+    def _draw(self, camera: Camera, format: str) -> tuple[dict, tuple[torch.Tensor, torch.cuda.Event | None]]:
+        """Queue the frame's rendering and its copy to the host while holding the model lock only that long;
+        GPU stream order keeps the next training step's updates after this frame's reads."""
         with self.model_lock, torch.no_grad():
             g, sh_degree, background, step = self._shown_model()
             out = render(g, camera, sh_degree, background, self.rasterizer)
-            rgba = torch.cat([out.image, out.alpha[..., None]], dim=-1)
-            rgba = (rgba.clamp(0, 1) * 255 + 0.5).to(torch.uint8).cpu().numpy()
+            rgba = (torch.cat([out.image, out.alpha[..., None]], dim=-1).clamp(0, 1) * 255 + 0.5).to(torch.uint8)
+            copied = None
+            if rgba.is_cuda:
+                rgba = rgba.to("cpu", non_blocking=True)
+                copied = torch.cuda.Event()
+                copied.record()
         fields = {"width": camera.width, "height": camera.height, "format": format, "step": step,
                   "sh_degree": sh_degree}
+        return fields, (rgba, copied)
+
+    @staticmethod
+    def _encode(frame: tuple[torch.Tensor, torch.cuda.Event | None], format: str) -> bytes | memoryview:
+        rgba, copied = frame
+        if copied is not None:
+            copied.synchronize()
+        rgba = rgba.numpy()
         if format == "png":
-            return fields, protocol.encode_png(rgba)
-        return fields, protocol.image_to_wire(rgba[::-1])[1]
+            return protocol.encode_png(rgba)
+        return protocol.image_to_wire(rgba[::-1])[1]
 
     def export_ply(self) -> tuple[dict, bytes]:
         with self.model_lock:
