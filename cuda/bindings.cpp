@@ -51,6 +51,7 @@ sw::GaussianArgs gaussian_args(const torch::Tensor& means, const torch::Tensor& 
   TORCH_CHECK(sh.dim() == 3 && sh.size(0) == n && sh.size(2) == 3, "sh must be (N, K, 3)");
   TORCH_CHECK(sh_degree >= 0 && sh_degree <= 3, "sh_degree must be 0..3");
   TORCH_CHECK(sh.size(1) >= (sh_degree + 1) * (sh_degree + 1), "sh has too few coefficients for the degree");
+  TORCH_CHECK(sh.size(1) <= sw::MAX_SH_COEFFS, "sh has more than ", sw::MAX_SH_COEFFS, " coefficients");
   TORCH_CHECK(n <= std::numeric_limits<int>::max(), "too many Gaussians");
   return {fptr(means), fptr(quats), fptr(scales), fptr(sh), (int)n, (int)sh.size(1), (int)sh_degree};
 }

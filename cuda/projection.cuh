@@ -220,4 +220,42 @@ SW_HD void project_gaussian_bwd(const Camera& cam, const EwaState& e, const floa
   for (int j = 0; j < 3; ++j) grad_mean[j] += R[j] * gp[0] + R[3 + j] * gp[1] + R[6 + j] * gp[2];
 }
 
+// SH coefficients are staged through shared memory: a thread per Gaussian reading its own 48 floats straight
+// from global memory makes every warp access 32 rows 192 bytes apart, which is several times slower than
+// copying the block's contiguous rows with whole warps. Rows are padded to an odd stride against bank
+// conflicts.
+constexpr int PROJ_THREADS = 128;
+constexpr int ROWS_IN_FLIGHT = 8;  // rows whose loads a warp issues before storing any of them
+
+#if defined(__CUDACC__)
+// Warp w copies rows w, w + warps, ...: global rows are row_len <= 64 floats, shared rows stride floats.
+// Loads of ROWS_IN_FLIGHT rows are issued before their stores so that they overlap.
+__device__ __forceinline__ void load_rows(float* smem, const float* global, int rows, int row_len, int stride) {
+  const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  for (int r0 = threadIdx.x >> 5; r0 < rows; r0 += ROWS_IN_FLIGHT * warps) {
+    float v[ROWS_IN_FLIGHT][2];
+#pragma unroll
+    for (int u = 0; u < ROWS_IN_FLIGHT; ++u)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = r0 + u * warps, j = lane + 32 * h;
+        v[u][h] = r < rows && j < row_len ? global[(size_t)r * row_len + j] : 0.f;
+      }
+#pragma unroll
+    for (int u = 0; u < ROWS_IN_FLIGHT; ++u)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = r0 + u * warps, j = lane + 32 * h;
+        if (r < rows && j < row_len) smem[r * stride + j] = v[u][h];
+      }
+  }
+}
+
+__device__ __forceinline__ void store_rows(float* global, const float* smem, int rows, int row_len, int stride) {
+  const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  for (int r = threadIdx.x >> 5; r < rows; r += warps)
+    for (int j = lane; j < row_len; j += 32) global[(size_t)r * row_len + j] = smem[r * stride + j];
+}
+#endif
+
 }  // namespace splatwright

@@ -98,15 +98,15 @@ __global__ void __launch_bounds__(BLOCK_SIZE)
       // v: d/d(mean x, mean y, conic a, b, c, red, green, blue, opacity)
       float v[9] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
       if (valid) {
-        const float one_minus = 1.f - s.alpha;
-        T = T / one_minus;  // transmittance in front of this splat
+        const float inv_one_minus = __frcp_rn(1.f - s.alpha);
+        T = T * inv_one_minus;  // transmittance in front of this splat
         const float w = s.alpha * T;
         const float4 color = s_color[j];
         const float c[3] = {color.x, color.y, color.z};
-        float g_alpha = -T_final / one_minus * g_T;
+        float g_alpha = -T_final * inv_one_minus * g_T;
         for (int ch = 0; ch < 3; ++ch) {
           v[5 + ch] = g_rgb[ch] * w;
-          g_alpha += g_rgb[ch] * (c[ch] * T - S[ch] / one_minus);
+          g_alpha += g_rgb[ch] * (c[ch] * T - S[ch] * inv_one_minus);
           S[ch] += c[ch] * w;
         }
         // clamp_max passes gradient only where the uncapped value is <= the cap

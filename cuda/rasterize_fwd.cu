@@ -22,7 +22,7 @@ __global__ void __launch_bounds__(BLOCK_SIZE)
   const int start = r.ranges[2 * tile], end = r.ranges[2 * tile + 1];
 
   float T = 1.f, red = 0.f, green = 0.f, blue = 0.f, depth = 0.f;
-  int walked = 0, last = 0;  // entries walked so far; entries up to and including the last contributor
+  int last = 0;  // entries of the tile's list up to and including the last contributor
   bool done = !inside;
   for (int batch = start; batch < end; batch += BLOCK_SIZE) {
     // Also the barrier that keeps the previous batch alive until every thread is through it.
@@ -39,7 +39,6 @@ __global__ void __launch_bounds__(BLOCK_SIZE)
     __syncthreads();
     const int count = min(BLOCK_SIZE, end - batch);
     for (int j = 0; j < count && !done; ++j) {
-      ++walked;
       SplatSample s;
       if (!sample_splat(s_xy[j], s_conic_opacity[j], cx, cy, s)) continue;
       const float next_T = T * (1.f - s.alpha);
@@ -54,7 +53,7 @@ __global__ void __launch_bounds__(BLOCK_SIZE)
       blue += w * cd.z;
       depth += w * cd.w;
       T = next_T;
-      last = walked;
+      last = batch - start + j + 1;
     }
   }
   if (!inside) return;

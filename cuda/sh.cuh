@@ -91,7 +91,7 @@ SW_HD void sh_color(int degree, const float* dir, const float* sh, float* color)
 }
 
 // Backward of sh_color: writes grad_sh for all `coeffs` coefficients (zeros past the degree's) and adds the
-// direction's contribution to grad_mean.
+// direction's contribution to grad_mean. grad_sh may be the same memory as sh.
 SW_HD void sh_color_bwd(int degree, int coeffs, const float* mean, const Camera& cam, const float* sh,
                         const float* g_color, float* grad_sh, float* grad_mean) {
   float dir[3];
@@ -113,8 +113,8 @@ SW_HD void sh_color_bwd(int degree, int coeffs, const float* mean, const Camera&
     gb[k] = 0.f;
     if (k < k_used) {
       for (int ch = 0; ch < 3; ++ch) {
-        grad_sh[k * 3 + ch] = b[k] * g_raw[ch];
         gb[k] += sh[k * 3 + ch] * g_raw[ch];
+        grad_sh[k * 3 + ch] = b[k] * g_raw[ch];  // after the read: grad_sh may overwrite sh in place
       }
     }
   }

@@ -10,13 +10,15 @@
 
 namespace splatwright {
 
+constexpr int MAX_SH_COEFFS = 16;  // degree 3; the projection kernels stage this many per Gaussian at most
+
 struct GaussianArgs {
   const float* means;   // (n, 3) world space
   const float* quats;   // (n, 4) w, x, y, z; need not be unit length
   const float* scales;  // (n, 3)
   const float* sh;      // (n, sh_coeffs, 3)
   int n;
-  int sh_coeffs;        // coefficients stored per Gaussian, >= (sh_degree + 1)^2
+  int sh_coeffs;        // coefficients stored per Gaussian, (sh_degree + 1)^2 .. MAX_SH_COEFFS
   int sh_degree;        // 0..3
 };
 
@@ -30,14 +32,14 @@ struct CameraArgs {
 // Projection: screen-space means, conics (a, b, c) of the inverse 2D covariance, view depths,
 // footprint radii (0 = culled) and SH colours, one thread per Gaussian.
 cudaError_t launch_projection_fwd(const GaussianArgs& g, const CameraArgs& cam, float* means2d, float* conics,
-                           float* depths, int32_t* radii, float* colors, cudaStream_t stream);
+                                  float* depths, int32_t* radii, float* colors, cudaStream_t stream);
 
 // Gradients of a loss w.r.t. means, quats, scales and sh, given those w.r.t. means2d, conics and colors.
 // Every output element is written (zeros for culled Gaussians and unused SH coefficients).
 cudaError_t launch_projection_bwd(const GaussianArgs& g, const CameraArgs& cam, const int32_t* radii,
-                           const float* grad_means2d, const float* grad_conics, const float* grad_colors,
-                           float* grad_means, float* grad_quats, float* grad_scales, float* grad_sh,
-                           cudaStream_t stream);
+                                  const float* grad_means2d, const float* grad_conics, const float* grad_colors,
+                                  float* grad_means, float* grad_quats, float* grad_scales, float* grad_sh,
+                                  cudaStream_t stream);
 
 // Tile binning, in steps so the caller can allocate between them:
 //   1. launch_tile_counts: tiles each Gaussian touches, and their inclusive sum (offsets);
@@ -49,13 +51,13 @@ int sort_end_bit(int width, int height);
 size_t scan_temp_bytes(int n);
 size_t sort_temp_bytes(int n_entries, int end_bit);
 cudaError_t launch_tile_counts(const float* means2d, const int32_t* radii, int n, int width, int height,
-                        int64_t* counts, int64_t* offsets, void* temp, size_t temp_bytes, cudaStream_t stream);
+                               int64_t* counts, int64_t* offsets, void* temp, size_t temp_bytes, cudaStream_t stream);
 cudaError_t launch_emit_keys(const float* means2d, const int32_t* radii, const float* depths, const int64_t* offsets,
-                      int n, int width, int height, uint64_t* keys, int32_t* gauss_ids, cudaStream_t stream);
+                             int n, int width, int height, uint64_t* keys, int32_t* gauss_ids, cudaStream_t stream);
 cudaError_t launch_sort_keys(const uint64_t* keys_in, uint64_t* keys_out, const int32_t* ids_in, int32_t* ids_out,
-                      int n_entries, int end_bit, void* temp, size_t temp_bytes, cudaStream_t stream);
+                             int n_entries, int end_bit, void* temp, size_t temp_bytes, cudaStream_t stream);
 cudaError_t launch_tile_ranges(const uint64_t* sorted_keys, int n_entries, int n_tiles, int32_t* ranges,
-                        cudaStream_t stream);
+                               cudaStream_t stream);
 
 struct RasterArgs {
   const int32_t* ranges;    // (n_tiles, 2) [start, end) into gauss_ids
@@ -73,12 +75,12 @@ struct RasterArgs {
 // alpha = 1 - T_final, depth = sum w_i z_i, T_final, and n_contrib = how many of the tile's entries the
 // pixel walked through up to its last contributor.
 cudaError_t launch_rasterize_fwd(const RasterArgs& r, const float* depths, float* image, float* alpha, float* depth,
-                          float* final_T, int32_t* n_contrib, cudaStream_t stream);
+                                 float* final_T, int32_t* n_contrib, cudaStream_t stream);
 
 // Reverse tile walk. Accumulates (atomically, so the outputs must start at zero) the gradients w.r.t.
 // means2d, conics, colors and opacities from those w.r.t. image and alpha.
 cudaError_t launch_rasterize_bwd(const RasterArgs& r, const float* final_T, const int32_t* n_contrib,
-                          const float* grad_image, const float* grad_alpha, float* grad_means2d,
-                          float* grad_conics, float* grad_colors, float* grad_opacities, cudaStream_t stream);
+                                 const float* grad_image, const float* grad_alpha, float* grad_means2d,
+                                 float* grad_conics, float* grad_colors, float* grad_opacities, cudaStream_t stream);
 
 }  // namespace splatwright

@@ -128,3 +128,13 @@ def _args(g, cam, sh_degree, background):
     viewmat, K = camera_tensors(cam, "cpu", g.means.dtype)
     return (g.means, g.quats, torch.exp(g.log_scales), g.opacities, g.sh, viewmat, K,
             cam.width, cam.height, sh_degree, background)
+
+
+def test_an_empty_view_still_backpropagates_zero():
+    g = random_gaussians(5)
+    cam = orbit_cameras(1, 16, 16)[0]
+    behind = -100 * torch.tensor(cam.c2w[:3, 2], dtype=torch.float32)
+    g.means = (g.means + behind).requires_grad_()
+    out = reference.rasterize(*_args(g, cam, 0, (1.0, 1.0, 1.0)))
+    out.image.sum().backward()
+    assert torch.all(g.means.grad == 0)

@@ -1,7 +1,9 @@
-"""Benchmarks: `python -m backend bench NAME [options]`."""
+"""Benchmarks: `python -m backend bench NAME [options]`; each is a module here with main(argv) -> int."""
 from __future__ import annotations
 
-BENCHMARKS = ("raster",)
+import importlib
+
+BENCHMARKS = ("raster", "train", "serve", "profile")
 
 
 def main(argv: list[str]) -> int:
@@ -9,8 +11,7 @@ def main(argv: list[str]) -> int:
         print(f"usage: python -m backend bench {{{','.join(BENCHMARKS)}}} [options]")
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
-    if name == "raster":
-        from . import raster
-        return raster.main(rest)
-    print(f"unknown benchmark {name!r}; choose one of {', '.join(BENCHMARKS)}")
-    return 2
+    if name not in BENCHMARKS:
+        print(f"unknown benchmark {name!r}; choose one of {', '.join(BENCHMARKS)}")
+        return 2
+    return importlib.import_module(f"{__name__}.{name}").main(rest)

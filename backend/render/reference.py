@@ -195,6 +195,10 @@ def rasterize(means, quats, scales, opacities, sh, viewmat, K, width: int, heigh
         proj.means2d.retain_grad()
     tile_ids, gauss_ids = bin_tiles(proj, width, height)
     color, alpha, depth = composite(proj, tile_ids, gauss_ids, opacities, width, height)
+    if proj.means2d.requires_grad and not color.requires_grad:
+        # Nothing reached a pixel: keep the outputs in the graph so backward gives zero gradients, as the
+        # kernels do, instead of failing.
+        color = color + 0 * proj.means2d.sum()
     background = torch.as_tensor(background, dtype=color.dtype, device=color.device)
     image = color + (1 - alpha)[..., None] * background
     return RasterOutput(image, alpha, depth, proj.means2d, proj.radii)
