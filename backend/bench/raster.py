@@ -121,7 +121,10 @@ def gsplat_version() -> str | None:
 
 
 def git_commit() -> str:
-    """HEAD, with '+changes' if the kernels or backend differ from it; $SPLATWRIGHT_COMMIT where git is absent."""
+    """$SPLATWRIGHT_COMMIT if set (machines with a copied tree but no usable git), else HEAD, with '+changes'
+    if the kernels or backend differ from it."""
+    if os.environ.get("SPLATWRIGHT_COMMIT"):
+        return os.environ["SPLATWRIGHT_COMMIT"]
     try:
         head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
                               timeout=10)
@@ -130,7 +133,7 @@ def git_commit() -> str:
     except (OSError, subprocess.SubprocessError):
         head = None
     if head is None or head.returncode != 0:
-        return os.environ.get("SPLATWRIGHT_COMMIT", "unknown")
+        return "unknown"
     return head.stdout.strip() + ("+changes" if status.stdout.strip() else "")
 
 

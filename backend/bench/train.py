@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -21,6 +20,7 @@ from ..metrics import photometric_loss, psnr, ssim
 from ..progress import Progress
 from ..render import camera_tensors
 from ..train import Trainer, TrainConfig, evaluate
+from .raster import git_commit
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 
@@ -139,8 +139,7 @@ def run_gsplat(train_set: Dataset, test_set: Dataset, cfg: TrainConfig, init: Ga
 
 
 def report(rows: dict, cfg: TrainConfig, preset: str) -> None:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip() or "unknown"
+    commit = git_commit()
     header = (f"lego, preset {preset} ({cfg.iterations} steps), {torch.cuda.get_device_name()}, "
               f"commit {commit}, {datetime.now(timezone.utc):%Y-%m-%d}")
     lines = [header, "", "| trainer | steps | train s | PSNR | SSIM | Gaussians | peak GB |", "|---|---|---|---|---|---|---|"]
