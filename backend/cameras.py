@@ -115,3 +115,100 @@ def look_at(eye, target, up=(0.0, 0.0, 1.0)) -> np.ndarray:
     c2w = np.eye(4)
     c2w[:3, 0], c2w[:3, 1], c2w[:3, 2], c2w[:3, 3] = x, y, z, eye
     return c2w
+
+
+# --- Blender cameras and viewports -----------------------------------------------------------------
+#
+# The rule Blender uses (BKE_camera_params_compute_viewplane), stated once for our intrinsics:
+# - the image is width x height pixels, width = resolution_x * percentage // 100 (same for height);
+# - pixel aspect (ax, ay) makes each pixel ay/ax times as tall as wide in view space, so fy = fx * ax / ay;
+# - the sensor fit picks the axis the sensor size spans: HORIZONTAL spans the width, VERTICAL the height,
+#   AUTO the larger of the pixel-aspect-corrected sizes (ax * width vs ay * height);
+# - the sensor size is sensor_height for VERTICAL and sensor_width otherwise (AUTO included);
+# - lens shift is in units of the fitted size, so the principal point moves by shift * fit size pixels
+#   along x, and shift * fit size / (ay / ax) pixels along y (down in our images when shift_y is up).
+
+SENSOR_FITS = ("AUTO", "HORIZONTAL", "VERTICAL")
+
+
+@dataclass(frozen=True)
+class BlenderLens:
+    """The camera datablock fields that shape the projection (bpy.types.Camera)."""
+    type: str  # 'PERSP', 'ORTHO' or 'PANO'
+    lens: float  # focal length in mm
+    sensor_width: float  # mm
+    sensor_height: float  # mm
+    sensor_fit: str  # one of SENSOR_FITS
+    shift_x: float = 0.0
+    shift_y: float = 0.0
+
+
+@dataclass(frozen=True)
+class RenderSize:
+    """The render settings that set the image size (bpy.types.RenderSettings)."""
+    resolution_x: int
+    resolution_y: int
+    percentage: int = 100
+    pixel_aspect_x: float = 1.0
+    pixel_aspect_y: float = 1.0
+
+    @property
+    def pixels(self) -> tuple[int, int]:
+        """The rendered image size; Blender truncates the percentage scaling the same way."""
+        return self.resolution_x * self.percentage // 100, self.resolution_y * self.percentage // 100
+
+
+def blender_intrinsics(lens: BlenderLens, size: RenderSize) -> tuple[np.ndarray, int, int]:
+    """K (in our pixel convention), width and height of what Blender renders through this camera."""
+    if lens.type != "PERSP":
+        kind = {"ORTHO": "orthographic", "PANO": "panoramic"}.get(lens.type, lens.type)
+        raise SplatwrightError(f"{kind} cameras are not supported: Gaussian splatting needs a perspective "
+                               "camera; set the camera's Type to Perspective")
+    if lens.sensor_fit not in SENSOR_FITS:
+        raise SplatwrightError(f"unknown sensor fit {lens.sensor_fit!r}; expected one of {', '.join(SENSOR_FITS)}")
+    width, height = size.pixels
+    if width < 1 or height < 1:
+        raise SplatwrightError(f"render size {width}x{height} is empty; raise the resolution or its percentage")
+    if lens.lens <= 0 or size.pixel_aspect_x <= 0 or size.pixel_aspect_y <= 0:
+        raise SplatwrightError("focal length and pixel aspect must be positive")
+    ycor = size.pixel_aspect_y / size.pixel_aspect_x
+    fit = lens.sensor_fit
+    if fit == "AUTO":
+        fit = "HORIZONTAL" if size.pixel_aspect_x * width >= size.pixel_aspect_y * height else "VERTICAL"
+    fit_size = width if fit == "HORIZONTAL" else ycor * height
+    sensor = lens.sensor_height if lens.sensor_fit == "VERTICAL" else lens.sensor_width
+    fx = lens.lens * fit_size / sensor
+    cx = 0.5 * width - lens.shift_x * fit_size
+    cy = 0.5 * height + lens.shift_y * fit_size / ycor
+    return intrinsics(fx, fx / ycor, cx, cy), width, height
+
+
+def from_blender_camera(matrix_world: np.ndarray, lens: BlenderLens, size: RenderSize,
+                        what: str = "camera") -> Camera:
+    """The camera Blender renders through: a camera object's world matrix (its scale is ignored, as
+    Blender does), its lens and the render size."""
+    K, width, height = blender_intrinsics(lens, size)
+    return from_blender_c2w(_without_scale(matrix_world), K, width, height, what)
+
+
+def from_blender_view(view_matrix: np.ndarray, window_matrix: np.ndarray, width: int, height: int,
+                      what: str = "viewport") -> Camera:
+    """The camera of a 3D viewport region: RegionView3D.view_matrix (world to view), its window_matrix
+    (OpenGL projection) and the region size in pixels."""
+    P = np.asarray(window_matrix, dtype=np.float64)
+    if P.shape != (4, 4) or abs(P[3, 3]) > 1e-9 or abs(P[3, 2] + 1.0) > 1e-6:
+        raise SplatwrightError(f"{what}: not a perspective view (orthographic views are not supported); "
+                               "switch the viewport to perspective (numpad 5)")
+    # NDC x = P00 * x/-z - P02 spans the region's width from -1 to 1; NDC y points up, image rows down.
+    K = intrinsics(0.5 * width * P[0, 0], 0.5 * height * P[1, 1],
+                   0.5 * width * (1.0 - P[0, 2]), 0.5 * height * (1.0 + P[1, 2]))
+    c2w = np.linalg.inv(np.asarray(view_matrix, dtype=np.float64))
+    return from_blender_c2w(_without_scale(c2w), K, width, height, what)
+
+
+def _without_scale(matrix: np.ndarray) -> np.ndarray:
+    m = np.array(matrix, dtype=np.float64)
+    if m.shape == (4, 4):
+        norms = np.linalg.norm(m[:3, :3], axis=0)
+        m[:3, :3] /= np.where(norms > 0, norms, 1.0)
+    return m

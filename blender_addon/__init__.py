@@ -1,0 +1,26 @@
+"""Splatwright: capture the scene's cameras and renders, train 3D Gaussian Splats in a backend process and
+view them. Installs as a legacy add-on (bl_info, Blender 3.4+) or an extension (blender_manifest.toml, 4.2+)."""
+
+bl_info = {
+    "name": "Splatwright",
+    "author": "Splatwright developers",
+    "version": (0, 1, 0),
+    "blender": (3, 4, 0),
+    "location": "3D Viewport > Sidebar > Splats",
+    "description": "Train 3D Gaussian Splats from the scene's cameras and renders, and view them",
+    "category": "Render",
+}
+
+from . import live, operators, panels, preferences, properties  # noqa: E402
+
+_MODULES = (live, preferences, properties, operators, panels)
+
+
+def register():
+    for module in _MODULES:
+        module.register()
+
+
+def unregister():
+    for module in reversed(_MODULES):
+        module.unregister()

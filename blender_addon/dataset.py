@@ -1,0 +1,94 @@
+"""Capture geometry and the NeRF-synthetic dataset the add-on writes; numpy only, no bpy."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from .core.cameras import BLENDER_TO_OPENCV, Camera, look_at
+
+GOLDEN_ANGLE = math.pi * (3.0 - math.sqrt(5.0))
+
+
+def orbit_poses(center, radius: float, count: int, seed: int, hemisphere: bool) -> list[np.ndarray]:
+    """Blender camera-to-world matrices of `count` cameras looking at `center` from a sphere (or its upper
+    half) of `radius`: a Fibonacci lattice, evenly spread, turned about Z by a seeded random angle."""
+    center = np.asarray(center, dtype=np.float64)
+    offset = np.random.default_rng(seed).uniform(0.0, 2.0 * math.pi)
+    poses = []
+    for i in range(count):
+        t = (i + 0.5) / count
+        z = 1.0 - t if hemisphere else 1.0 - 2.0 * t
+        ring = math.sqrt(max(0.0, 1.0 - z * z))
+        angle = offset + i * GOLDEN_ANGLE
+        eye = center + radius * np.array([ring * math.cos(angle), ring * math.sin(angle), z])
+        poses.append(look_at(eye, center) @ BLENDER_TO_OPENCV)
+    return poses
+
+
+def fitting_distance(bound_radius: float, K: np.ndarray, width: int, height: int, margin: float = 1.1) -> float:
+    """How far a camera with these intrinsics must be from a sphere of `bound_radius` to see all of it."""
+    half_fov = min(math.atan(0.5 * width / K[0, 0]), math.atan(0.5 * height / K[1, 1]))
+    return margin * bound_radius / math.sin(half_fov)
+
+
+def split_of(index: int, test_every: int) -> str:
+    """Every `test_every`-th view is held out for testing (0: none)."""
+    return "test" if test_every > 0 and index % test_every == test_every - 1 else "train"
+
+
+class DatasetWriter:
+    """transforms_train.json / transforms_test.json with per-frame intrinsics (as instant-ngp writes them),
+    next to train/ and test/ folders of PNGs, readable by `python -m backend train`."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        self.frames: dict[str, list[dict]] = {"train": [], "test": []}
+
+    def image_path(self, split: str, name: str) -> Path:
+        (self.folder / split).mkdir(parents=True, exist_ok=True)
+        return self.folder / split / f"{name}.png"
+
+    def add(self, split: str, name: str, cam: Camera) -> None:
+        K = cam.K
+        self.frames[split].append({
+            "file_path": f"./{split}/{name}",
+            "transform_matrix": (cam.c2w @ BLENDER_TO_OPENCV).tolist(),
+            "fl_x": K[0, 0], "fl_y": K[1, 1], "cx": K[0, 2], "cy": K[1, 2], "w": cam.width, "h": cam.height,
+            "camera_angle_x": 2.0 * math.atan(0.5 * cam.width / K[0, 0]),
+        })
+
+    def write(self) -> list[Path]:
+        written = []
+        for split, frames in self.frames.items():
+            if not frames:
+                continue
+            path = self.folder / f"transforms_{split}.json"
+            meta = {"camera_angle_x": frames[0]["camera_angle_x"], "frames": frames}
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(json.dumps(meta, indent=1) + "\n")
+            tmp.replace(path)
+            written.append(path)
+        return written
+
+
+def sample_surface(triangles: np.ndarray, colors: np.ndarray, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """`count` points spread over triangles (T, 3, 3) by area, each with its triangle's colour (T, 3) uint8."""
+    a, b, c = triangles[:, 0], triangles[:, 1], triangles[:, 2]
+    areas = 0.5 * np.linalg.norm(np.cross(b - a, c - a), axis=1)
+    if len(triangles) == 0 or areas.sum() <= 0:
+        return np.zeros((0, 3), np.float32), np.zeros((0, 3), np.uint8)
+    rng = np.random.default_rng(seed)
+    pick = rng.choice(len(triangles), size=count, p=areas / areas.sum())
+    r1, r2 = np.sqrt(rng.random(count))[:, None], rng.random(count)[:, None]  # uniform over each triangle
+    xyz = (1 - r1) * a[pick] + r1 * (1 - r2) * b[pick] + r1 * r2 * c[pick]
+    return xyz.astype(np.float32), colors[pick]
+
+
+def linear_to_srgb8(rgb: np.ndarray) -> np.ndarray:
+    """Scene-linear colours to 8-bit sRGB, the display-referred values the renders hold."""
+    x = np.clip(np.asarray(rgb, dtype=np.float64), 0.0, 1.0)
+    srgb = np.where(x <= 0.0031308, 12.92 * x, 1.055 * np.power(x, 1 / 2.4) - 0.055)
+    return (srgb * 255.0 + 0.5).astype(np.uint8)

@@ -1,0 +1,393 @@
+"""Operators. Each returns at once: requests go to the backend worker thread and their results come back
+through the live.poll timer. poll() explains itself through blocked(), which the panels show as hints."""
+from pathlib import Path
+
+import bpy
+import numpy as np
+from bpy.props import EnumProperty, StringProperty
+from bpy.types import Operator
+from bpy_extras.io_utils import ExportHelper, ImportHelper
+
+from . import live
+from .capture import Capture
+from .core import protocol
+from .core.errors import SplatwrightError
+from .preferences import prefs
+from .runtime import Setup
+from .scene_io import camera_of, viewport_camera
+
+RUNNING = ("training", "paused", "stopping")
+PREVIEW_IMAGE = "Splatwright Preview"
+PREVIEW_MAX_SIDE = 512
+
+
+def training_state() -> str:
+    return live.backend.status.get("state") or "idle"
+
+
+def not_connected() -> str:
+    """Why requests cannot be sent now, or ''."""
+    b = live.backend
+    return {"connected": "", "connecting": "Waiting for the backend to start",
+            "lost": "The backend was lost; start it again"}.get(b.connection, "Start the backend first")
+
+
+def set_status(status: dict) -> None:
+    live.backend.status = status
+
+
+class Guarded:
+    @classmethod
+    def blocked(cls, context) -> str:
+        return ""
+
+    @classmethod
+    def poll(cls, context):
+        reason = cls.blocked(context)
+        if reason:
+            cls.poll_message_set(reason)
+        return not reason
+
+
+class SPLATWRIGHT_OT_report(Operator):
+    """Show a message from the backend as a Blender report"""
+    bl_idname = "splatwright.report"
+    bl_label = "Splatwright Report"
+    bl_options = {"INTERNAL"}
+
+    level: EnumProperty(items=[(x, x.title(), "") for x in ("INFO", "WARNING", "ERROR")])
+    message: StringProperty()
+
+    def execute(self, context):
+        self.report({self.level}, self.message)
+        return {"FINISHED"}
+
+
+# ---- backend process ----
+
+class SPLATWRIGHT_OT_setup_environment(Guarded, Operator):
+    """Create or update the backend's Python environment (.venv) by running ./run setup; its log shows here"""
+    bl_idname = "splatwright.setup_environment"
+    bl_label = "Set Up Environment"
+
+    @classmethod
+    def blocked(cls, context):
+        if prefs(context).mode != "LOCAL":
+            return "Only a local backend is set up from here"
+        return "Setup is running" if live.setup is not None and live.setup.returncode is None else ""
+
+    def execute(self, context):
+        try:
+            live.setup = Setup(bpy.path.abspath(prefs(context).backend_root))
+        except (SplatwrightError, OSError) as e:
+            self.report({"ERROR"}, str(e))
+            return {"CANCELLED"}
+        return {"FINISHED"}
+
+
+class SPLATWRIGHT_OT_backend_start(Guarded, Operator):
+    """Start the local backend (or connect to the remote one)"""
+    bl_idname = "splatwright.backend_start"
+    bl_label = "Start"
+
+    @classmethod
+    def blocked(cls, context):
+        return {"connected": "The backend is running", "connecting": "The backend is starting"}.get(
+            live.backend.connection, "")
+
+    def execute(self, context):
+        live.backend.connect(prefs(context).connect_settings())
+        return {"FINISHED"}
+
+
+class SPLATWRIGHT_OT_backend_check(Guarded, Operator):
+    """Connect if needed and show the backend's Python, torch, CUDA, GPU and memory"""
+    bl_idname = "splatwright.backend_check"
+    bl_label = "Check Backend"
+
+    @classmethod
+    def blocked(cls, context):
+        return "The backend is starting" if live.backend.connection == "connecting" else ""
+
+    def execute(self, context):
+        b = live.backend
+        if b.connection != "connected":
+            b.connect(prefs(context).connect_settings())  # connecting fetches the capabilities
+        else:
+            b.call("check", lambda c: c.capabilities(), self.show)
+        return {"FINISHED"}
+
+    @staticmethod
+    def show(caps: dict) -> str:
+        live.backend.capabilities = caps
+        return (f"Python {caps['python']}, torch {caps['torch']}, CUDA {'yes' if caps['cuda_available'] else 'no'}, "
+                f"GPU {caps.get('gpu') or 'none'}, {caps.get('gpu_memory_gb') or '-'} GB")
+
+
+class SPLATWRIGHT_OT_backend_stop(Guarded, Operator):
+    """Stop the backend cleanly (training is checkpointed); a remote backend is only disconnected"""
+    bl_idname = "splatwright.backend_stop"
+    bl_label = "Stop"
+
+    @classmethod
+    def blocked(cls, context):
+        b = live.backend
+        alive = b.server is not None and b.server.alive
+        return "" if b.connection == "connected" or alive else "The backend is not running"
+
+    def execute(self, context):
+        live.backend.stop()
+        return {"FINISHED"}
+
+
+class SPLATWRIGHT_OT_backend_kill(Guarded, Operator):
+    """End the local backend process now; frees all of its GPU memory (unsaved training steps are lost)"""
+    bl_idname = "splatwright.backend_kill"
+    bl_label = "Kill"
+
+    @classmethod
+    def blocked(cls, context):
+        server = live.backend.server
+        if prefs(context).mode != "LOCAL":
+            return "A remote backend can only be stopped"
+        return "" if server is not None and server.alive else "No local backend process is running"
+
+    def execute(self, context):
+        live.backend.kill()
+        return {"FINISHED"}
+
+
+# ---- capture ----
+
+class SPLATWRIGHT_OT_capture(Guarded, Operator):
+    """Render the views into a NeRF-synthetic dataset and send them to the backend as they finish (ESC cancels)"""
+    bl_idname = "splatwright.capture"
+    bl_label = "Capture Views"
+
+    @classmethod
+    def blocked(cls, context):
+        if live.capture is not None:
+            return "A capture is running (ESC cancels it)"
+        return "Stop training before capturing new views" if training_state() in RUNNING else ""
+
+    def begin(self, context) -> Capture | None:
+        backend = live.backend if live.backend.connection == "connected" else None
+        try:
+            return Capture(context, backend)
+        except SplatwrightError as e:
+            self.report({"ERROR"}, str(e))
+            return None
+
+    def end(self, job: Capture, error: str = "") -> None:
+        job.finish()
+        if error:
+            self.report({"ERROR"}, error)
+        self.report({"INFO"}, job.summary())
+
+    def execute(self, context):
+        """Scripted use: every view in this one call."""
+        job = self.begin(context)
+        if job is None:
+            return {"CANCELLED"}
+        try:
+            while not job.finished:
+                job.step()
+        except (SplatwrightError, RuntimeError) as e:  # bpy.ops.render.render raises RuntimeError
+            self.end(job, str(e))
+            return {"CANCELLED"}
+        self.end(job)
+        return {"FINISHED"}
+
+    def invoke(self, context, event):
+        job = self.begin(context)
+        if job is None:
+            return {"CANCELLED"}
+        live.capture = job
+        wm = context.window_manager
+        self._timer = wm.event_timer_add(0.01, window=context.window)
+        wm.modal_handler_add(self)
+        wm.progress_begin(0, job.total)
+        return {"RUNNING_MODAL"}
+
+    def modal(self, context, event):
+        job = live.capture
+        if event.type == "ESC":
+            return self.stop_modal(context, job, "capture cancelled")
+        if event.type != "TIMER":
+            return {"PASS_THROUGH"}
+        try:
+            job.step()  # one render; the UI stays live between views
+        except (SplatwrightError, RuntimeError) as e:
+            return self.stop_modal(context, job, str(e))
+        context.window_manager.progress_update(job.done)
+        live.redraw()
+        return self.stop_modal(context, job) if job.finished else {"RUNNING_MODAL"}
+
+    def stop_modal(self, context, job: Capture, error: str = ""):
+        wm = context.window_manager
+        wm.event_timer_remove(self._timer)
+        wm.progress_end()
+        live.capture = None
+        self.end(job, error)
+        live.redraw()
+        return {"CANCELLED"} if error else {"FINISHED"}
+
+
+# ---- training ----
+
+class SPLATWRIGHT_OT_train_start(Guarded, Operator):
+    """Start training from scratch on the captured views with these settings"""
+    bl_idname = "splatwright.train_start"
+    bl_label = "Start Training"
+
+    @classmethod
+    def blocked(cls, context):
+        if reason := not_connected():
+            return reason
+        if training_state() in RUNNING:
+            return "Training is running"
+        return "" if live.backend.status.get("views") else "Capture views first (with the backend running)"
+
+    def execute(self, context):
+        fields = context.scene.splatwright.training_fields()
+        live.backend.progress = {}
+        live.backend.call("start_training", lambda c: c.start_training(**fields), set_status)
+        return {"FINISHED"}
+
+
+class TrainingControl(Guarded):
+    """Pause, resume, stop: one request each, allowed in some training states."""
+    request = ""
+    states = ()
+    hint = ""
+
+    @classmethod
+    def blocked(cls, context):
+        return not_connected() or ("" if training_state() in cls.states else cls.hint)
+
+    def execute(self, context):
+        request = self.request
+        live.backend.call(request, lambda c: c.request(request).fields, set_status)
+        return {"FINISHED"}
+
+
+class SPLATWRIGHT_OT_train_pause(TrainingControl, Operator):
+    """Pause training after the current step"""
+    bl_idname = "splatwright.train_pause"
+    bl_label = "Pause"
+    request, states, hint = "pause", ("training",), "Training is not running"
+
+
+class SPLATWRIGHT_OT_train_resume(TrainingControl, Operator):
+    """Resume paused training, or continue stopped training from its checkpoint"""
+    bl_idname = "splatwright.train_resume"
+    bl_label = "Resume"
+    request, states, hint = "resume", ("paused", "stopped", "failed"), "Nothing paused or stopped to resume"
+
+
+class SPLATWRIGHT_OT_train_stop(TrainingControl, Operator):
+    """Stop training and write a checkpoint"""
+    bl_idname = "splatwright.train_stop"
+    bl_label = "Stop"
+    request, states, hint = "stop", ("training", "paused"), "Training is not running"
+
+
+# ---- view and export ----
+
+def nothing_to_show() -> str:
+    return not_connected() or ("" if live.backend.status.get("gaussians") else "Train or load a PLY first")
+
+
+class SPLATWRIGHT_OT_render_preview(Guarded, Operator):
+    """Render the model from the 3D viewport (or the scene camera) into the image 'Splatwright Preview'"""
+    bl_idname = "splatwright.render_preview"
+    bl_label = "Render Preview"
+
+    @classmethod
+    def blocked(cls, context):
+        return nothing_to_show()
+
+    def execute(self, context):
+        scene = context.scene
+        try:
+            cam = viewport_camera(context) or (camera_of(scene.camera, scene) if scene.camera else None)
+        except SplatwrightError as e:
+            self.report({"ERROR"}, str(e))
+            return {"CANCELLED"}
+        if cam is None:
+            self.report({"ERROR"}, "no 3D viewport or scene camera to render from")
+            return {"CANCELLED"}
+        cam = cam.scaled(min(1.0, PREVIEW_MAX_SIDE / max(cam.width, cam.height)))
+        wire_camera = protocol.camera_to_wire(cam.c2w, cam.K, cam.width, cam.height)
+        live.backend.call("render", lambda c: c.render(wire_camera), show_preview)
+        return {"FINISHED"}
+
+
+def show_preview(rgba: np.ndarray) -> str:
+    """Put a bottom-up RGBA8 frame into the preview image (bottom-up too, as Blender stores pixels)."""
+    h, w = rgba.shape[:2]
+    image = bpy.data.images.get(PREVIEW_IMAGE) or bpy.data.images.new(PREVIEW_IMAGE, w, h, alpha=True)
+    if tuple(image.size) != (w, h):
+        image.scale(w, h)
+    image.pixels.foreach_set(rgba.astype(np.float32).ravel() / 255.0)
+    image.update()
+    return ""
+
+
+class SPLATWRIGHT_OT_load_ply(Guarded, Operator, ImportHelper):
+    """View a 3D Gaussian Splatting PLY through the backend"""
+    bl_idname = "splatwright.load_ply"
+    bl_label = "Load Splats PLY"
+
+    filename_ext = ".ply"
+    filter_glob: StringProperty(default="*.ply", options={"HIDDEN"})
+
+    @classmethod
+    def blocked(cls, context):
+        return not_connected() or ("Stop training before viewing a PLY" if training_state() in RUNNING else "")
+
+    def execute(self, context):
+        path, background = self.filepath, context.scene.splatwright.background_rgb()
+
+        def load(client):
+            reply = client.load_ply(Path(path).read_bytes(), background)
+            return reply, client.status()
+
+        def loaded(result) -> str:
+            reply, status = result
+            set_status(status)
+            return f"loaded {reply['gaussians']} Gaussians (SH degree {reply['sh_degree']}) from {path}"
+        live.backend.call("load_ply", load, loaded)
+        return {"FINISHED"}
+
+
+class SPLATWRIGHT_OT_export_ply(Guarded, Operator, ExportHelper):
+    """Save the trained (or viewed) Gaussians as a 3DGS PLY"""
+    bl_idname = "splatwright.export_ply"
+    bl_label = "Export Splats PLY"
+
+    filename_ext = ".ply"
+    filter_glob: StringProperty(default="*.ply", options={"HIDDEN"})
+
+    @classmethod
+    def blocked(cls, context):
+        return nothing_to_show()
+
+    def execute(self, context):
+        path = self.filepath
+
+        def export(client):
+            reply = client.request("export_ply")
+            Path(path).write_bytes(reply.payload)
+            return reply.fields
+        live.backend.call("export_ply", export,
+                          lambda f: f"exported {f['gaussians']} Gaussians (step {f['step']}) to {path}")
+        return {"FINISHED"}
+
+
+CLASSES = (SPLATWRIGHT_OT_report, SPLATWRIGHT_OT_setup_environment, SPLATWRIGHT_OT_backend_start,
+           SPLATWRIGHT_OT_backend_check, SPLATWRIGHT_OT_backend_stop, SPLATWRIGHT_OT_backend_kill,
+           SPLATWRIGHT_OT_capture, SPLATWRIGHT_OT_train_start, SPLATWRIGHT_OT_train_pause,
+           SPLATWRIGHT_OT_train_resume, SPLATWRIGHT_OT_train_stop, SPLATWRIGHT_OT_render_preview,
+           SPLATWRIGHT_OT_load_ply, SPLATWRIGHT_OT_export_ply)
+register, unregister = bpy.utils.register_classes_factory(CLASSES)

@@ -1,0 +1,76 @@
+"""Per-scene settings of capture and training (Scene.splatwright)."""
+from __future__ import annotations
+
+import bpy
+from bpy.props import BoolProperty, EnumProperty, FloatProperty, FloatVectorProperty, IntProperty, StringProperty
+
+
+class SPLATWRIGHT_PG_settings(bpy.types.PropertyGroup):
+    # Capture
+    source: EnumProperty(name="Views", default="ORBIT", items=[
+        ("CAMERAS", "Scene Cameras", "One view from each camera object of the scene"),
+        ("ANIMATION", "Animation", "The active camera over the animation range"),
+        ("ORBIT", "Orbit", "Generated cameras around the selection or the scene"),
+    ])
+    only_selected: BoolProperty(name="Only Selected", description="Only the selected camera objects")
+    frame_step: IntProperty(name="Every N Frames", default=10, min=1)
+    orbit_shape: EnumProperty(name="Shape", default="HEMISPHERE", items=[
+        ("SPHERE", "Sphere", "Cameras all around"), ("HEMISPHERE", "Upper Hemisphere", "Cameras above the horizon")])
+    orbit_target: EnumProperty(name="Around", default="SELECTION", items=[
+        ("SELECTION", "Selection", "The selected objects' bounds (the scene's when nothing is selected)"),
+        ("SCENE", "Scene", "The bounds of all visible geometry")])
+    orbit_count: IntProperty(name="Count", default=32, min=1, max=2000)
+    orbit_radius: FloatProperty(name="Radius", default=0.0, min=0.0, unit="LENGTH",
+                                description="Distance from the centre (0: fit the bounds in view)")
+    orbit_lens: FloatProperty(name="Focal Length", default=50.0, min=1.0, unit="CAMERA")
+    orbit_seed: IntProperty(name="Seed", default=0, min=0)
+    resolution_percentage: IntProperty(name="Resolution Scale", default=100, min=1, max=100, subtype="PERCENTAGE",
+                                       description="Render the views at this share of the scene's resolution")
+    test_every: IntProperty(name="Test Every", default=8, min=0,
+                            description="Hold out every N-th view for testing (0: train on all views)")
+    folder: StringProperty(name="Dataset Folder", subtype="DIR_PATH", default="//splatwright",
+                           description="Each capture writes a NeRF-synthetic dataset into a new subfolder here")
+    transparent: BoolProperty(name="Transparent Background", default=True,
+                              description="Render RGBA with a transparent world; training composites the background")
+    initial_points: BoolProperty(name="Initial Points from Meshes", default=True,
+                                 description="Start the Gaussians on the surfaces of the visible meshes, in their colours")
+    point_count: IntProperty(name="Points", default=20000, min=100, max=5_000_000)
+
+    # Training
+    schedule: EnumProperty(name="Schedule", default="QUALITY", items=[
+        ("FAST", "Fast", "The backend's short GPU schedule"),
+        ("QUALITY", "Quality", "The backend's full GPU schedule"),
+        ("CUSTOM", "Custom", "A chosen number of steps")])
+    iterations: IntProperty(name="Steps", default=7000, min=1)
+    sh_degree: IntProperty(name="SH Degree", default=3, min=0, max=3,
+                           description="Spherical harmonics degree of the view-dependent colour")
+    max_gaussians: IntProperty(name="Gaussian Cap", default=0, min=0,
+                               description="Most Gaussians densification may make (0: the schedule's default)")
+    background: EnumProperty(name="Background", default="WHITE", items=[
+        ("WHITE", "White", ""), ("BLACK", "Black", ""), ("CUSTOM", "Color", "")])
+    background_color: FloatVectorProperty(name="Color", subtype="COLOR_GAMMA", size=3, min=0.0, max=1.0,
+                                          default=(0.5, 0.5, 0.5))
+
+    def background_rgb(self) -> list[float]:
+        return {"WHITE": [1.0, 1.0, 1.0], "BLACK": [0.0, 0.0, 0.0]}.get(self.background) or list(self.background_color)
+
+    def training_fields(self) -> dict:
+        """start_training fields (protocol.REQUESTS)."""
+        fields = {"sh_degree": self.sh_degree, "background": self.background_rgb(), "fresh": True}
+        if self.schedule == "CUSTOM":
+            fields["iterations"] = self.iterations
+        else:
+            fields["preset"] = self.schedule.lower()
+        if self.max_gaussians:
+            fields["max_gaussians"] = self.max_gaussians
+        return fields
+
+
+def register():
+    bpy.utils.register_class(SPLATWRIGHT_PG_settings)
+    bpy.types.Scene.splatwright = bpy.props.PointerProperty(type=SPLATWRIGHT_PG_settings)
+
+
+def unregister():
+    del bpy.types.Scene.splatwright
+    bpy.utils.unregister_class(SPLATWRIGHT_PG_settings)

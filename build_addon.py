@@ -1,0 +1,70 @@
+"""Build the installable Blender add-on: python build_addon.py  ->  dist/splatwright-<version>.zip
+
+The zip holds the package splatwright/: the contents of blender_addon/, and under splatwright/core/ the
+backend modules the add-on shares (stdlib + numpy only) plus defaults.json, which records where this
+checkout's backend and its .venv (made by ./run) live.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+ADDON = ROOT / "blender_addon"
+SHARED = ["cameras.py", "errors.py", "protocol.py", "client.py"]  # relative imports among themselves
+PACKAGE = "splatwright"
+
+
+def version() -> str:
+    """The project version, which bl_info and the extension manifest must repeat."""
+    v = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    manifest = tomllib.loads((ADDON / "blender_manifest.toml").read_text())
+    bl_info = re.search(r'"version":\s*\((\d+),\s*(\d+),\s*(\d+)\)', (ADDON / "__init__.py").read_text())
+    found = {"blender_manifest.toml": manifest["version"],
+             "bl_info": ".".join(bl_info.groups()) if bl_info else "missing"}
+    wrong = {k: x for k, x in found.items() if x != v}
+    if wrong:
+        raise SystemExit(f"version {v} in pyproject.toml, but {wrong}; make them agree")
+    return v
+
+
+def torch_imports(path: Path) -> bool:
+    return re.search(r"^\s*(import|from)\s+torch\b", path.read_text(), re.MULTILINE) is not None
+
+
+def build(out_dir: Path) -> Path:
+    v = version()
+    files = {PACKAGE + "/" + p.relative_to(ADDON).as_posix(): p for p in sorted(ADDON.rglob("*"))
+             if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"}
+    files.update({f"{PACKAGE}/core/{name}": ROOT / "backend" / name for name in SHARED})
+    heavy = [name for name, p in files.items() if p.suffix == ".py" and torch_imports(p)]
+    if heavy:
+        raise SystemExit(f"the add-on must not import torch, but these do: {', '.join(heavy)}")
+    defaults = {"version": v, "backend_root": str(ROOT), "python": str(ROOT / ".venv" / "bin" / "python")}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / f"{PACKAGE}-{v}.zip"
+    tmp = target.with_name(target.name + ".tmp")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, path in files.items():
+            z.write(path, name)
+        z.writestr(f"{PACKAGE}/core/__init__.py", '"""Modules shared with the backend (copied by build_addon.py)."""\n')
+        z.writestr(f"{PACKAGE}/core/defaults.json", json.dumps(defaults, indent=2) + "\n")
+    tmp.replace(target)
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(ROOT / "dist"), help="output folder (default: dist/)")
+    target = build(Path(parser.parse_args(argv).out))
+    print(target)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
