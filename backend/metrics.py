@@ -13,29 +13,25 @@ def psnr(img: torch.Tensor, gt: torch.Tensor) -> float:
 
 
 @functools.lru_cache(maxsize=8)
-def _window(size: int, sigma: float, device, dtype) -> torch.Tensor:
+def _window(size: int, sigma: float, device, dtype, channels: int) -> torch.Tensor:
     x = torch.arange(size, dtype=torch.float64) - (size - 1) / 2
     g = torch.exp(-x ** 2 / (2 * sigma ** 2))
     g = (g / g.sum()).to(device=device, dtype=dtype)
-    return (g[:, None] * g[None, :]).expand(3, 1, size, size).contiguous()
+    return (g[:, None] * g[None, :]).expand(channels, 1, size, size).contiguous()
 
 
 def ssim(img: torch.Tensor, gt: torch.Tensor, window: int = 11, sigma: float = 1.5) -> torch.Tensor:
-    """Mean structural similarity with an 11x11 Gaussian window (sigma 1.5), as in 3DGS; differentiable."""
-    x = img.permute(2, 0, 1)[None]
-    y = gt.permute(2, 0, 1)[None]
-    w = _window(window, sigma, img.device, img.dtype)
-    pad = window // 2
-
-    def blur(t):
-        return F.conv2d(t, w, padding=pad, groups=3)
-
-    mu_x, mu_y = blur(x), blur(y)
-    sigma_x = blur(x * x) - mu_x ** 2
-    sigma_y = blur(y * y) - mu_y ** 2
-    sigma_xy = blur(x * y) - mu_x * mu_y
+    """Mean structural similarity with an 11x11 Gaussian window (sigma 1.5), as in 3DGS; differentiable.
+    The five local statistics are blurred in one grouped convolution (fewer kernel launches per step)."""
+    x = img.permute(2, 0, 1)
+    y = gt.permute(2, 0, 1)
+    stats = torch.cat([x, y, x * x, y * y, x * y])[None]  # (1, 15, H, W)
+    blurred = F.conv2d(stats, _window(window, sigma, img.device, img.dtype, 15), padding=window // 2, groups=15)
+    mu_x, mu_y, xx, yy, xy = blurred[0].split(3)
+    mu_xy = mu_x * mu_y
+    mu_xx, mu_yy = mu_x * mu_x, mu_y * mu_y
     c1, c2 = 0.01 ** 2, 0.03 ** 2
-    s = ((2 * mu_x * mu_y + c1) * (2 * sigma_xy + c2)) / ((mu_x ** 2 + mu_y ** 2 + c1) * (sigma_x + sigma_y + c2))
+    s = ((2 * mu_xy + c1) * (2 * (xy - mu_xy) + c2)) / ((mu_xx + mu_yy + c1) * (xx - mu_xx + yy - mu_yy + c2))
     return s.mean()
 
 

@@ -83,9 +83,10 @@ class DefaultStrategy:
         if self.grad_sum is None or self.grad_sum.shape[0] != n:
             self.grad_sum = torch.zeros(n, device=out.means2d.device)
             self.count = torch.zeros(n, device=out.means2d.device)
-        grad = out.means2d.grad.detach() * out.means2d.new_tensor([0.5 * width, 0.5 * height])
+        grad = out.means2d.grad.detach()
+        ndc_norm = torch.hypot(grad[:, 0] * (0.5 * width), grad[:, 1] * (0.5 * height))  # pixels -> NDC units
         visible = out.radii > 0
-        self.grad_sum += torch.where(visible, grad.norm(dim=-1), 0.0).to(self.grad_sum.dtype)
+        self.grad_sum += torch.where(visible, ndc_norm, 0.0).to(self.grad_sum.dtype)
         self.count += visible.to(self.count.dtype)
 
     def _refine(self, step: int, g: Gaussians, optimizer, generator) -> None:

@@ -13,7 +13,7 @@ from .cameras import Camera
 from .data import Dataset, camera_extent, scene_bounds
 from .gaussians import Gaussians
 from .metrics import photometric_loss, psnr, ssim
-from .render import render
+from .render import camera_tensors, render
 from .strategy import DefaultStrategy, DensifyConfig
 
 CHECKPOINT_FORMAT = 1
@@ -72,6 +72,7 @@ class Trainer:
         self.cfg = cfg
         self.device = torch.device(device)
         self.data = data.to(self.device)
+        self.views = [camera_tensors(c, self.device) for c in data.cameras]
         self.extent = camera_extent(data.cameras)
         if gaussians is None:
             center, half = scene_bounds(data.cameras)
@@ -108,7 +109,7 @@ class Trainer:
                 group["lr"] = self._means_lr()
         i = int(torch.randint(len(self.data), (1,), generator=self.generator))
         cam, gt = self.data.cameras[i], self.data.images[i]
-        out = render(self.g, cam, self.sh_degree, self.background, self.cfg.rasterizer)
+        out = render(self.g, cam, self.sh_degree, self.background, self.cfg.rasterizer, self.views[i])
         loss = photometric_loss(out.image, gt, self.cfg.ssim_weight)
         loss.backward()
         self.step += 1
@@ -130,6 +131,7 @@ class Trainer:
         The scene extent, and with it the learning rates, stays that of the views training started with."""
         images = torch.cat([self.data.images, image[None].to(self.data.images)])
         self.data = Dataset(self.data.cameras + [camera], images, self.data.names + [name])
+        self.views.append(camera_tensors(camera, self.device))
 
     # Checkpoints hold everything needed to continue exactly: parameters, optimizer moments,
     # densification statistics, step and random state.

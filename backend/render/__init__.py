@@ -26,8 +26,11 @@ def rasterizer_fn(name: str):
     raise ValueError(f"unknown rasterizer {name!r}; choose one of {RASTERIZERS}")
 
 
-def render(g: Gaussians, cam: Camera, sh_degree: int, background, rasterizer: str = "reference") -> RasterOutput:
-    viewmat, K = camera_tensors(cam, g.means.device, g.means.dtype)
+def render(g: Gaussians, cam: Camera, sh_degree: int, background, rasterizer: str = "reference",
+           view: tuple[torch.Tensor, torch.Tensor] | None = None) -> RasterOutput:
+    """Render `g` through `cam`. `view` is the camera's (viewmat, K) on the model's device, for callers that
+    render the same cameras repeatedly and keep them there."""
+    viewmat, K = view if view is not None else camera_tensors(cam, g.means.device, g.means.dtype)
     return rasterizer_fn(rasterizer)(
         g.means, g.quats, torch.exp(g.log_scales), g.opacities, g.sh, viewmat, K,
         cam.width, cam.height, min(sh_degree, g.max_sh_degree), background)
