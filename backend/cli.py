@@ -3,11 +3,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from .errors import SplatwrightError
-
-DEFAULT_SCENE = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "lego"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,8 +27,10 @@ def main(argv: list[str] | None = None) -> int:
 
     sub.add_parser("info", help="report Python, torch, CUDA, the GPU and whether the CUDA rasterizer builds")
 
-    p = sub.add_parser("demo", help="train on a scene end to end and write PLY, views and metrics")
-    p.add_argument("data", nargs="?", default=str(DEFAULT_SCENE), help="scene folder (default: the lego scene)")
+    p = sub.add_parser("demo", help="the Blender add-on end to end (capture, train, novel views, report); "
+                       "training on a scene folder when one is given or bpy 4.5 is missing")
+    p.add_argument("data", nargs="?", default=None,
+                   help="scene folder to train on instead (default: the Blender demo, or the lego scene without bpy)")
     p.add_argument("--out", default=None, help="output folder (default: out/demo-<time>)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
 
@@ -67,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def add_training_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="quality", choices=["quality", "fast"],
-                   help="GPU schedule: quality (30k steps) or fast (7k steps)")
+                   help="GPU schedule: quality (30k steps) or fast (4k steps)")
     p.add_argument("--iters", type=int, default=None,
                    help="training steps (default: the preset's on GPU, 3000 on the CPU reference path)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])

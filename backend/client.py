@@ -3,7 +3,8 @@
 Standard library + numpy only: this file is copied verbatim into the Blender add-on next to protocol.py.
 One reader thread receives every frame: replies complete the request of their id, events go to the
 `on_event` callback (called on the reader thread) or, without one, to a bounded queue read by `events()`.
-Requests may be sent from any thread.
+Requests may be sent from any thread. FrameStream serves a live view: newest camera wins, frames come back
+ready for a GPU texture upload.
 """
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import itertools
 import queue
 import socket
 import threading
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -31,8 +34,9 @@ class RemoteError(Exception):
 class PendingReply:
     """A request in flight; result() waits for its reply."""
 
-    def __init__(self, type: str):
+    def __init__(self, type: str, on_done: Callable[["PendingReply"], None] | None = None):
         self.type = type
+        self._on_done = on_done  # called once finished, on the thread that finishes it
         self._done = threading.Event()
         self._reply: Message | None = None
         self._error: Exception | None = None
@@ -50,6 +54,8 @@ class PendingReply:
     def _finish(self, reply: Message | None = None, error: Exception | None = None) -> None:
         self._reply, self._error = reply, error
         self._done.set()
+        if self._on_done is not None:
+            self._on_done(self)
 
 
 class Client:
@@ -65,6 +71,8 @@ class Client:
         self._pending_lock = threading.Lock()
         self._ids = itertools.count(1)
         self._closed_reason = ""
+        # Frames travel raw on loopback, where bandwidth is free and encoding is not; compressed elsewhere.
+        self.frame_format = "rgba8" if protocol.is_loopback(host) else "png"
         self.sock = socket.create_connection((host, port), timeout=timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
@@ -92,11 +100,13 @@ class Client:
 
     # ---- requests ----
 
-    def submit(self, type: str, fields: dict | None = None, payload: bytes | memoryview = b"") -> PendingReply:
-        """Send a request without waiting; the returned PendingReply completes with its reply."""
+    def submit(self, type: str, fields: dict | None = None, payload: bytes | memoryview = b"",
+               on_done: Callable[[PendingReply], None] | None = None) -> PendingReply:
+        """Send a request without waiting; the returned PendingReply completes with its reply, and then calls
+        `on_done` with itself (on the reader thread)."""
         request_id = next(self._ids)
         parts = protocol.encode_message(protocol.REQUESTS, type, request_id, fields, payload)  # validates
-        pending = PendingReply(type)
+        pending = PendingReply(type, on_done)
         with self._pending_lock:
             if self._closed_reason:
                 raise ConnectionError(self._closed_reason)
@@ -177,10 +187,12 @@ class Client:
     def stop(self) -> dict:
         return self.request("stop").fields
 
-    def submit_render(self, camera: dict, format: str = "rgba8") -> PendingReply:
+    def submit_render(self, camera: dict, format: str = "rgba8", depth: bool = False,
+                      on_done: Callable[[PendingReply], None] | None = None) -> PendingReply:
         """Ask for a frame without waiting; a newer request supersedes this one if it has not started
-        (its result() then raises RemoteError with code 'superseded'). Decode with decode_frame."""
-        return self.submit("render", {"camera": camera, "format": format})
+        (its result() then raises RemoteError with code 'superseded'). Decode with decode_frame and, with
+        `depth`, decode_depth."""
+        return self.submit("render", {"camera": camera, "format": format, "depth": depth}, on_done=on_done)
 
     def render(self, camera: dict, format: str = "rgba8", timeout: float | None = None) -> np.ndarray:
         """The (H, W, 4) uint8 frame, rows bottom-up (ready for a GPU texture; np.flipud for top-down)."""
@@ -262,6 +274,130 @@ def _outcome(message: Message) -> tuple[Message | None, Exception | None]:
 def decode_frame(reply: Message) -> np.ndarray:
     """The (H, W, 4) uint8 frame of a render reply, rows bottom-up whatever the wire format."""
     f = reply.fields
+    image = memoryview(reply.payload)[:f.get("depth_offset", len(reply.payload))]
     if f["format"] == "png":
-        return np.ascontiguousarray(protocol.decode_png(reply.payload)[::-1])
-    return protocol.image_from_wire("rgba8", reply.payload, f["width"], f["height"])
+        return np.ascontiguousarray(protocol.decode_png(bytes(image))[::-1])
+    return protocol.image_from_wire("rgba8", image, f["width"], f["height"])
+
+
+def decode_depth(reply: Message) -> np.ndarray:
+    """The (H, W) float32 depth plane of a render reply asked for with depth, rows bottom-up."""
+    f = reply.fields
+    plane = memoryview(reply.payload)[f["depth_offset"]:]
+    if len(plane) != f["width"] * f["height"] * 4:
+        raise ValueError(f"depth plane of {len(plane)} bytes does not fit a {f['width']}x{f['height']} frame")
+    return np.frombuffer(plane, dtype="<f4").reshape(f["height"], f["width"])
+
+
+def srgb_to_linear(x: np.ndarray) -> np.ndarray:
+    """Display-referred sRGB values in [0, 1] to scene-linear ones (float32), what Blender's viewport and
+    render results hold; its Standard view transform shows them as the display values again."""
+    x = np.clip(np.asarray(x, dtype=np.float32), 0.0, 1.0)
+    return np.where(x <= 0.04045, x / 12.92, ((x + 0.055) / 1.055) ** 2.4).astype(np.float32)
+
+
+_LINEAR_OF_BYTE = srgb_to_linear(np.arange(256) / 255.0)
+
+
+def texture_pixels(rgba: np.ndarray) -> np.ndarray:
+    """An (H, W, 4) uint8 frame as the flat float32 buffer a GPU texture is created from: scene-linear RGB,
+    alpha in [0, 1]."""
+    flat = rgba.reshape(-1)
+    pixels = _LINEAR_OF_BYTE[flat]
+    pixels[3::4] = flat[3::4] * np.float32(1.0 / 255.0)
+    return pixels
+
+
+@dataclass(frozen=True)
+class Frame:
+    seq: int  # a higher number was asked for later
+    tag: object  # what the asker attached to its request
+    fields: dict  # the render reply's: width, height, step, ...
+    pixels: np.ndarray  # texture_pixels of the frame, rows bottom-up
+
+
+class FrameStream:
+    """Frames for a live view. ask() never waits: its thread sends the newest camera at once (the server
+    supersedes a request still waiting behind a render) and turns the newest reply into the float buffer a
+    texture upload takes, so the viewer's thread has nothing left to do but upload it.
+
+    `client_of()` gives the connected Client or None; frames use its frame_format. `on_frame(frame)` is
+    called on the stream's thread when a frame is ready."""
+
+    def __init__(self, client_of: Callable[[], "Client | None"], on_frame: Callable[[Frame], None] | None = None):
+        self._client_of, self._on_frame = client_of, on_frame
+        self._cond = threading.Condition()
+        self._wanted: tuple[dict, object] | None = None
+        self._reply: tuple[int, object, Message] | None = None
+        self._sent = 0  # requests sent
+        self._newest = 0  # the newest request answered with a frame
+        self._closed = False
+        self.frame: Frame | None = None
+        self.error = ""  # why the last request failed; cleared by the next frame
+        self._thread = threading.Thread(target=self._run, name="splatwright-frames", daemon=True)
+        self._thread.start()
+
+    def ask(self, camera: dict, tag: object = None) -> None:
+        """Request a frame of `camera` (protocol.camera_to_wire); replaces one not sent yet."""
+        with self._cond:
+            self._wanted = (camera, tag)
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._wanted or self._reply or self._closed)
+                if self._closed:
+                    return
+                wanted, self._wanted = self._wanted, None
+                reply, self._reply = self._reply, None
+            if wanted is not None:
+                self._send(*wanted)
+            if reply is not None:
+                self._prepare(*reply)
+
+    def _send(self, camera: dict, tag: object) -> None:
+        client = self._client_of()
+        if client is None:
+            self.error = "the backend is not connected"
+            return
+        self._sent += 1
+        seq = self._sent
+        try:
+            client.submit_render(camera, client.frame_format, on_done=lambda p: self._answered(seq, tag, p))
+        except (ConnectionError, ValueError) as e:
+            self.error = str(e)
+
+    def _answered(self, seq: int, tag: object, pending: PendingReply) -> None:
+        """On the client's reader thread: keep the reply if it is the newest, for _run to prepare."""
+        try:
+            reply = pending.result(0)
+        except RemoteError as e:
+            if e.code != protocol.SUPERSEDED:
+                self.error = e.message
+            return
+        except ConnectionError as e:
+            self.error = str(e)
+            return
+        with self._cond:
+            if seq > self._newest:
+                self._newest = seq
+                self._reply = (seq, tag, reply)
+                self._cond.notify_all()
+
+    def _prepare(self, seq: int, tag: object, reply: Message) -> None:
+        try:
+            pixels = texture_pixels(decode_frame(reply))
+        except ValueError as e:
+            self.error = f"bad frame from the backend: {e}"
+            return
+        self.frame, self.error = Frame(seq, tag, reply.fields, pixels), ""
+        if self._on_frame is not None:
+            self._on_frame(self.frame)

@@ -26,13 +26,16 @@ Replies (fields; "status" = session, state, views, step, iterations, gaussians, 
 - capabilities: python, torch, numpy, protocol, device, rasterizer, cuda_available, gpu, gpu_memory_gb,
   cuda_rasterizer, cuda_rasterizer_detail
 - add_view: index, views; set_points: points; save_checkpoint: step, path; load_ply: gaussians, sh_degree
-- render: width, height, format, step, sh_degree + the frame as payload (RGBA8 or PNG)
+- render: width, height, format, step, sh_degree, background (what the frame is composited over) + the frame
+  as payload (RGBA8 or PNG); with depth: true also depth_offset, where a float32 plane of the alpha-normalised
+  view depth (rows bottom-up, DEPTH_BACKGROUND where nothing is drawn) follows the frame in the payload
 - export_ply: path, gaussians, step + the PLY file as payload
 Events ({"event": kind, ...}): "progress" (state, step, iterations, loss, psnr, gaussians, views, its_per_s,
 gpu_memory_mb; loss and psnr null until measured), "state" (status), "error" (code, message).
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import socket
@@ -61,6 +64,7 @@ RAW_IMAGE_FORMATS = {"rgb8": (3, np.dtype("u1")), "rgba8": (4, np.dtype("u1")),
 UPLOAD_FORMATS = ("png",) + tuple(RAW_IMAGE_FORMATS)
 FRAME_FORMATS = ("rgba8", "png")
 MAX_IMAGE_BYTES = MAX_IMAGE_SIDE * MAX_IMAGE_SIDE * 4 * 2
+DEPTH_BACKGROUND = 1e10  # depth of pixels the model does not cover, as Blender's Depth pass has it
 
 # Error codes of "error" messages and "error" events.
 BAD_FRAME = "bad_frame"  # the byte stream is not a frame; the connection is closed
@@ -245,7 +249,8 @@ REQUESTS: dict[str, MessageSpec] = {
     "pause": MessageSpec(),
     "resume": MessageSpec(),
     "stop": MessageSpec(),
-    "render": MessageSpec(Fields(camera=CAMERA, format=optional(Str(choices=FRAME_FORMATS), "rgba8"))),
+    "render": MessageSpec(Fields(camera=CAMERA, format=optional(Str(choices=FRAME_FORMATS), "rgba8"),
+                                 depth=optional(Bool(), False))),
     "export_ply": MessageSpec(),
     "save_checkpoint": MessageSpec(),
     "load_checkpoint": MessageSpec(),
@@ -361,6 +366,15 @@ def parse_header(data: bytes | bytearray) -> tuple[str, int, int, object]:
     except ValueError as e:
         raise ProtocolError(BAD_FRAME, f"bad header: {e}", fatal=True) from None
     return type, request_id, payload_size, header["fields"]
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: treat as reachable from elsewhere
+        return False
 
 
 # ---- cameras ----

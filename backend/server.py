@@ -7,7 +7,6 @@ neither training nor a slow client ever blocks reading the socket. The Engine (s
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import json
 import queue
 import signal
@@ -234,7 +233,7 @@ class Server:
             conn.error(message.id, protocol.REJECTED, str(e))
             return
         self.engine.submit_render(RenderJob(
-            camera, message.fields["format"],
+            camera, message.fields["format"], message.fields["depth"],
             done=lambda fields, payload: conn.reply(message.id, fields, payload),
             fail=lambda code, text: conn.error(message.id, code, text)))
 
@@ -256,15 +255,6 @@ class Server:
         return self.engine.set_points(xyz, rgb), b""
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name: treat as reachable from elsewhere
-        return False
-
-
 def read_token(path: str | None) -> str:
     if path is None:
         return ""
@@ -281,7 +271,7 @@ def read_token(path: str | None) -> str:
 
 def serve(args) -> int:
     token = read_token(args.token_file)
-    if not is_loopback(args.host) and not token:
+    if not protocol.is_loopback(args.host) and not token:
         raise SplatwrightError(f"--host {args.host} is reachable from other machines; refusing to serve without "
                                "a token: pass --token-file with a secret, or serve on 127.0.0.1")
     device, rasterizer = resolve_device(args.device)

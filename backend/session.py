@@ -173,6 +173,7 @@ class Session:
 class RenderJob:
     camera: Camera
     format: str
+    depth: bool  # also send the depth plane
     done: Callable[[dict, bytes | memoryview], None]  # reply fields and payload
     fail: Callable[[str, str], None]  # error code and message
     seq: int = 0
@@ -511,9 +512,9 @@ class Engine:
     def _render_loop(self) -> None:
         while (job := self.renders.take()) is not None:
             try:
-                fields, frame = self._draw(job.camera, job.format)
+                fields, frame = self._draw(job.camera, job.format, job.depth)
                 self.renders.settle(job)  # the frame is queued on the GPU: training may go on
-                job.done(fields, self._encode(frame, job.format))
+                job.done(fields, self._encode(frame, job.format, fields))
             except SplatwrightError as e:
                 job.fail(protocol.REJECTED, str(e))
             except torch.cuda.OutOfMemoryError:
@@ -526,31 +527,41 @@ class Engine:
             finally:
                 self.renders.settle(job)
 
-    def _draw(self, camera: Camera, format: str) -> tuple[dict, tuple[torch.Tensor, torch.cuda.Event | None]]:
+    def _draw(self, camera: Camera, format: str,
+              depth: bool) -> tuple[dict, tuple[list[torch.Tensor], torch.cuda.Event | None]]:
         """Queue the frame's rendering and its copy to the host while holding the model lock only that long;
-        GPU stream order keeps the next training step's updates after this frame's reads."""
+        GPU stream order keeps the next training step's updates after this frame's reads. The planes: RGBA8,
+        then with `depth` the alpha-normalised view depth (float32)."""
         with self.model_lock, torch.no_grad():
             g, sh_degree, background, step = self._shown_model()
             out = render(g, camera, sh_degree, background, self.rasterizer)
             rgba = (torch.cat([out.image, out.alpha[..., None]], dim=-1).clamp(0, 1) * 255 + 0.5).to(torch.uint8)
+            planes = [rgba]
+            if depth:
+                z = torch.where(out.alpha > 0, out.depth / out.alpha.clamp_min(1e-12), protocol.DEPTH_BACKGROUND)
+                planes.append(z.to(torch.float32))
             copied = None
             if rgba.is_cuda:
-                rgba = rgba.to("cpu", non_blocking=True)
+                planes = [p.to("cpu", non_blocking=True) for p in planes]
                 copied = torch.cuda.Event()
                 copied.record()
         fields = {"width": camera.width, "height": camera.height, "format": format, "step": step,
-                  "sh_degree": sh_degree}
-        return fields, (rgba, copied)
+                  "sh_degree": sh_degree, "background": [float(c) for c in background]}
+        return fields, (planes, copied)
 
     @staticmethod
-    def _encode(frame: tuple[torch.Tensor, torch.cuda.Event | None], format: str) -> bytes | memoryview:
-        rgba, copied = frame
+    def _encode(frame: tuple[list[torch.Tensor], torch.cuda.Event | None], format: str,
+                fields: dict) -> bytes | memoryview:
+        """The payload; with a depth plane it follows the image and `fields` gets its offset."""
+        planes, copied = frame
         if copied is not None:
             copied.synchronize()
-        rgba = rgba.numpy()
-        if format == "png":
-            return protocol.encode_png(rgba)
-        return protocol.image_to_wire(rgba[::-1])[1]
+        rgba = planes[0].numpy()
+        image = protocol.encode_png(rgba) if format == "png" else protocol.image_to_wire(rgba[::-1])[1]
+        if len(planes) == 1:
+            return image
+        fields["depth_offset"] = len(image)
+        return bytes(image) + np.ascontiguousarray(planes[1].numpy()[::-1], dtype="<f4").tobytes()
 
     def export_ply(self) -> tuple[dict, bytes]:
         with self.model_lock:

@@ -11,9 +11,9 @@ bl_info = {
     "category": "Render",
 }
 
-from . import live, operators, panels, preferences, properties  # noqa: E402
+from . import engine, live, operators, panels, preferences, properties  # noqa: E402
 
-_MODULES = (live, preferences, properties, operators, panels)
+_MODULES = (live, preferences, properties, operators, panels, engine)
 
 
 def register():

@@ -46,7 +46,7 @@ class Capture:
                 raise SplatwrightError("no views to capture with these settings")
             self._override_render_settings()
             if backend is not None:
-                name = self.session
+                name = s.session = self.session
                 backend.call("open_session", lambda c: c.open_session(name), self._status)
                 if s.initial_points:
                     xyz, rgb = surface_points(context, s.point_count, s.orbit_seed)

@@ -35,6 +35,9 @@ class SPLATWRIGHT_PG_settings(bpy.types.PropertyGroup):
     initial_points: BoolProperty(name="Initial Points from Meshes", default=True,
                                  description="Start the Gaussians on the surfaces of the visible meshes, in their colours")
     point_count: IntProperty(name="Points", default=20000, min=100, max=5_000_000)
+    session: StringProperty(name="Session", default="",
+                            description="The backend session of the last capture; final renders reopen it "
+                                        "when the backend shows nothing yet")
 
     # Training
     schedule: EnumProperty(name="Schedule", default="QUALITY", items=[

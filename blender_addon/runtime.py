@@ -2,7 +2,8 @@
 
 One worker thread runs jobs (every request, start and stop) one after another; a second thread per connection
 forwards the server's events. Both only post Outcomes to a queue. The main thread submits jobs and, from a
-bpy.app.timers poller, calls Backend.drain(), which alone updates the state the panels show.
+bpy.app.timers poller, calls Backend.drain(), which alone updates the state the panels show. Live views have
+their own FrameStream threads (client.py) on the same connection, so a slow job never holds a frame back.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import tempfile
 import threading
 import time
 import traceback
+from concurrent.futures import Future
 from collections import Counter, deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,7 +159,7 @@ class Backend:
     def __init__(self):
         self._jobs: queue.Queue = queue.Queue()
         self._outcomes: queue.Queue[Outcome] = queue.Queue()
-        self._client: wire.Client | None = None  # worker thread only
+        self._client: wire.Client | None = None  # set by the worker; frame streams read it
         self._client_is_local = False  # worker thread only
         self.server: LocalServer | None = None  # set by the worker; the main thread may kill it
         # State for the UI, read and written on the main thread only:
@@ -168,6 +170,8 @@ class Backend:
         self.progress: dict = {}  # the latest progress event
         self.in_flight: Counter = Counter()  # job label -> count
         self.last_error = ""
+        self.revision = 0  # counts news from the backend that may have changed the model shown
+        self._streams: list[wire.FrameStream] = []
         self._generation = 0  # connection number; events of older connections are ignored
         self._closing = False  # a stop or kill was asked for, so a closed connection is not 'lost'
         self._worker = threading.Thread(target=self._work, name="splatwright-worker", daemon=True)
@@ -182,6 +186,47 @@ class Backend:
                 raise SplatwrightError("the backend is not connected; start it in the Splats panel")
             return fn(self._client)
         self._submit(label, job, then)
+
+    def wait(self, label: str, fn: Callable[[wire.Client], object], timeout: float,
+             cancelled: Callable[[], bool]) -> object:
+        """Run fn(client) on the worker after the jobs before it and return its value; for a render thread,
+        never the UI's main thread. Raises what fn raised, TimeoutError, or InterruptedError once
+        `cancelled()` says so (polled 10 times a second)."""
+        future = Future()
+
+        def job():
+            if self._client is None:
+                error = SplatwrightError("the backend is not connected; start it in the Splats panel")
+                future.set_exception(error)
+                raise error
+            try:
+                value = fn(self._client)
+            except BaseException as e:
+                future.set_exception(e)
+                raise
+            future.set_result(value)
+            return value
+        self._submit(label, job)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return future.result(0.1)
+            except TimeoutError:
+                if cancelled():
+                    raise InterruptedError(f"{label} cancelled") from None
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no answer to {label} within {timeout:.0f} s") from None
+
+    def frame_stream(self) -> wire.FrameStream:
+        """Frames of a live view over this backend's connection (whichever is current)."""
+        stream = wire.FrameStream(lambda: self._client)
+        self._streams.append(stream)
+        return stream
+
+    def close_stream(self, stream: wire.FrameStream) -> None:
+        stream.close()
+        if stream in self._streams:
+            self._streams.remove(stream)
 
     def connect(self, settings: ConnectSettings) -> None:
         self.connection, self.detail, self._closing = "connecting", "", False
@@ -204,6 +249,8 @@ class Backend:
     def close(self) -> None:
         """At unregister or exit: end the worker, ask a local backend to stop (SIGTERM: it checkpoints)."""
         self._jobs.put(None)
+        for stream in self._streams:
+            stream.close()
         if self.server is not None and self.server.alive:
             self.server.proc.terminate()
         client = self._client
@@ -226,6 +273,8 @@ class Backend:
             except queue.Empty:
                 return changed, reports
             changed = True
+            if out.kind in ("done", "event"):
+                self.revision += 1
             if out.kind in ("done", "error"):
                 self.in_flight[out.label] -= 1
                 if self.in_flight[out.label] <= 0:

@@ -16,10 +16,11 @@ import pytest
 
 import build_addon
 from backend.data import load_split
-from backend.ply import read_ply
+from backend.ply import read_ply, write_ply
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIO = REPO / "tests" / "blender_scenario.py"
+ENGINE_SCENARIO = REPO / "tests" / "blender_engine_scenario.py"
 DONUT = Path("/work/shared/data/splats/donut_sh0.ply")
 MAIN_THREAD_BUDGET = 0.05  # seconds any timer callback or operator call may take while training runs
 BLENDER_EXT_CLI = "4.5/scripts/addons_core/bl_pkg/cli/blender_ext.py"
@@ -56,20 +57,26 @@ def test_blender_accepts_the_extension_manifest(addon_zip):
     assert run.returncode == 0 and "Success" in run.stdout, run.stdout + run.stderr
 
 
-@pytest.fixture(scope="module")
-def scenario(addon_zip, tmp_path_factory) -> dict:
+def run_scenario(script: Path, home: Path, *args: str, timeout: float = 240) -> dict:
+    """Run a Blender scenario script with the bpy module in a subprocess with its own user folders; its
+    RESULT line."""
     if importlib.util.find_spec("bpy") is None:
         pytest.skip("the bpy module (pip install bpy==4.5.*) is not installed")
-    home = tmp_path_factory.mktemp("blender")
     env = {**os.environ, "BLENDER_USER_SCRIPTS": str(home / "scripts"), "BLENDER_USER_CONFIG": str(home / "config"),
            "BLENDER_USER_EXTENSIONS": str(home / "extensions")}
-    run = subprocess.run([sys.executable, str(SCENARIO), "--zip", str(addon_zip), "--out", str(home / "out")],
-                         capture_output=True, text=True, timeout=240, env=env, cwd=home)
+    run = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=timeout,
+                         env=env, cwd=home)
     lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, f"the scenario printed no result (exit code {run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
     result = json.loads(lines[-1][len("RESULT "):])
     assert "failure" not in result, result.get("traceback")
     return result
+
+
+@pytest.fixture(scope="module")
+def scenario(addon_zip, tmp_path_factory) -> dict:
+    home = tmp_path_factory.mktemp("blender")
+    return run_scenario(SCENARIO, home, "--zip", str(addon_zip), "--out", str(home / "out"))
 
 
 def test_backend_starts_with_its_capabilities(scenario):
@@ -167,3 +174,43 @@ def test_remote_backend_with_token(scenario):
     assert "wrong token" in remote["refused"]
     assert remote["kill_blocked"] == "A remote backend can only be stopped"
     assert remote["alive_after_stop"]
+
+
+@pytest.fixture(scope="module")
+def f12(addon_zip, tmp_path_factory) -> dict:
+    """An F12 render with the Splatwright engine of a generated model the add-on loaded into a CPU backend."""
+    from conftest import random_gaussians
+    home = tmp_path_factory.mktemp("blender-engine")
+    model = random_gaussians(400, seed=3, sh_degree=1)
+    model.means *= 1.5
+    write_ply(home / "model.ply", model)
+    result = run_scenario(ENGINE_SCENARIO, home, "--zip", str(addon_zip), "--ply", str(home / "model.ply"),
+                          "--out", str(home / "out"), timeout=180)
+    return {**result, "model": model}
+
+
+def test_f12_render_is_the_backends_frame_with_a_depth_pass(f12):
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from backend.cameras import Camera
+    from backend.metrics import psnr
+    from backend.render import render
+    c = f12["camera"]
+    cam = Camera(np.array(c["c2w"]), np.array(c["K"]), c["width"], c["height"])
+    assert (cam.width, cam.height) == (80, 60)  # the scene's output size
+    with torch.no_grad():
+        expected = render(f12["model"], cam, 1, (1.0, 1.0, 1.0))
+    got = np.asarray(Image.open(f12["png"]), dtype=np.float32) / 255.0
+    assert got.shape == (60, 80, 4) and got[..., 3].min() == 1.0  # opaque film: composited over white
+    assert psnr(torch.from_numpy(got[..., :3]), expected.image.clamp(0, 1)) >= 40.0
+    depth, alpha = np.load(f12["depth"]), expected.alpha.numpy()
+    view_depth = (expected.depth / expected.alpha.clamp_min(1e-12)).numpy()
+    covered = alpha > 0.5
+    assert covered.mean() > 0.1 and (alpha == 0).any()
+    assert np.allclose(depth[covered], view_depth[covered], rtol=1e-4)
+    distance = np.linalg.norm(cam.position)  # the model sits around the origin, within about 2 of it
+    assert distance - 2.5 < depth[covered].min() and depth[covered].max() < distance + 2.5
+    assert np.all(depth[alpha == 0] == 1e10)  # the background, as Blender's Depth pass has it
+    assert f12["errors"] == ""

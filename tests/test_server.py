@@ -23,7 +23,7 @@ import torch
 from PIL import Image
 
 from backend import protocol
-from backend.client import Client, RemoteError
+from backend.client import Client, RemoteError, decode_depth, decode_frame
 from backend.ply import read_ply, write_ply
 from backend.protocol import REQUESTS, SERVER_MESSAGES
 from backend.render import render
@@ -191,6 +191,19 @@ def test_session_end_to_end(tmp_path, start_server, scene):
     assert len(exported) == paused["gaussians"]
     expected = expected_frame(exported, cameras[4], reply.fields["sh_degree"], (1.0, 1.0, 1.0))
     assert np.abs(raw.astype(int) - expected).max() <= 1
+    # With depth: the same frame, then the alpha-normalised view depth, rows bottom-up like the frame.
+    for format in ("rgba8", "png"):
+        reply = client.submit_render(wire(cameras[4]), format, depth=True).result(30)
+        assert reply.fields["background"] == [1.0, 1.0, 1.0]
+        assert np.array_equal(decode_frame(reply), raw)
+        with torch.no_grad():
+            out = render(exported, cameras[4], reply.fields["sh_degree"], (1.0, 1.0, 1.0))
+        alpha = out.alpha.numpy()[::-1]
+        depth = decode_depth(reply)
+        assert depth.shape == (SIZE, SIZE) and (alpha > 0.5).any() and (alpha == 0).any()
+        view_depth = (out.depth / out.alpha.clamp_min(1e-12)).numpy()[::-1]
+        assert np.allclose(depth[alpha > 0], view_depth[alpha > 0], rtol=1e-4)
+        assert np.all(depth[alpha == 0] == protocol.DEPTH_BACKGROUND)
 
     # A newer render request supersedes one that is still queued behind a slow render.
     big = cameras[0].scaled(24)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import importlib
 
-BENCHMARKS = ("raster", "train", "serve", "profile")
+BENCHMARKS = ("raster", "train", "serve", "profile", "viewport")
 
 
 def main(argv: list[str]) -> int:

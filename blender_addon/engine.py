@@ -1,0 +1,238 @@
+"""The Splatwright render engine. With viewport shading Rendered it shows the model live from the viewport's
+camera; F12, animation renders and `blender -b file.blend -a` render it through the scene camera with a
+Depth pass. The backend draws every pixel; this module asks for frames and puts them on screen or into the
+render result."""
+from __future__ import annotations
+
+import time
+import weakref
+from collections import deque
+
+import blf
+import bpy
+import gpu
+import numpy as np
+from gpu_extras.presets import draw_texture_2d
+
+from . import live
+from .core import protocol
+from .core.cameras import Camera, from_blender_view
+from .core.client import RemoteError, decode_depth, decode_frame, srgb_to_linear, texture_pixels
+from .core.errors import SplatwrightError
+from .operators import nothing_to_show
+from .preferences import prefs
+from .scene_io import camera_of
+
+MOVING_SCALE = 0.5  # frame size while the view moves
+REST_SECONDS = 0.2  # a view that stayed put this long gets full-size frames
+WATCH_INTERVAL = 0.01  # seconds between checks for a frame to show
+RENDER_TIMEOUT = 600.0
+MESSAGE_COLOR = (1.0, 1.0, 1.0, 1.0)
+
+# Main-thread seconds of each viewport redraw and of each frame upload in it, newest last (tests read them).
+draw_seconds: deque[float] = deque(maxlen=500)
+upload_seconds: deque[float] = deque(maxlen=500)
+_views: weakref.WeakSet = weakref.WeakSet()  # the LiveView of every viewport in Rendered shading
+
+
+class LiveView:
+    """One viewport's frames: what was asked for, the newest frame as a GPU texture."""
+
+    def __init__(self):
+        self.stream = live.backend.frame_stream()
+        self.view_key = None  # the camera of the view as last drawn
+        self.moved_at = 0.0
+        self.asked = None  # (view key, scale, backend revision) of the newest request
+        self.texture = None
+        self.texture_seq = 0
+
+    def update(self, cam: Camera) -> None:
+        """Ask for a frame when the view, the wanted size or the model changed since the last request."""
+        now = time.monotonic()
+        key = (cam.c2w.tobytes(), cam.K.tobytes(), cam.width, cam.height)
+        if key != self.view_key:
+            self.view_key, self.moved_at = key, now
+        scale = 1.0 if now - self.moved_at >= REST_SECONDS else MOVING_SCALE
+        want = (key, scale, live.backend.revision)
+        if want != self.asked:
+            self.asked = want
+            shown = cam.scaled(scale)
+            self.stream.ask(protocol.camera_to_wire(shown.c2w, shown.K, shown.width, shown.height))
+
+    def stale(self) -> bool:
+        """A newer frame waits to be shown, or the view has rested long enough for a full-size one."""
+        frame = self.stream.frame
+        if frame is not None and frame.seq != self.texture_seq:
+            return True
+        return self.asked is not None and self.asked[1] < 1.0 and time.monotonic() - self.moved_at >= REST_SECONDS
+
+    def texture_of_newest(self):
+        """The newest frame as a texture, uploaded here when it is new: the stream's thread already made
+        the float buffer, so this is one copy."""
+        frame = self.stream.frame
+        if frame is not None and frame.seq != self.texture_seq:
+            start = time.perf_counter()
+            self.texture = frame_texture(frame.pixels, frame.fields["width"], frame.fields["height"])
+            self.texture_seq = frame.seq
+            upload_seconds.append(time.perf_counter() - start)
+        return self.texture
+
+    def close(self) -> None:
+        if live.backend is not None:
+            live.backend.close_stream(self.stream)
+
+
+def frame_texture(pixels: np.ndarray, width: int, height: int):
+    """A GPU texture of a float32 RGBA buffer (client.texture_pixels): float32 as it is, so the driver only
+    copies it."""
+    buffer = gpu.types.Buffer("FLOAT", len(pixels), pixels)  # wraps the array's memory, no copy
+    return gpu.types.GPUTexture((width, height), format="RGBA32F", data=buffer)
+
+
+def _watch() -> float | None:
+    """Timer: redraw the viewports when a frame arrived or a resting view is due a full-size one."""
+    if any(view.stale() for view in list(_views)):
+        live.redraw()
+    return WATCH_INTERVAL if _views else None
+
+
+def draw_message(region, text: str) -> None:
+    size = 14 * bpy.context.preferences.system.ui_scale
+    if bpy.app.version >= (4, 0, 0):
+        blf.size(0, size)
+    else:
+        blf.size(0, size, 72)  # Blender 3.x still takes a DPI
+    blf.color(0, *MESSAGE_COLOR)
+    blf.position(0, 20, region.height - 40, 0)
+    blf.draw(0, text)
+
+
+class SPLATWRIGHT_RE_engine(bpy.types.RenderEngine):
+    bl_idname = "SPLATWRIGHT"
+    bl_label = "Splatwright"
+    bl_use_preview = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.view: LiveView | None = None
+
+    def __del__(self):
+        view = getattr(self, "view", None)
+        if view is not None:
+            view.close()
+
+    # ---- viewport ----
+
+    def view_update(self, context, depsgraph):
+        pass  # Blender uses an engine in the viewport only if it has both view_update and view_draw
+
+    def view_draw(self, context, depsgraph):
+        start = time.perf_counter()
+        self.draw_view(context)
+        draw_seconds.append(time.perf_counter() - start)
+
+    def draw_view(self, context) -> None:
+        region, rv3d = context.region, context.region_data
+        try:
+            cam = from_blender_view(np.array(rv3d.view_matrix), np.array(rv3d.window_matrix),
+                                    region.width, region.height)
+        except SplatwrightError as e:
+            draw_message(region, "Splatwright: " + str(e).split(";")[0] + " (numpad 5 for perspective)")
+            return
+        reason = nothing_to_show()
+        if reason:
+            draw_message(region, f"Splatwright: {reason}")
+            return
+        if self.view is None:
+            self.view = LiveView()
+            _views.add(self.view)
+            if not bpy.app.timers.is_registered(_watch):
+                bpy.app.timers.register(_watch, first_interval=WATCH_INTERVAL)
+        self.view.update(cam)
+        texture = self.view.texture_of_newest()
+        if texture is not None:
+            gpu.state.blend_set("NONE")  # the frame is already composited over the session's background
+            draw_texture_2d(texture, (0, 0), region.width, region.height)
+        if self.view.stream.error:
+            draw_message(region, f"Splatwright: {self.view.stream.error}")
+
+    # ---- final renders ----
+
+    def update_render_passes(self, scene=None, renderlayer=None):
+        self.register_pass(scene, renderlayer, "Combined", 4, "RGBA", "COLOR")
+        if renderlayer.use_pass_z:
+            self.register_pass(scene, renderlayer, "Depth", 1, "Z", "VALUE")
+
+    def render(self, depsgraph):
+        scene = depsgraph.scene
+        try:
+            reply = self.fetch(scene)
+        except InterruptedError:
+            return
+        except (SplatwrightError, RemoteError, TimeoutError, OSError) as e:
+            self.report({"ERROR"}, f"Splatwright: {e}")
+            return
+        width, height = reply.fields["width"], reply.fields["height"]
+        result = self.begin_result(0, 0, width, height)
+        layer = result.layers[0]
+        combined = combined_pass(decode_frame(reply), reply.fields["background"], scene.render.film_transparent)
+        layer.passes["Combined"].rect.foreach_set(combined)
+        depth = layer.passes.get("Depth")
+        if depth is not None:
+            depth.rect.foreach_set(decode_depth(reply).ravel())
+        self.end_result(result)
+
+    def fetch(self, scene):
+        """The backend's frame and depth of the scene camera at the output size."""
+        if scene.camera is None:
+            raise SplatwrightError("the scene has no camera to render through")
+        cam = camera_of(scene.camera, scene)
+        wire_camera = protocol.camera_to_wire(cam.c2w, cam.K, cam.width, cam.height)
+        backend, session = live.backend, scene.splatwright.session
+        if bpy.app.background and backend.connection == "disconnected":  # nobody pressed Start: -b -a
+            backend.connect(prefs(bpy.context).connect_settings())
+
+        def render(client):
+            if not client.status()["gaussians"] and session:  # a fresh backend: show the scene's session
+                client.open_session(session, create=False)
+                client.load_checkpoint()
+            return client.submit_render(wire_camera, client.frame_format, depth=True).result(RENDER_TIMEOUT)
+        self.update_stats("Splatwright", f"rendering {cam.width}x{cam.height} on the backend")
+        return backend.wait("render", render, RENDER_TIMEOUT, self.test_break)
+
+
+def combined_pass(rgba: np.ndarray, background, transparent: bool) -> np.ndarray:
+    """The Combined pass (H * W * 4,) float32 of a bottom-up RGBA8 frame: scene-linear RGB, which the
+    Standard view transform shows as the frame's display values. With a transparent film the background the
+    frame was composited over is taken out again and RGB is premultiplied, as Blender's engines give it."""
+    pixels = texture_pixels(rgba).reshape(-1, 4)
+    if not transparent:
+        pixels[:, 3] = 1.0
+        return pixels.reshape(-1)
+    alpha = pixels[:, 3:]
+    display = rgba.reshape(-1, 4)[:, :3] / np.float32(255.0)
+    straight = (display - np.asarray(background, np.float32) * (1.0 - alpha)) / np.maximum(alpha, 1e-6)
+    pixels[:, :3] = srgb_to_linear(straight) * alpha
+    return pixels.reshape(-1)
+
+
+def compatible_panels():
+    """The built-in panels shown for Blender's own engines that make sense here (output size, format, passes)."""
+    return [panel for panel in bpy.types.Panel.__subclasses__()
+            if "BLENDER_RENDER" in getattr(panel, "COMPAT_ENGINES", ())]
+
+
+def register():
+    bpy.utils.register_class(SPLATWRIGHT_RE_engine)
+    for panel in compatible_panels():
+        panel.COMPAT_ENGINES.add(SPLATWRIGHT_RE_engine.bl_idname)
+
+
+def unregister():
+    for panel in compatible_panels():
+        panel.COMPAT_ENGINES.discard(SPLATWRIGHT_RE_engine.bl_idname)
+    if bpy.app.timers.is_registered(_watch):
+        bpy.app.timers.unregister(_watch)
+    for view in list(_views):
+        view.close()
+    bpy.utils.unregister_class(SPLATWRIGHT_RE_engine)

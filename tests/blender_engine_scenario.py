@@ -1,0 +1,93 @@
+"""The render engine's final render in real Blender (the bpy module): install the built zip, start a CPU
+backend through the add-on, view a PLY, and render F12 with the Splatwright engine, Combined to a PNG and the
+Depth pass through the compositor's Viewer node. Prints `RESULT <json>` for pytest.
+
+    python tests/blender_engine_scenario.py --zip dist/splatwright-X.zip --ply model.ply --out DIR
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import bpy
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from blender_scenario import addon, build_scene, op, wait_for  # noqa: E402  (also catches the add-on's timers)
+
+SIZE = (80, 60)
+
+
+def depth_to_file(scene, folder: Path) -> None:
+    """Render Layers' Depth into a float EXR through the compositor's File Output node."""
+    scene.use_nodes = True
+    tree = scene.node_tree
+    tree.nodes.clear()
+    layers = tree.nodes.new("CompositorNodeRLayers")
+    output = tree.nodes.new("CompositorNodeOutputFile")
+    output.base_path = str(folder)
+    output.format.file_format, output.format.color_depth, output.format.color_mode = "OPEN_EXR", "32", "RGB"
+    tree.links.new(layers.outputs["Depth"], output.inputs[0])
+    scene.render.use_compositing = True
+
+
+def run(zip_path: Path, ply: Path, out: Path) -> dict:
+    build_scene()
+    bpy.ops.preferences.addon_install(filepath=str(zip_path), overwrite=True)
+    bpy.ops.preferences.addon_enable(module="splatwright")
+    live = addon().live
+    prefs = bpy.context.preferences.addons["splatwright"].preferences
+    prefs.python, prefs.workdir = sys.executable, str(out / "sessions")
+    op("backend_start")
+    wait_for(lambda: live.backend.connection == "connected", "backend start", 120)
+    op("load_ply", filepath=str(ply))
+    wait_for(lambda: live.backend.status.get("gaussians") and not live.backend.in_flight, "load PLY")
+
+    scene = bpy.context.scene
+    scene.render.engine = "SPLATWRIGHT"
+    scene.render.resolution_x, scene.render.resolution_y = SIZE
+    scene.render.image_settings.file_format = "PNG"
+    scene.render.image_settings.color_mode = "RGBA"
+    scene.view_settings.view_transform = "Standard"
+    scene.view_layers[0].use_pass_z = True
+    depth_to_file(scene, out / "depth")
+    scene.render.filepath = str(out / "f12.png")
+    start = time.perf_counter()
+    bpy.ops.render.render(write_still=True)
+    seconds = time.perf_counter() - start
+    exr = bpy.data.images.load(str(next((out / "depth").glob("*.exr"))))
+    pixels = np.empty(exr.size[0] * exr.size[1] * 4, np.float32)
+    exr.pixels.foreach_get(pixels)
+    np.save(out / "depth.npy", pixels.reshape(exr.size[1], exr.size[0], 4)[::-1, :, 0])  # top-down
+    cam = addon().scene_io.camera_of(scene.camera, scene)
+    result = {"png": str(out / "f12.png"), "depth": str(out / "depth.npy"), "seconds": seconds,
+              "camera": {"c2w": cam.c2w.tolist(), "K": cam.K.tolist(), "width": cam.width, "height": cam.height},
+              "errors": live.backend.last_error}
+    op("backend_stop")
+    wait_for(lambda: live.backend.connection == "disconnected" and not live.backend.in_flight, "stop")
+    bpy.ops.preferences.addon_disable(module="splatwright")
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--zip", required=True)
+    parser.add_argument("--ply", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        result = run(Path(args.zip), Path(args.ply), out)
+    except Exception as e:
+        result = {"failure": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+    print("RESULT " + json.dumps(result, default=str), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""The live viewport in a real Blender window (Debian's Blender 3.4 under Xvfb, run by test_viewport_gui.py):
+install the built zip as a legacy add-on, start a CPU backend through it, load a PLY, switch the 3D viewport to
+Rendered with the Splatwright engine, wait for a full-size frame and take a screenshot. Writes result.json into
+the output folder for pytest, then quits.
+
+    blender --factory-startup -p 0 0 1280 800 --python tests/blender_gui_scenario.py -- --zip Z --ply P --out DIR
+
+Blender's event loop runs the whole time; the scenario is a generator stepped by a timer, so it never blocks it.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import bpy
+import numpy as np
+from mathutils import Euler, Vector
+
+FRAME_TIMEOUT = 120.0
+UPLOAD_SIZE = (1920, 1080)
+
+
+def arguments() -> dict:
+    argv = sys.argv[sys.argv.index("--") + 1:]
+    return {argv[i].lstrip("-"): argv[i + 1] for i in range(0, len(argv), 2)}
+
+
+def view3d():
+    window = bpy.context.window_manager.windows[0]
+    area = next(a for a in window.screen.areas if a.type == "VIEW_3D")
+    region = next(r for r in area.regions if r.type == "WINDOW")
+    return window, area, region, area.spaces.active
+
+
+def until(condition, what: str, timeout: float):
+    """Yield (let Blender run) until condition() holds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout:.0f} s")
+        yield 0.05
+
+
+def scenario(args: dict, result: dict):
+    out = Path(args["out"])
+    bpy.ops.preferences.addon_install(filepath=args["zip"], overwrite=True)
+    bpy.ops.preferences.addon_enable(module="splatwright")
+    addon = sys.modules["splatwright"]
+    backend = addon.live.backend
+    prefs = bpy.context.preferences.addons["splatwright"].preferences
+    prefs.workdir = str(out / "sessions")
+    bpy.ops.splatwright.backend_start()
+    yield from until(lambda: backend.connection == "connected", "backend start", 120)
+    bpy.ops.splatwright.load_ply(filepath=args["ply"])
+    yield from until(lambda: backend.status.get("gaussians") and not backend.in_flight, "load PLY", 60)
+
+    scene = bpy.context.scene
+    scene.render.engine = "SPLATWRIGHT"
+    scene.view_settings.view_transform = "Standard"  # display values as the frames hold them
+    window, area, region, space = view3d()
+    space.overlay.show_overlays = False  # nothing but the engine's frame in the region
+    space.show_gizmo = False
+    for name in ("toolbar", "ui", "header", "tool_header"):
+        setattr(space, f"show_region_{name}", False)
+    rv3d = space.region_3d
+    rv3d.view_perspective = "PERSP"
+    rv3d.view_location = Vector((0.0, 0.0, 0.0))
+    rv3d.view_rotation = Euler((1.1, 0.0, 0.7)).to_quaternion()
+    rv3d.view_distance = 6.0
+    space.shading.type = "RENDERED"
+    area.tag_redraw()
+
+    engine = addon.engine
+
+    def full_frame_shown() -> bool:
+        for view in list(engine._views):
+            frame = view.stream.frame
+            if frame is not None and view.texture_seq == frame.seq and frame.fields["width"] == region.width \
+                    and frame.fields["height"] == region.height:
+                return True
+        return False
+    start = time.monotonic()
+    yield from until(full_frame_shown, "a full-size frame in the viewport", FRAME_TIMEOUT)
+    result["first_full_frame_seconds"] = time.monotonic() - start
+    area.tag_redraw()
+    yield 0.5  # one more redraw with nothing new: the screenshot shows a settled viewport
+
+    # The camera view_draw saw, from the same matrices, for pytest to render through the backend.
+    cam = addon.core.cameras.from_blender_view(np.array(rv3d.view_matrix), np.array(rv3d.window_matrix),
+                                               region.width, region.height)
+    shot = out / "viewport.png"
+    with bpy.context.temp_override(window=window, area=area, region=region):
+        bpy.ops.screen.screenshot(filepath=str(shot), check_existing=False)
+    result.update({"screenshot": str(shot), "region": [region.x, region.y, region.width, region.height],
+                   "window": [window.width, window.height],
+                   "camera": {"c2w": cam.c2w.tolist(), "K": cam.K.tolist(), "width": cam.width,
+                              "height": cam.height},
+                   "draw_seconds": list(engine.draw_seconds), "upload_seconds": list(engine.upload_seconds)})
+
+    # The upload the main thread does per frame, at 1920x1080, from the buffer the stream thread prepares.
+    pixels = addon.core.client.texture_pixels(np.zeros((UPLOAD_SIZE[1], UPLOAD_SIZE[0], 4), np.uint8))
+    timings = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        engine.frame_texture(pixels, *UPLOAD_SIZE)
+        timings.append(time.perf_counter() - t0)
+    result["upload_1080p_seconds"] = timings
+
+    space.shading.type = "SOLID"
+    bpy.ops.splatwright.backend_stop()
+    yield from until(lambda: backend.connection == "disconnected" and not backend.in_flight, "backend stop", 60)
+    result["errors"] = backend.last_error
+
+
+def main() -> None:
+    bpy.context.preferences.view.show_splash = False  # read before the splash would open, after this script
+    args = arguments()
+    result: dict = {}
+    steps = scenario(args, result)
+
+    def step():
+        try:
+            return next(steps)
+        except StopIteration:
+            pass
+        except Exception as e:
+            result.update(failure=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
+        Path(args["out"], "result.json").write_text(json.dumps(result, default=str))
+        bpy.ops.wm.quit_blender()
+        return None
+    bpy.app.timers.register(step, first_interval=0.5)
+
+
+main()
