@@ -299,9 +299,14 @@ def srgb_to_linear(x: np.ndarray) -> np.ndarray:
 _LINEAR_OF_BYTE = srgb_to_linear(np.arange(256) / 255.0)
 
 
-def texture_pixels(rgba: np.ndarray) -> np.ndarray:
-    """An (H, W, 4) uint8 frame as the flat float32 buffer a GPU texture is created from: scene-linear RGB,
-    alpha in [0, 1]."""
+def display_pixels(rgba: np.ndarray) -> np.ndarray:
+    """An (H, W, 4) uint8 frame as flat float32 in [0, 1], still sRGB-encoded: what an sRGB texture takes
+    (one multiply per value; the GPU decodes to scene-linear when it samples)."""
+    return np.multiply(rgba.reshape(-1), np.float32(1.0 / 255.0), dtype=np.float32)
+
+
+def linear_pixels(rgba: np.ndarray) -> np.ndarray:
+    """An (H, W, 4) uint8 frame as flat float32 scene-linear RGB with alpha in [0, 1] (render results)."""
     flat = rgba.reshape(-1)
     pixels = _LINEAR_OF_BYTE[flat]
     pixels[3::4] = flat[3::4] * np.float32(1.0 / 255.0)
@@ -313,7 +318,7 @@ class Frame:
     seq: int  # a higher number was asked for later
     tag: object  # what the asker attached to its request
     fields: dict  # the render reply's: width, height, step, ...
-    pixels: np.ndarray  # texture_pixels of the frame, rows bottom-up
+    pixels: np.ndarray  # display_pixels of the frame, rows bottom-up
 
 
 class FrameStream:
@@ -394,7 +399,7 @@ class FrameStream:
 
     def _prepare(self, seq: int, tag: object, reply: Message) -> None:
         try:
-            pixels = texture_pixels(decode_frame(reply))
+            pixels = display_pixels(decode_frame(reply))
         except ValueError as e:
             self.error = f"bad frame from the backend: {e}"
             return

@@ -17,7 +17,7 @@ from gpu_extras.presets import draw_texture_2d
 from . import live
 from .core import protocol
 from .core.cameras import Camera, from_blender_view
-from .core.client import RemoteError, decode_depth, decode_frame, srgb_to_linear, texture_pixels
+from .core.client import RemoteError, decode_depth, decode_frame, linear_pixels, srgb_to_linear
 from .core.errors import SplatwrightError
 from .operators import nothing_to_show
 from .preferences import prefs
@@ -83,10 +83,11 @@ class LiveView:
 
 
 def frame_texture(pixels: np.ndarray, width: int, height: int):
-    """A GPU texture of a float32 RGBA buffer (client.texture_pixels): float32 as it is, so the driver only
-    copies it."""
-    buffer = gpu.types.Buffer("FLOAT", len(pixels), pixels)  # wraps the array's memory, no copy
-    return gpu.types.GPUTexture((width, height), format="RGBA32F", data=buffer)
+    """A GPU texture of a frame's sRGB-encoded float buffer (client.display_pixels). The sRGB texture format
+    makes the GPU decode to the scene-linear values the viewport expects when it samples, so the CPU does
+    no per-pixel colour conversion. (Blender's GPUTexture takes FLOAT buffers only.)"""
+    buffer = gpu.types.Buffer("FLOAT", len(pixels), pixels)
+    return gpu.types.GPUTexture((width, height), format="SRGB8_A8", data=buffer)
 
 
 def _watch() -> float | None:
@@ -205,7 +206,7 @@ def combined_pass(rgba: np.ndarray, background, transparent: bool) -> np.ndarray
     """The Combined pass (H * W * 4,) float32 of a bottom-up RGBA8 frame: scene-linear RGB, which the
     Standard view transform shows as the frame's display values. With a transparent film the background the
     frame was composited over is taken out again and RGB is premultiplied, as Blender's engines give it."""
-    pixels = texture_pixels(rgba).reshape(-1, 4)
+    pixels = linear_pixels(rgba).reshape(-1, 4)
     if not transparent:
         pixels[:, 3] = 1.0
         return pixels.reshape(-1)

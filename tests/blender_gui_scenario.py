@@ -101,7 +101,7 @@ def scenario(args: dict, result: dict):
                    "draw_seconds": list(engine.draw_seconds), "upload_seconds": list(engine.upload_seconds)})
 
     # The upload the main thread does per frame, at 1920x1080, from the buffer the stream thread prepares.
-    pixels = addon.core.client.texture_pixels(np.zeros((UPLOAD_SIZE[1], UPLOAD_SIZE[0], 4), np.uint8))
+    pixels = addon.core.client.display_pixels(np.zeros((UPLOAD_SIZE[1], UPLOAD_SIZE[0], 4), np.uint8))
     timings = []
     for _ in range(5):
         t0 = time.perf_counter()

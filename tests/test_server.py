@@ -135,7 +135,7 @@ def test_session_end_to_end(tmp_path, start_server, scene):
     assert e.value.code == "busy"
 
     caps = client.capabilities()
-    assert caps["device"] == "cpu" and caps["cuda_rasterizer"] is False and caps["torch"] == torch.__version__
+    assert caps["device"] == "cpu" and caps["rasterizer"] == "reference" and caps["torch"] == torch.__version__
 
     with pytest.raises(RemoteError, match="no session is open"):
         client.add_view(wire(cameras[0]), png_bytes(images[0]))

@@ -13,7 +13,7 @@ from dataclasses import replace
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from ..cli import DEFAULT_SCENE
+from ..commands import LEGO
 from ..commands import PRESETS
 from ..data import load_split
 from ..train import Trainer
@@ -32,7 +32,7 @@ STAGES = [
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m backend bench profile")
-    p.add_argument("--data", default=str(DEFAULT_SCENE))
+    p.add_argument("--data", default=str(LEGO))
     p.add_argument("--warmup", type=int, default=2000, help="steps before profiling (lets the model grow)")
     p.add_argument("--steps", type=int, default=200, help="profiled steps")
     args = p.parse_args(argv)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ..cli import DEFAULT_SCENE
+from ..commands import LEGO
 from ..commands import PRESETS
 from ..data import Dataset, camera_extent, load_split, scene_bounds
 from ..gaussians import Gaussians
@@ -27,7 +27,7 @@ RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m backend bench train")
-    p.add_argument("--data", default=str(DEFAULT_SCENE))
+    p.add_argument("--data", default=str(LEGO))
     p.add_argument("--preset", default="quality", choices=sorted(PRESETS))
     p.add_argument("--iters", type=int, default=None, help="override the preset's step count")
     p.add_argument("--no-peer", action="store_true", help="skip the gsplat trainer")
