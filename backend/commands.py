@@ -39,8 +39,7 @@ def resolve_device(name: str) -> tuple[str, str]:
 
 PRESETS = {
     "quality": TrainConfig(iterations=30_000),
-    # Short schedule: densify until 3000, no opacity reset (too late to recover from one in so few steps).
-    "fast": TrainConfig(iterations=4000, densify=DensifyConfig(stop=3000, reset_opacity_every=0)),
+    "fast": TrainConfig(iterations=7000, densify=DensifyConfig(stop=5000)),
 }
 
 
