@@ -40,8 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--token-file", default=None, help="file holding the secret every client must send")
     p.add_argument("--workdir", default="out/sessions", help="folder of the sessions")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--exit-with-parent", action="store_true",
+                   help="stop (with a checkpoint) when the process that started the server exits")
 
-    p = sub.add_parser("bench", help="benchmarks (raster, train)", add_help=False)
+    p = sub.add_parser("bench", help="benchmarks (raster, train, serve, profile, viewport)", add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)
 
     args = parser.parse_args(argv)

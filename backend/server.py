@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import os
 import queue
 import signal
 import socket
@@ -282,6 +283,8 @@ def serve(args) -> int:
     except OSError as e:
         raise SplatwrightError(f"cannot listen on {args.host}:{args.port} ({e})") from None
     signal.signal(signal.SIGTERM, lambda signum, frame: server.stop())
+    if args.exit_with_parent:
+        threading.Thread(target=_stop_when_orphaned, args=(server,), name="parent-watch", daemon=True).start()
     print(json.dumps({"event": "ready", "port": server.port, "protocol": protocol.PROTOCOL_VERSION}), flush=True)
     log(f"listening on {args.host}:{server.port}, {device} ({rasterizer} rasterizer), sessions in {workdir}")
     try:
@@ -289,3 +292,13 @@ def serve(args) -> int:
     except KeyboardInterrupt:
         log("interrupted")
     return 0
+
+
+def _stop_when_orphaned(server: "Server") -> None:
+    """Stop (checkpointing, as on SIGTERM) once the process that started us is gone, e.g. a killed Blender:
+    the system then re-parents us, which changes our parent's pid."""
+    parent = os.getppid()
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    log("the process that started this backend is gone; stopping")
+    server.stop()

@@ -100,7 +100,7 @@ class LocalServer:
         self._ports: queue.Queue[int] = queue.Queue()
         self.proc = _spawn([python, "-u", "-m", "backend", "serve", "--port", "0",
                             "--workdir", workdir or str(root / "out" / "sessions"),
-                            "--token-file", str(token_file)], root)
+                            "--token-file", str(token_file), "--exit-with-parent"], root)
         self.log = LogTail(self.proc.stdout, on_line=self._ready_line)
 
     def _ready_line(self, line: str) -> None:

@@ -481,3 +481,29 @@ def test_nan_loss_and_out_of_memory_are_reported_and_survived(local_server, scen
         assert e.value.code == "out_of_memory"
         assert client.render(wire(scene[1][0])).shape == (SIZE, SIZE, 4)
         client.stop()
+
+
+def _running(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie waiting to be reaped."""
+    try:
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+
+
+def test_server_stops_when_the_process_that_started_it_dies(tmp_path):
+    # A shell starts the server and waits; killing the shell orphans the server, which must then stop.
+    command = (f"'{sys.executable}' -m backend serve --port 0 --workdir '{tmp_path}' --exit-with-parent & "
+               "echo pid $!; wait")
+    shell = subprocess.Popen(["bash", "-c", command], cwd=Path(__file__).resolve().parent.parent,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    server_pid = int(shell.stdout.readline().split()[1])
+    assert json.loads(shell.stdout.readline())["event"] == "ready"
+    shell.kill()
+    shell.wait()
+    deadline = time.monotonic() + 20
+    while _running(server_pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if _running(server_pid):
+        os.kill(server_pid, signal.SIGKILL)
+        pytest.fail("the orphaned server kept running")
