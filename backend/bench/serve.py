@@ -8,6 +8,7 @@ the model's points and measures from the client's side. Default size: 1M Gaussia
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
@@ -16,7 +17,9 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -95,77 +98,113 @@ def percentiles(times: list[float]) -> dict:
             "frames": len(times)}
 
 
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m backend bench serve", description=__doc__.split("\n")[0])
+def add_live_arguments(p: argparse.ArgumentParser) -> None:
+    """The options shared by the benchmarks that drive a live backend (serve, viewport)."""
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--gaussians", type=int, default=None, help="default: 1000000 on GPU, 2000 on CPU")
     p.add_argument("--width", type=int, default=None, help="default: 1920 on GPU, 64 on CPU")
     p.add_argument("--height", type=int, default=None, help="default: 1080 on GPU, 48 on CPU")
     p.add_argument("--views", type=int, default=8)
     p.add_argument("--seconds", type=float, default=None, help="per measurement (default: 10 on GPU, 3 on CPU)")
-    p.add_argument("--fps", type=float, default=30.0, help="frame rate the client asks for while training")
     p.add_argument("--out", type=Path, default=None, help="folder for a JSON result file")
+
+
+@dataclass
+class LiveBench:
+    name: str
+    device: str
+    rasterizer: str
+    gaussians: int
+    width: int
+    height: int
+    seconds: float
+    views: int
+    out: Path | None
+
+    @classmethod
+    def from_args(cls, name: str, args) -> "LiveBench":
+        device, rasterizer = resolve_device(args.device)
+        gpu = device == "cuda"
+        bench = cls(name, device, rasterizer, args.gaussians or (1_000_000 if gpu else 2000),
+                    args.width or (1920 if gpu else 64), args.height or (1080 if gpu else 48),
+                    args.seconds or (10.0 if gpu else 3.0), args.views, args.out)
+        print(f"bench {name}: {bench.gaussians:,} Gaussians at {bench.width}x{bench.height} on "
+              f"{device_name(device)}", flush=True)
+        return bench
+
+    @contextlib.contextmanager
+    def paused_training(self) -> Iterator[Client]:
+        """A backend on loopback with a training session on a random model of this size, paused; it trains
+        at a fixed size (no growth, no checkpoints) so steps stay comparable. Stopped and shut down after."""
+        xyz, rgb, cameras, images = make_scene(self.gaussians, self.views, self.width, self.height, self.device,
+                                               self.rasterizer)
+        if self.device == "cuda":
+            torch.cuda.empty_cache()  # leave the GPU to the server
+        with tempfile.TemporaryDirectory() as workdir:
+            proc, port = start_backend(workdir, self.device)
+            try:
+                with Client("127.0.0.1", port, timeout=600) as client:
+                    client.open_session("bench")
+                    for cam, image in zip(cameras, images):
+                        client.add_view(wire(cam), image)
+                    client.set_points(xyz, rgb)
+                    client.start_training(iterations=10_000_000, sh_degree=0, max_gaussians=self.gaussians,
+                                          checkpoint_every=0)
+                    client.pause()
+                    yield client
+                    client.stop()
+                    client.shutdown()
+            finally:
+                if proc.poll() is None:
+                    proc.wait(30)
+
+    def result(self, **measured) -> dict:
+        """The result record, printed as JSON and written to --out when given."""
+        now = datetime.datetime.now(datetime.timezone.utc)
+        result = {"benchmark": self.name, "date": now.strftime("%Y-%m-%d %H:%M UTC"),
+                  "device": device_name(self.device), "commit": git_commit(), "torch": torch.__version__,
+                  "gaussians": self.gaussians, "width": self.width, "height": self.height, **measured}
+        print(json.dumps(result))
+        if self.out:
+            self.out.mkdir(parents=True, exist_ok=True)
+            path = self.out / f"{self.name}-{now.strftime('%Y%m%d-%H%M')}-{self.device}.json"
+            path.write_text(json.dumps(result, indent=2) + "\n")
+            print(f"wrote {path}")
+        return result
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m backend bench serve", description=__doc__.split("\n")[0])
+    add_live_arguments(p)
+    p.add_argument("--fps", type=float, default=30.0, help="frame rate the client asks for while training")
     args = p.parse_args(argv)
+    bench = LiveBench.from_args("serve", args)
+    width, height, seconds = bench.width, bench.height, bench.seconds
 
-    device, rasterizer = resolve_device(args.device)
-    gpu = device == "cuda"
-    n = args.gaussians or (1_000_000 if gpu else 2000)
-    width, height = args.width or (1920 if gpu else 64), args.height or (1080 if gpu else 48)
-    seconds = args.seconds or (10.0 if gpu else 3.0)
-    print(f"bench serve: {n:,} Gaussians at {width}x{height} on {device_name(device)}", flush=True)
-    xyz, rgb, cameras, images = make_scene(n, args.views, width, height, device, rasterizer)
-    if gpu:
-        torch.cuda.empty_cache()  # leave the GPU to the server
+    with bench.paused_training() as client:
+        for _ in range(3):  # warm-up
+            client.render(wire(orbit_camera(0.3, width, height)))
+        idle = render_round_trips(client, width, height, seconds, fps=None)
+        client.resume()
+        training_rate(client, min(2.0, seconds))  # warm-up
+        alone = training_rate(client, seconds)
+        stop = threading.Event()
+        frames: list[float] = []
+        viewer = threading.Thread(target=lambda: frames.extend(
+            render_round_trips(client, width, height, 3600, args.fps, stop)))
+        viewer.start()
+        with_client = training_rate(client, seconds)
+        stop.set()
+        viewer.join()
 
-    with tempfile.TemporaryDirectory() as workdir:
-        proc, port = start_backend(workdir, device)
-        try:
-            with Client("127.0.0.1", port, timeout=600) as client:
-                client.open_session("bench")
-                for cam, image in zip(cameras, images):
-                    client.add_view(wire(cam), image)
-                client.set_points(xyz, rgb)
-                # No growth past the model's size and no checkpoints: the steps stay comparable.
-                client.start_training(iterations=10_000_000, sh_degree=0, max_gaussians=n, checkpoint_every=0)
-                client.pause()
-                for _ in range(3):  # warm-up
-                    client.render(wire(cameras[0]))
-                idle = render_round_trips(client, width, height, seconds, fps=None)
-                client.resume()
-                training_rate(client, min(2.0, seconds))  # warm-up
-                alone = training_rate(client, seconds)
-                stop = threading.Event()
-                frames: list[float] = []
-                viewer = threading.Thread(target=lambda: frames.extend(
-                    render_round_trips(client, width, height, 3600, args.fps, stop)))
-                viewer.start()
-                with_client = training_rate(client, seconds)
-                stop.set()
-                viewer.join()
-                gaussians = client.stop()["gaussians"]
-                client.shutdown()
-        finally:
-            if proc.poll() is None:
-                proc.wait(30)
-
-    now = datetime.datetime.now(datetime.timezone.utc)
-    result = {"benchmark": "serve", "date": now.strftime("%Y-%m-%d %H:%M UTC"),
-              "device": device_name(device), "commit": git_commit(), "torch": torch.__version__,
-              "gaussians_start": n, "gaussians_end": gaussians, "width": width, "height": height,
-              "render_idle": percentiles(idle), "render_while_training": percentiles(frames),
-              "train_its": round(alone, 2), "train_its_with_client": round(with_client, 2),
-              "client_fps_asked": args.fps, "client_fps_got": round(len(frames) / seconds, 1)}
-    print(f"render round trip, paused:   p50 {result['render_idle']['p50_ms']:8.2f} ms  "
-          f"p95 {result['render_idle']['p95_ms']:8.2f} ms  ({len(idle)} frames)")
-    print(f"render round trip, training: p50 {result['render_while_training']['p50_ms']:8.2f} ms  "
-          f"p95 {result['render_while_training']['p95_ms']:8.2f} ms  ({len(frames)} frames, "
-          f"{result['client_fps_got']} of {args.fps:g} fps)")
+    print(f"render round trip, paused:   p50 {percentiles(idle)['p50_ms']:8.2f} ms  "
+          f"p95 {percentiles(idle)['p95_ms']:8.2f} ms  ({len(idle)} frames)")
+    print(f"render round trip, training: p50 {percentiles(frames)['p50_ms']:8.2f} ms  "
+          f"p95 {percentiles(frames)['p95_ms']:8.2f} ms  ({len(frames)} frames, "
+          f"{len(frames) / seconds:.1f} of {args.fps:g} fps)")
     print(f"training: {alone:.2f} it/s alone, {with_client:.2f} it/s with the client "
           f"({100 * (1 - with_client / alone) if alone else 0:.0f}% slower)")
-    print(json.dumps(result))
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        path = args.out / f"serve-{now.strftime('%Y%m%d-%H%M')}-{device}.json"
-        path.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {path}")
+    bench.result(render_idle=percentiles(idle), render_while_training=percentiles(frames),
+                 train_its=round(alone, 2), train_its_with_client=round(with_client, 2),
+                 client_fps_asked=args.fps, client_fps_got=round(len(frames) / seconds, 1))
     return 0

@@ -9,19 +9,11 @@ Default size: 1M Gaussians at 1920x1080 on a GPU, 2000 Gaussians at 64x48 on the
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import tempfile
 import threading
 import time
-from pathlib import Path
-
-import torch
 
 from ..client import Client, Frame, FrameStream
-from ..commands import device_name, resolve_device
-from .raster import git_commit
-from .serve import make_scene, orbit_camera, percentiles, start_backend, wire
+from .serve import LiveBench, add_live_arguments, orbit_camera, percentiles, wire
 
 FRAME_TIMEOUT = 120.0
 
@@ -57,61 +49,21 @@ class Latency:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m backend bench viewport", description=__doc__.split("\n")[0])
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--gaussians", type=int, default=None, help="default: 1000000 on GPU, 2000 on CPU")
-    p.add_argument("--width", type=int, default=None, help="default: 1920 on GPU, 64 on CPU")
-    p.add_argument("--height", type=int, default=None, help="default: 1080 on GPU, 48 on CPU")
-    p.add_argument("--views", type=int, default=8)
-    p.add_argument("--seconds", type=float, default=None, help="per measurement (default: 10 on GPU, 3 on CPU)")
-    p.add_argument("--out", type=Path, default=None, help="folder for a JSON result file")
-    args = p.parse_args(argv)
-
-    device, rasterizer = resolve_device(args.device)
-    gpu = device == "cuda"
-    n = args.gaussians or (1_000_000 if gpu else 2000)
-    width, height = args.width or (1920 if gpu else 64), args.height or (1080 if gpu else 48)
-    seconds = args.seconds or (10.0 if gpu else 3.0)
-    print(f"bench viewport: {n:,} Gaussians at {width}x{height} on {device_name(device)}", flush=True)
-    xyz, rgb, cameras, images = make_scene(n, args.views, width, height, device, rasterizer)
-    if gpu:
-        torch.cuda.empty_cache()  # leave the GPU to the server
-
-    with tempfile.TemporaryDirectory() as workdir:
-        proc, port = start_backend(workdir, device)
-        try:
-            with Client("127.0.0.1", port, timeout=600) as client:
-                client.open_session("bench")
-                for cam, image in zip(cameras, images):
-                    client.add_view(wire(cam), image)
-                client.set_points(xyz, rgb)
-                client.start_training(iterations=10_000_000, sh_degree=0, max_gaussians=n, checkpoint_every=0)
-                client.pause()
-                latency = Latency(client)
-                latency.measure(width, height, min(1.0, seconds))  # warm-up
-                idle = latency.measure(width, height, seconds)
-                client.resume()
-                latency.measure(width, height, min(1.0, seconds))
-                training = latency.measure(width, height, seconds)
-                latency.stream.close()
-                client.stop()
-                client.shutdown()
-        finally:
-            if proc.poll() is None:
-                proc.wait(30)
-
-    now = datetime.datetime.now(datetime.timezone.utc)
-    result = {"benchmark": "viewport", "date": now.strftime("%Y-%m-%d %H:%M UTC"), "device": device_name(device),
-              "commit": git_commit(), "torch": torch.__version__, "gaussians": n, "width": width, "height": height,
-              "frame_format": client.frame_format, "camera_to_upload_ready_idle": percentiles(idle),
-              "camera_to_upload_ready_training": percentiles(training)}
-    for label, key in (("paused", "camera_to_upload_ready_idle"), ("training", "camera_to_upload_ready_training")):
-        r = result[key]
+    add_live_arguments(p)
+    bench = LiveBench.from_args("viewport", p.parse_args(argv))
+    with bench.paused_training() as client:
+        latency = Latency(client)
+        latency.measure(bench.width, bench.height, min(1.0, bench.seconds))  # warm-up
+        idle = latency.measure(bench.width, bench.height, bench.seconds)
+        client.resume()
+        latency.measure(bench.width, bench.height, min(1.0, bench.seconds))
+        training = latency.measure(bench.width, bench.height, bench.seconds)
+        latency.stream.close()
+        frame_format = client.frame_format
+    for label, times in (("paused", idle), ("training", training)):
+        r = percentiles(times)
         print(f"camera change -> frame ready for upload, {label + ':':9s} p50 {r['p50_ms']:8.2f} ms  "
               f"p95 {r['p95_ms']:8.2f} ms  ({r['frames']} frames)")
-    print(json.dumps(result))
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        path = args.out / f"viewport-{now.strftime('%Y%m%d-%H%M')}-{device}.json"
-        path.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {path}")
+    bench.result(frame_format=frame_format, camera_to_upload_ready_idle=percentiles(idle),
+                 camera_to_upload_ready_training=percentiles(training))
     return 0
