@@ -62,6 +62,15 @@ def write_scene(folder: Path, model: Gaussians, cameras: list[Camera], split: st
     return path
 
 
+def viewing_model(folder: Path) -> tuple[Gaussians, Path]:
+    """The small model the Blender engine tests view, and its PLY in `folder`."""
+    from backend.ply import write_ply
+    model = random_gaussians(400, seed=3, sh_degree=1)
+    model.means *= 1.5
+    write_ply(folder / "model.ply", model)
+    return model, folder / "model.ply"
+
+
 @pytest.fixture
 def tiny_scene(tmp_path) -> Path:
     """A 32x32 scene: 8 train and 3 test views of a random 300-Gaussian model."""

@@ -16,7 +16,7 @@ import pytest
 
 import build_addon
 from backend.data import load_split
-from backend.ply import read_ply, write_ply
+from backend.ply import read_ply
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIO = REPO / "tests" / "blender_scenario.py"
@@ -179,12 +179,10 @@ def test_remote_backend_with_token(scenario):
 @pytest.fixture(scope="module")
 def f12(addon_zip, tmp_path_factory) -> dict:
     """An F12 render with the Splatwright engine of a generated model the add-on loaded into a CPU backend."""
-    from conftest import random_gaussians
+    from conftest import viewing_model
     home = tmp_path_factory.mktemp("blender-engine")
-    model = random_gaussians(400, seed=3, sh_degree=1)
-    model.means *= 1.5
-    write_ply(home / "model.ply", model)
-    result = run_scenario(ENGINE_SCENARIO, home, "--zip", str(addon_zip), "--ply", str(home / "model.ply"),
+    model, ply = viewing_model(home)
+    result = run_scenario(ENGINE_SCENARIO, home, "--zip", str(addon_zip), "--ply", str(ply),
                           "--out", str(home / "out"), timeout=180)
     return {**result, "model": model}
 

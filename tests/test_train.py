@@ -11,7 +11,7 @@ from backend.commands import cpu_config
 from backend.data import Dataset, load_split
 from backend.gaussians import Gaussians
 from backend.ply import read_ply
-from backend.strategy import DensifyConfig, edit_rows
+from backend.strategy import edit_rows
 from backend.train import Trainer, evaluate, load_checkpoint
 from conftest import LEGO, ROOT
 

@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,9 +17,8 @@ from PIL import Image
 import build_addon
 from backend.cameras import Camera
 from backend.metrics import psnr
-from backend.ply import write_ply
 from backend.render import render
-from conftest import ROOT, random_gaussians
+from conftest import ROOT, viewing_model
 
 SCENARIO = ROOT / "tests" / "blender_gui_scenario.py"
 ARTIFACTS = ROOT / "test-artifacts"
@@ -52,14 +50,12 @@ def xvfb():
 @pytest.fixture(scope="module")
 def viewport(xvfb, tmp_path_factory) -> dict:
     home = tmp_path_factory.mktemp("blender-gui")
-    model = random_gaussians(400, seed=3, sh_degree=1)
-    model.means *= 1.5
-    write_ply(home / "model.ply", model)
+    model, ply = viewing_model(home)
     addon_zip = build_addon.build(home / "dist")
     env = {**os.environ, "DISPLAY": xvfb, "BLENDER_USER_SCRIPTS": str(home / "scripts"),
            "BLENDER_USER_CONFIG": str(home / "config")}
     run = subprocess.run(["blender", "--factory-startup", "-p", "0", "0", str(WINDOW[0]), str(WINDOW[1]),
-                          "--python", str(SCENARIO), "--", "--zip", str(addon_zip), "--ply", str(home / "model.ply"),
+                          "--python", str(SCENARIO), "--", "--zip", str(addon_zip), "--ply", str(ply),
                           "--out", str(home / "out")], env=env, cwd=home, capture_output=True, text=True, timeout=240)
     result_file = home / "out" / "result.json"
     assert result_file.is_file(), f"Blender wrote no result (exit code {run.returncode}):\n{run.stdout[-3000:]}\n" \
