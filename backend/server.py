@@ -35,6 +35,12 @@ class Connection:
     def __init__(self, sock: socket.socket, address: tuple):
         self.sock, self.address = sock, f"{address[0]}:{address[1]}"
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # A client that vanished without closing (a crashed or unplugged machine) would hold the one client
+        # slot for hours; keepalive probes find it within about half a minute.
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for option, value in (("TCP_KEEPIDLE", 15), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
+            if hasattr(socket, option):  # Linux names; other systems keep their defaults
+                self.sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
         self.outbox: queue.Queue = queue.Queue()
         self.closed = False
         self.writer = threading.Thread(target=self._write_loop, name=f"write {self.address}", daemon=True)
