@@ -70,7 +70,7 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="quality", choices=["quality", "fast"],
                    help="GPU schedule: quality (30k steps) or fast (7k steps)")
     p.add_argument("--iters", type=int, default=None,
-                   help="training steps (default: the preset's on GPU, 3000 on the CPU reference path)")
+                   help="training steps (default: the preset's on GPU, a short schedule on the CPU reference path)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--downscale", type=float, default=1.0, help="divide image sizes by this factor")
     p.add_argument("--background", default="white", help="white, black or r,g,b in [0, 1]")

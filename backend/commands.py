@@ -51,18 +51,30 @@ def cpu_config(iterations: int) -> TrainConfig:
                               max_gaussians=20_000))
 
 
-def training_config(args, device: str, rasterizer: str) -> TrainConfig:
+CPU_ITERATIONS = 3000  # default step count on the CPU reference path
+
+
+def make_config(device: str, rasterizer: str, *, preset: str = "quality", iterations: int | None = None,
+                sh_degree: int = 3, max_gaussians: int | None = None, background=(1.0, 1.0, 1.0),
+                init_points: int | None = None, seed: int = 0) -> TrainConfig:
+    """The training configuration for a device: a preset's schedule on the GPU, the short CPU schedule on the
+    reference path, with the user's choices on top (None keeps the schedule's own value)."""
     if device == "cuda":
-        cfg = PRESETS[args.preset]
-        cfg = replace(cfg, iterations=args.iters or cfg.iterations)
+        cfg = PRESETS[preset]
+        cfg = replace(cfg, iterations=iterations or cfg.iterations)
     else:
-        cfg = cpu_config(args.iters or 3000)
+        cfg = cpu_config(iterations or CPU_ITERATIONS)
     densify = cfg.densify
-    if args.max_gaussians is not None:
-        densify = replace(densify, max_gaussians=args.max_gaussians)
-    return replace(cfg, rasterizer=rasterizer, sh_degree=args.sh_degree, seed=args.seed,
-                   background=parse_background(args.background), densify=densify,
-                   init_points=args.init_points or cfg.init_points)
+    if max_gaussians is not None:
+        densify = replace(densify, max_gaussians=max_gaussians)
+    return replace(cfg, rasterizer=rasterizer, sh_degree=sh_degree, seed=seed, background=tuple(background),
+                   densify=densify, init_points=init_points or cfg.init_points)
+
+
+def training_config(args, device: str, rasterizer: str) -> TrainConfig:
+    return make_config(device, rasterizer, preset=args.preset, iterations=args.iters, sh_degree=args.sh_degree,
+                       max_gaussians=args.max_gaussians, background=parse_background(args.background),
+                       init_points=args.init_points, seed=args.seed)
 
 
 def run_training(trainer: Trainer, checkpoint: Path | None, checkpoint_every: int) -> None:
@@ -108,12 +120,12 @@ def train(args) -> int:
     return 0
 
 
-def finish(trainer: Trainer, eval_set: Dataset, out: Path, device: str) -> dict:
-    """Write splats.ply and metrics.json for a finished run; returns the metrics."""
+def finish(trainer: Trainer, eval_set: Dataset, out: Path, device: str, **extra) -> dict:
+    """Write splats.ply and metrics.json (with `extra` fields) for a finished run; returns the metrics."""
     write_ply(out / "splats.ply", trainer.g)
     scores = evaluate(trainer.g, eval_set, trainer.sh_degree, trainer.cfg.background, trainer.cfg.rasterizer)
     metrics = {**scores, "iterations": trainer.step, "train_seconds": round(trainer.train_seconds, 3),
-               "gaussians": len(trainer.g), "device": device_name(device)}
+               "gaussians": len(trainer.g), "device": device_name(device), **extra}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     return metrics
 
@@ -244,9 +256,7 @@ def scene_demo(args, data: Path, out: Path) -> int:
     trainer = Trainer(train_set, cfg, device)
     initial = evaluate(trainer.g, test_set, 0, cfg.background, rasterizer)
     run_training(trainer, out / CHECKPOINT, 0)
-    metrics = finish(trainer, test_set, out, device)
-    metrics["initial_psnr"] = initial["psnr"]
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    metrics = finish(trainer, test_set, out, device, initial_psnr=initial["psnr"])
 
     views = out / "views"
     views.mkdir(exist_ok=True)

@@ -23,7 +23,7 @@ from PIL import Image
 
 from . import protocol
 from .cameras import Camera, check_rigid
-from .commands import CHECKPOINT, PRESETS, cpu_config, system_report
+from .commands import CHECKPOINT, make_config, system_report
 from .data import Dataset
 from .errors import SplatwrightError
 from .gaussians import Gaussians
@@ -32,7 +32,6 @@ from .render import render
 from .train import TrainConfig, Trainer, load_checkpoint
 
 SESSION_FORMAT = 1
-CPU_ITERATIONS = 3000  # the CLI's default for the CPU reference path
 _START_FIELDS = protocol.REQUESTS["start_training"].fields.fields
 
 
@@ -304,17 +303,9 @@ class Engine:
     # ---- training ----
 
     def _config(self, fields: dict) -> TrainConfig:
-        if self.device == "cuda":
-            cfg = PRESETS[fields["preset"]]
-            cfg = replace(cfg, iterations=fields["iterations"] or cfg.iterations)
-        else:
-            cfg = cpu_config(fields["iterations"] or CPU_ITERATIONS)
-        densify = cfg.densify
-        if fields["max_gaussians"] is not None:
-            densify = replace(densify, max_gaussians=fields["max_gaussians"])
-        return replace(cfg, rasterizer=self.rasterizer, sh_degree=fields["sh_degree"],
-                       background=tuple(fields["background"]), densify=densify,
-                       init_points=fields["init_points"] or cfg.init_points)
+        return make_config(self.device, self.rasterizer, preset=fields["preset"], iterations=fields["iterations"],
+                           sh_degree=fields["sh_degree"], max_gaussians=fields["max_gaussians"],
+                           background=fields["background"], init_points=fields["init_points"])
 
     def _new_trainer(self, cfg: TrainConfig) -> Trainer:
         session = self.session

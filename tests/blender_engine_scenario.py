@@ -7,17 +7,15 @@ Depth pass through the compositor's Viewer node. Prints `RESULT <json>` for pyte
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import bpy
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from blender_scenario import addon, build_scene, op, wait_for  # noqa: E402  (also catches the add-on's timers)
+from blender_scenario import addon, build_scene, op, report, wait_for  # noqa: E402  (also catches the add-on's timers)
 
 SIZE = (80, 60)
 
@@ -81,12 +79,7 @@ def main() -> int:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    try:
-        result = run(Path(args.zip), Path(args.ply), out)
-    except Exception as e:
-        result = {"failure": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
-    print("RESULT " + json.dumps(result, default=str), flush=True)
-    return 0
+    return report(lambda: run(Path(args.zip), Path(args.ply), out))
 
 
 if __name__ == "__main__":

@@ -326,11 +326,15 @@ def main() -> int:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    return report(lambda: {**run(Path(args.zip), out), "calls": calls})
+
+
+def report(result_of) -> int:
+    """Print what `result_of()` returns, or how it failed, on the line the pytest side reads."""
     try:
-        result = run(Path(args.zip), out)
+        result = result_of()
     except Exception as e:
         result = {"failure": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
-    result["calls"] = calls
     print("RESULT " + json.dumps(result, default=str), flush=True)
     return 0
 
