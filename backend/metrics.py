@@ -36,5 +36,30 @@ def ssim(img: torch.Tensor, gt: torch.Tensor, window: int = 11, sigma: float = 1
 
 
 def photometric_loss(img: torch.Tensor, gt: torch.Tensor, ssim_weight: float = 0.2) -> torch.Tensor:
-    """(1 - w) L1 + w (1 - SSIM), the 3DGS training loss."""
+    """(1 - w) L1 + w (1 - SSIM), the 3DGS training loss; differentiable w.r.t. img. On CUDA (float32) it runs
+    as five fused kernels (cuda/training.cu) instead of some sixty torch launches; elsewhere in torch."""
+    if img.is_cuda and img.dtype == torch.float32:
+        return _FusedPhotometricLoss.apply(img.contiguous(), gt.float().contiguous(), float(ssim_weight))
+    return torch_photometric_loss(img, gt, ssim_weight)
+
+
+def torch_photometric_loss(img: torch.Tensor, gt: torch.Tensor, ssim_weight: float = 0.2) -> torch.Tensor:
+    """The loss in plain torch: the CPU path and the fused kernels' reference."""
     return (1 - ssim_weight) * (img - gt).abs().mean() + ssim_weight * (1 - ssim(img, gt))
+
+
+class _FusedPhotometricLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, img, gt, ssim_weight):
+        from .kernels import extension
+        loss, partials = extension().loss_forward(img, gt, ssim_weight)
+        ctx.save_for_backward(img, gt, partials)
+        ctx.ssim_weight = ssim_weight
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        from .kernels import extension
+        img, gt, partials = ctx.saved_tensors
+        grad_img = extension().loss_backward(img, gt, partials, ctx.ssim_weight, grad_loss.float().contiguous())
+        return grad_img, None, None

@@ -65,8 +65,10 @@ class DefaultStrategy:
     def state_dict(self) -> dict:
         return {"grad_sum": self.grad_sum, "count": self.count}
 
-    def load_state_dict(self, state: dict) -> None:
-        self.grad_sum, self.count = state["grad_sum"], state["count"]
+    def load_state_dict(self, state: dict, device: torch.device) -> None:
+        def place(t):
+            return None if t is None else t.to(device)
+        self.grad_sum, self.count = place(state["grad_sum"]), place(state["count"])
 
     def after_backward(self, step: int, out: RasterOutput, width: int, height: int, g: Gaussians,
                        optimizer: torch.optim.Optimizer, generator: torch.Generator) -> None:
@@ -84,6 +86,10 @@ class DefaultStrategy:
             self.grad_sum = torch.zeros(n, device=out.means2d.device)
             self.count = torch.zeros(n, device=out.means2d.device)
         grad = out.means2d.grad.detach()
+        if grad.is_cuda:  # one kernel instead of eight launches per step
+            from .kernels import extension
+            extension().accumulate_grad_stats(grad.contiguous(), out.radii, width, height, self.grad_sum, self.count)
+            return
         ndc_norm = torch.hypot(grad[:, 0] * (0.5 * width), grad[:, 1] * (0.5 * height))  # pixels -> NDC units
         visible = out.radii > 0
         self.grad_sum += torch.where(visible, ndc_norm, 0.0).to(self.grad_sum.dtype)

@@ -13,10 +13,11 @@ from .cameras import Camera
 from .data import Dataset, camera_extent, scene_bounds
 from .gaussians import Gaussians
 from .metrics import photometric_loss, psnr, ssim
+from .optim import Adam
 from .render import camera_tensors, render
 from .strategy import DefaultStrategy, DensifyConfig
 
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2
 
 
 @dataclass
@@ -87,11 +88,10 @@ class Trainer:
         self.train_seconds = 0.0
         self.last = {"loss": math.nan, "psnr": math.nan}
 
-    def _make_optimizer(self) -> torch.optim.Adam:
+    def _make_optimizer(self) -> Adam:
         lr = asdict(self.cfg.lr)
         lr["means"] *= self.extent
-        groups = [{"params": [t], "lr": lr[name], "name": name} for name, t in self.g.tensors().items()]
-        return torch.optim.Adam(groups, eps=1e-15, fused=self.device.type == "cuda")
+        return Adam([{"params": [t], "lr": lr[name], "name": name} for name, t in self.g.tensors().items()])
 
     @property
     def sh_degree(self) -> int:
@@ -151,7 +151,7 @@ class Trainer:
         self.g = Gaussians(**state["gaussians"]).to(self.device).requires_grad_()
         self.optimizer = self._make_optimizer()
         self.optimizer.load_state_dict(state["optimizer"])
-        self.strategy.load_state_dict(state["strategy"])
+        self.strategy.load_state_dict(state["strategy"], self.device)
         self.generator.set_state(state["generator"])
         self.step = state["step"]
         self.train_seconds = state["train_seconds"]

@@ -205,6 +205,83 @@ std::vector<torch::Tensor> rasterize_backward(const torch::Tensor& ranges, const
   return {gm, gc, gcol, gop};
 }
 
+// Returns the loss (scalar) and the SSIM partial derivatives the backward needs.
+std::vector<torch::Tensor> loss_forward(const torch::Tensor& image, const torch::Tensor& target, double ssim_weight) {
+  const c10::cuda::CUDAGuard guard(image.device());
+  check_input(image, "image");
+  check_input(target, "target");
+  TORCH_CHECK(image.dim() == 3 && image.size(2) == 3, "image must be (H, W, 3)");
+  TORCH_CHECK(target.sizes() == image.sizes(), "target must have the image's shape");
+  const int height = (int)image.size(0), width = (int)image.size(1);
+  const auto f32 = image.options();
+  torch::Tensor workspace = torch::empty({(int64_t)sw::loss_workspace_floats(width, height)}, f32);
+  torch::Tensor partials = torch::empty({(int64_t)sw::loss_partials_floats(width, height)}, f32);
+  torch::Tensor loss = torch::empty({}, f32);
+  check(sw::launch_loss_fwd(fptr(image), fptr(target), width, height, (float)ssim_weight, fptr(workspace),
+                            fptr(partials), fptr(loss), c10::cuda::getCurrentCUDAStream()),
+        "loss forward");
+  return {loss, partials};
+}
+
+torch::Tensor loss_backward(const torch::Tensor& image, const torch::Tensor& target, const torch::Tensor& partials,
+                            double ssim_weight, const torch::Tensor& grad_loss) {
+  const c10::cuda::CUDAGuard guard(image.device());
+  check_input(image, "image");
+  check_input(target, "target");
+  check_input(partials, "partials");
+  check_input(grad_loss, "grad_loss");
+  const int height = (int)image.size(0), width = (int)image.size(1);
+  TORCH_CHECK(partials.numel() == (int64_t)sw::loss_partials_floats(width, height), "partials has the wrong size");
+  torch::Tensor workspace = torch::empty({(int64_t)sw::loss_partials_floats(width, height)}, image.options());
+  torch::Tensor grad_image = new_output(image.sizes(), image.options());
+  check(sw::launch_loss_bwd(fptr(image), fptr(target), fptr(partials), width, height, (float)ssim_weight,
+                            fptr(grad_loss), fptr(workspace), fptr(grad_image), c10::cuda::getCurrentCUDAStream()),
+        "loss backward");
+  return grad_image;
+}
+
+// One Adam step for every parameter tensor, in place; step_sizes and inv_sqrt_bias2s are per tensor.
+void adam_step(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& grads,
+               const std::vector<torch::Tensor>& exp_avgs, const std::vector<torch::Tensor>& exp_avg_sqs,
+               const std::vector<double>& step_sizes, const std::vector<double>& inv_sqrt_bias2s, double beta1,
+               double beta2, double eps) {
+  const size_t n = params.size();
+  TORCH_CHECK(grads.size() == n && exp_avgs.size() == n && exp_avg_sqs.size() == n && step_sizes.size() == n &&
+                  inv_sqrt_bias2s.size() == n,
+              "adam_step: one grad, state pair and step size per parameter");
+  for (size_t i = 0; i < n; ++i) {
+    const c10::cuda::CUDAGuard guard(params[i].device());
+    check_input(params[i], "param");
+    check_input(exp_avgs[i], "exp_avg");
+    check_input(exp_avg_sqs[i], "exp_avg_sq");
+    const torch::Tensor grad = grads[i].contiguous();  // slices of a concatenation's gradient are strided
+    check_input(grad, "grad");
+    TORCH_CHECK(grad.numel() == params[i].numel() && exp_avgs[i].numel() == params[i].numel() &&
+                    exp_avg_sqs[i].numel() == params[i].numel(),
+                "adam_step: grad and state must have the parameter's size");
+    const sw::AdamStep step{(float)step_sizes[i], (float)inv_sqrt_bias2s[i], (float)beta1, (float)beta2, (float)eps};
+    check(sw::launch_adam(fptr(params[i]), fptr(grad), fptr(exp_avgs[i]), fptr(exp_avg_sqs[i]), params[i].numel(),
+                          step, c10::cuda::getCurrentCUDAStream()),
+          "adam");
+  }
+}
+
+// grad_sum += NDC-scaled |dL/d(means2d)| and count += 1 for every Gaussian with radii > 0, in place.
+void accumulate_grad_stats(const torch::Tensor& grad_means2d, const torch::Tensor& radii, int64_t width,
+                           int64_t height, const torch::Tensor& grad_sum, const torch::Tensor& count) {
+  const c10::cuda::CUDAGuard guard(grad_means2d.device());
+  check_input(grad_means2d, "grad_means2d");
+  check_input(radii, "radii", torch::kInt32);
+  check_input(grad_sum, "grad_sum");
+  check_input(count, "count");
+  const int64_t n = radii.numel();
+  TORCH_CHECK(grad_means2d.numel() == 2 * n && grad_sum.numel() == n && count.numel() == n,
+              "accumulate_grad_stats: one row per Gaussian");
+  check(sw::launch_grad_stats(fptr(grad_means2d), iptr(radii), (int)n, (int)width, (int)height, fptr(grad_sum),
+                              fptr(count), c10::cuda::getCurrentCUDAStream()),
+        "gradient statistics");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -213,5 +290,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bin_tiles", &bin_tiles);
   m.def("rasterize_forward", &rasterize_forward);
   m.def("rasterize_backward", &rasterize_backward);
+  m.def("loss_forward", &loss_forward);
+  m.def("loss_backward", &loss_backward);
+  m.def("adam_step", &adam_step);
+  m.def("accumulate_grad_stats", &accumulate_grad_stats);
   m.def("set_poison_outputs", &set_poison_outputs);
 }

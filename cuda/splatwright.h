@@ -83,4 +83,33 @@ cudaError_t launch_rasterize_bwd(const RasterArgs& r, const float* final_T, cons
                                  const float* grad_image, const float* grad_alpha, float* grad_means2d,
                                  float* grad_conics, float* grad_colors, float* grad_opacities, cudaStream_t stream);
 
+// Training (training.cu). The photometric loss (1 - w) mean|x - y| + w (1 - mean SSIM) of an image against a
+// target, both (height, width, 3): the forward writes the scalar loss and the SSIM map's partial derivatives
+// (loss_partials_floats), which the backward turns into dL/d(image) given dL/d(loss) in device memory. Both
+// use a scratch workspace of loss_workspace_floats.
+size_t loss_workspace_floats(int width, int height);
+size_t loss_partials_floats(int width, int height);
+cudaError_t launch_loss_fwd(const float* image, const float* target, int width, int height, float ssim_weight,
+                            float* workspace, float* partials, float* loss, cudaStream_t stream);
+cudaError_t launch_loss_bwd(const float* image, const float* target, const float* partials, int width, int height,
+                            float ssim_weight, const float* grad_loss, float* workspace, float* grad_image,
+                            cudaStream_t stream);
+
+// One Adam step on n values: m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+// p -= step_size m / (sqrt(v) inv_sqrt_bias2 + eps), with step_size = lr / (1 - b1^t), inv_sqrt_bias2 = 1 / sqrt(1 - b2^t).
+struct AdamStep {
+  float step_size;
+  float inv_sqrt_bias2;
+  float beta1;
+  float beta2;
+  float eps;
+};
+cudaError_t launch_adam(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
+                        const AdamStep& step, cudaStream_t stream);
+
+// Densification statistics: for each Gaussian drawn this step (radii > 0), grad_sum += |dL/d(means2d)| in NDC
+// units (pixels times half the image size) and count += 1.
+cudaError_t launch_grad_stats(const float* grad_means2d, const int32_t* radii, int n, int width, int height,
+                              float* grad_sum, float* count, cudaStream_t stream);
+
 }  // namespace splatwright

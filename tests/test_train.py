@@ -10,6 +10,7 @@ import torch
 from backend.commands import cpu_config
 from backend.data import Dataset, load_split
 from backend.gaussians import Gaussians
+from backend.optim import Adam
 from backend.ply import read_ply
 from backend.strategy import edit_rows
 from backend.train import Trainer, evaluate, load_checkpoint
@@ -55,7 +56,7 @@ def test_resume_continues_exactly(tiny_scene, tmp_path):
 
 def test_edit_rows_keeps_optimizer_state_in_step_with_rows():
     g = Gaussians.random_in_box(5, [0, 0, 0], 1.0, sh_degree=1).requires_grad_()
-    opt = torch.optim.Adam([{"params": [t], "name": n} for n, t in g.tensors().items()])
+    opt = Adam([{"params": [t], "name": n} for n, t in g.tensors().items()])
     sum(t.sum() * (i + 1) for i, t in enumerate(g.tensors().values())).backward()
     opt.step()
     before = {n: opt.state[t]["exp_avg"].clone() for n, t in g.tensors().items()}
@@ -69,6 +70,28 @@ def test_edit_rows_keeps_optimizer_state_in_step_with_rows():
         assert state.shape == p.shape
         torch.testing.assert_close(state[:3], before[name][keep])
         assert torch.all(state[3:] == 0)
+
+
+def test_adam_matches_torch_adam():
+    """The trainer's Adam (CPU arithmetic; tests/test_cuda_training.py holds the kernel to it) follows
+    torch.optim.Adam step for step, including for a strided gradient."""
+    gen = torch.Generator().manual_seed(0)
+    ours_params = [torch.randn(7, 3, generator=gen, dtype=torch.float64), torch.randn(5, generator=gen,
+                                                                                     dtype=torch.float64)]
+    torch_params = [p.clone() for p in ours_params]
+    ours = Adam([{"params": [p], "lr": lr} for p, lr in zip(ours_params, (1e-2, 3e-3))], eps=1e-15)
+    reference = torch.optim.Adam([{"params": [p], "lr": lr} for p, lr in zip(torch_params, (1e-2, 3e-3))],
+                                 eps=1e-15)
+    for _ in range(30):
+        grads = [torch.randn(7, 6, generator=gen, dtype=torch.float64)[:, ::2],
+                 torch.randn(5, generator=gen, dtype=torch.float64)]
+        for params in (ours_params, torch_params):
+            for p, g in zip(params, grads):
+                p.grad = g.clone()
+        ours.step()
+        reference.step()
+    for a, b in zip(ours_params, torch_params):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
 def test_gaussian_cap_is_respected(tiny_scene):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -19,7 +20,7 @@ from ..gaussians import Gaussians
 from ..metrics import photometric_loss, psnr, ssim
 from ..progress import Progress
 from ..render import camera_tensors
-from ..train import Trainer, TrainConfig, evaluate
+from ..train import Trainer, TrainConfig, evaluate, load_checkpoint
 from .raster import git_commit
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
@@ -31,6 +32,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--preset", default="quality", choices=sorted(PRESETS))
     p.add_argument("--iters", type=int, default=None, help="override the preset's step count")
     p.add_argument("--no-peer", action="store_true", help="skip the gsplat trainer")
+    p.add_argument("--peer-opacity-reset", action="store_true",
+                   help="make the gsplat loop reset opacities itself: gsplat 1.5.3's DefaultStrategy never does "
+                        "(its test `step % reset_every == 0 & step > 0` is always false)")
+    p.add_argument("--resume-check", action="store_true",
+                   help="also train ours stopped halfway, checkpointed and resumed, and compare the two")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench train needs a CUDA GPU", file=sys.stderr)
@@ -44,10 +50,14 @@ def main(argv: list[str]) -> int:
     init = Gaussians.random_in_box(cfg.init_points, center, half, cfg.sh_degree, cfg.seed)
 
     rows = {"splatwright": run_ours(train_set, test_set, cfg, init)}
+    if args.resume_check:
+        rows[f"splatwright, resumed at {cfg.iterations // 2}"] = run_ours(train_set, test_set, cfg, init,
+                                                                          resume_at=cfg.iterations // 2)
     if not args.no_peer:
         try:
             import gsplat
-            rows[f"gsplat {gsplat.__version__}"] = run_gsplat(train_set, test_set, cfg, init)
+            name = f"gsplat {gsplat.__version__}" + (" + opacity reset" if args.peer_opacity_reset else "")
+            rows[name] = run_gsplat(train_set, test_set, cfg, init, args.peer_opacity_reset)
         except ImportError:
             print("gsplat is not importable: peer skipped", file=sys.stderr)
     report(rows, cfg, args.preset)
@@ -63,24 +73,37 @@ def _measure(fn) -> tuple[float, int]:
     return time.perf_counter() - start, torch.cuda.max_memory_allocated()
 
 
-def run_ours(train_set: Dataset, test_set: Dataset, cfg: TrainConfig, init: Gaussians) -> dict:
+def run_ours(train_set: Dataset, test_set: Dataset, cfg: TrainConfig, init: Gaussians,
+             resume_at: int | None = None) -> dict:
+    """Train with our trainer; with `resume_at`, stop there, checkpoint, and finish in a new Trainer loaded
+    from the checkpoint (the time covers both halves, not the checkpoint's save and load)."""
     trainer = Trainer(train_set, cfg, "cuda", init.detached())
     bar = Progress(cfg.iterations, "splatwright")
 
-    def loop():
-        while trainer.step < cfg.iterations:
+    def loop(until: int):
+        while trainer.step < until:
             trainer.train_step()
             bar.update(trainer.step, loss=trainer.last["loss"], gaussians=len(trainer.g))
-    seconds, peak = _measure(loop)
+    seconds, peak = _measure(lambda: loop(resume_at or cfg.iterations))
+    if resume_at:
+        with tempfile.TemporaryDirectory() as folder:
+            trainer.save_checkpoint(Path(folder) / "checkpoint.pt")
+            trainer = Trainer(train_set, cfg, "cuda", init.detached())
+            trainer.load_state_dict(load_checkpoint(Path(folder) / "checkpoint.pt"))
+        more_seconds, more_peak = _measure(lambda: loop(cfg.iterations))
+        seconds, peak = seconds + more_seconds, max(peak, more_peak)
     bar.close()
     scores = evaluate(trainer.g, test_set, trainer.sh_degree, cfg.background, "cuda")
     return {"steps": trainer.step, "seconds": seconds, **scores, "gaussians": len(trainer.g), "peak_bytes": peak}
 
 
-def run_gsplat(train_set: Dataset, test_set: Dataset, cfg: TrainConfig, init: Gaussians) -> dict:
-    """A plain gsplat training loop: same loss, learning rates, SH schedule and densification settings."""
+def run_gsplat(train_set: Dataset, test_set: Dataset, cfg: TrainConfig, init: Gaussians,
+               opacity_reset: bool = False) -> dict:
+    """A plain gsplat training loop: same loss, learning rates, SH schedule and densification settings.
+    With `opacity_reset` the loop resets opacities at the strategy's reset steps, which its own test skips."""
     from gsplat import rasterization
     from gsplat.strategy import DefaultStrategy
+    from gsplat.strategy.ops import reset_opa
 
     extent = camera_extent(train_set.cameras)
     g = init.to("cuda")
@@ -125,6 +148,8 @@ def run_gsplat(train_set: Dataset, test_set: Dataset, cfg: TrainConfig, init: Ga
                 opt.zero_grad(set_to_none=True)
             means_decay.step()
             strategy.step_post_backward(params, optimizers, state, step, info, packed=False)
+            if opacity_reset and d.reset_opacity_every and 0 < step < d.stop and step % d.reset_opacity_every == 0:
+                reset_opa(params, optimizers, state, value=2 * d.prune_opacity)
             bar.update(step + 1, gaussians=len(params["means"]))
     seconds, peak = _measure(loop)
     bar.close()
@@ -146,10 +171,13 @@ def report(rows: dict, cfg: TrainConfig, preset: str) -> None:
     for name, r in rows.items():
         lines.append(f"| {name} | {r['steps']} | {r['seconds']:.1f} | {r['psnr']:.2f} | {r['ssim']:.4f} | "
                      f"{r['gaussians']} | {r['peak_bytes'] / 1e9:.2f} |")
-    if len(rows) == 2:
-        ours, peer = rows.values()
-        lines.append(f"\nours/peer: time {ours['seconds'] / peer['seconds']:.2f}, "
-                     f"PSNR {ours['psnr'] - peer['psnr']:+.2f} dB, memory {ours['peak_bytes'] / peer['peak_bytes']:.2f}")
+    ours = rows["splatwright"]
+    for name, r in rows.items():
+        if name.startswith("gsplat"):
+            lines.append(f"\nours/{name}: time {ours['seconds'] / r['seconds']:.2f}, "
+                         f"PSNR {ours['psnr'] - r['psnr']:+.2f} dB, memory {ours['peak_bytes'] / r['peak_bytes']:.2f}")
+        elif name != "splatwright":
+            lines.append(f"\n{name} vs uninterrupted: PSNR {r['psnr'] - ours['psnr']:+.3f} dB")
     text = "\n".join(lines)
     print(text)
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,5 @@
 """CUDA rasterizer: the kernels in cuda/ behind the reference rasterizer's interface.
 
-The extension is built at first use with torch.utils.cpp_extension.load (ninja) into a cache directory keyed
-by a hash of the sources, the torch version and the target architectures: ~/.cache/splatwright/ext-<hash>,
-or $SPLATWRIGHT_EXT_CACHE/ext-<hash>. Architectures come from TORCH_CUDA_ARCH_LIST, else the GPUs present.
-
 Autograd is split in two Functions so that means2d is a real intermediate: projection (means, quats, scales,
 sh -> means2d, conics, colors) and rasterization (means2d, conics, colors, opacities -> image, alpha, depth).
 The output's means2d therefore receives dL/d(means2d) in .grad, which densification reads. The depth image
@@ -11,76 +7,11 @@ carries no gradient.
 """
 from __future__ import annotations
 
-import hashlib
-import os
-import threading
-from pathlib import Path
-
 import torch
 
 from ..errors import SplatwrightError
+from ..kernels import extension, is_available  # noqa: F401  (re-exported: the rasterizer's build and check)
 from .reference import RasterOutput
-
-CUDA_DIR = Path(__file__).resolve().parents[2] / "cuda"
-SOURCES = ("bindings.cpp", "projection_fwd.cu", "projection_bwd.cu", "binning.cu", "rasterize_fwd.cu",
-           "rasterize_bwd.cu")
-CUDA_FLAGS = ["-O3", "-std=c++17", "--ftz=true"]  # flush denormals: leaner exp/rcp in the pixel loops
-CXX_FLAGS = ["-O3", "-std=c++17"]
-
-_ext = None
-_ext_lock = threading.Lock()
-
-
-def _arch_key() -> str:
-    env = os.environ.get("TORCH_CUDA_ARCH_LIST")
-    if env:
-        return env
-    caps = sorted({torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
-    return ";".join(f"{major}.{minor}" for major, minor in caps)
-
-
-def build_dir() -> Path:
-    """Cache directory for the current sources, torch version and target architectures."""
-    h = hashlib.sha256()
-    for path in sorted(CUDA_DIR.glob("*")):
-        if path.suffix in (".cu", ".cuh", ".h", ".cpp"):
-            h.update(path.name.encode())
-            h.update(path.read_bytes())
-    h.update(torch.__version__.encode())
-    h.update(_arch_key().encode())
-    h.update(" ".join(CUDA_FLAGS + CXX_FLAGS).encode())
-    root = os.environ.get("SPLATWRIGHT_EXT_CACHE") or Path.home() / ".cache" / "splatwright"
-    return Path(root) / f"ext-{h.hexdigest()[:16]}"
-
-
-def extension():
-    """The compiled extension module, built on first call. Raises SplatwrightError if the build fails."""
-    global _ext
-    with _ext_lock:
-        if _ext is None:
-            if not torch.cuda.is_available():
-                raise SplatwrightError("the CUDA rasterizer needs a CUDA GPU, and torch sees none")
-            from torch.utils.cpp_extension import load
-            directory = build_dir()
-            directory.mkdir(parents=True, exist_ok=True)
-            try:
-                _ext = load(name="splatwright_cuda", sources=[str(CUDA_DIR / s) for s in SOURCES],
-                            extra_cflags=CXX_FLAGS, extra_cuda_cflags=CUDA_FLAGS,
-                            extra_include_paths=[str(CUDA_DIR)], build_directory=str(directory), verbose=False)
-            except Exception as exc:  # the message holds the compiler's output
-                raise SplatwrightError(f"building the CUDA rasterizer in {directory} failed:\n{exc}") from exc
-    return _ext
-
-
-def is_available() -> tuple[bool, str]:
-    """(True, device name) if a CUDA device is present and the extension builds, else (False, why not)."""
-    if not torch.cuda.is_available():
-        return False, "no CUDA device visible to torch"
-    try:
-        extension()
-    except SplatwrightError as exc:
-        return False, str(exc)
-    return True, torch.cuda.get_device_name()
 
 
 class _Project(torch.autograd.Function):
