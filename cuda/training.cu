@@ -50,10 +50,11 @@ __global__ void ssim_stats_rows_kernel(const float* __restrict__ x, const float*
 }
 
 // Vertical pass, then the SSIM map S and its partial derivatives w.r.t. the statistics that depend on x.
-// Each block writes its sums of S and |x - y| to block_sums (deterministic: reduced later in a fixed order).
+// Each block writes its sums of S and |x - y| to block_sums[2b], [2b + 1] (reduced later in a fixed order,
+// so the loss is deterministic).
 __global__ void ssim_map_kernel(const float* __restrict__ x, const float* __restrict__ y,
                                 const float* __restrict__ rows, int width, int height, float* __restrict__ partials,
-                                float2* __restrict__ block_sums) {
+                                float* __restrict__ block_sums) {
   float w[2 * SSIM_RADIUS + 1];
   window_weights(w);
   const int col = blockIdx.x * blockDim.x + threadIdx.x, row = blockIdx.y * blockDim.y + threadIdx.y;
@@ -92,17 +93,21 @@ __global__ void ssim_map_kernel(const float* __restrict__ x, const float* __rest
     if (t < stride) sums[t] = make_float2(sums[t].x + sums[t + stride].x, sums[t].y + sums[t + stride].y);
     __syncthreads();
   }
-  if (t == 0) block_sums[blockIdx.y * gridDim.x + blockIdx.x] = sums[0];
+  if (t == 0) {
+    const int b = blockIdx.y * gridDim.x + blockIdx.x;
+    block_sums[2 * b] = sums[0].x;
+    block_sums[2 * b + 1] = sums[0].y;
+  }
 }
 
 // loss = (1 - w) mean|x - y| + w (1 - mean S), over all 3 * width * height values.
-__global__ void loss_finalize_kernel(const float2* __restrict__ block_sums, int n_blocks, float inv_count,
+__global__ void loss_finalize_kernel(const float* __restrict__ block_sums, int n_blocks, float inv_count,
                                      float ssim_weight, float* __restrict__ loss) {
   __shared__ double ssim_part[256], l1_part[256];
   double s = 0.0, l = 0.0;
   for (int i = threadIdx.x; i < n_blocks; i += blockDim.x) {
-    s += block_sums[i].x;
-    l += block_sums[i].y;
+    s += block_sums[2 * i];
+    l += block_sums[2 * i + 1];
   }
   ssim_part[threadIdx.x] = s;
   l1_part[threadIdx.x] = l;
@@ -205,7 +210,7 @@ cudaError_t launch_loss_fwd(const float* image, const float* target, int width, 
                             float* workspace, float* partials, float* loss, cudaStream_t stream) {
   const dim3 block(LOSS_BLOCK_X, LOSS_BLOCK_Y), grid = loss_grid(width, height);
   float* rows = workspace;
-  float2* block_sums = reinterpret_cast<float2*>(workspace + (size_t)N_STATS * width * height);
+  float* block_sums = workspace + (size_t)N_STATS * width * height;  // (ssim, l1) per block
   ssim_stats_rows_kernel<<<grid, block, 0, stream>>>(image, target, width, height, rows);
   ssim_map_kernel<<<grid, block, 0, stream>>>(image, target, rows, width, height, partials, block_sums);
   loss_finalize_kernel<<<1, 256, 0, stream>>>(block_sums, grid.x * grid.y, 1.f / (3.f * width * height),

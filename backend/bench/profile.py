@@ -69,4 +69,19 @@ def main(argv: list[str]) -> int:
         print(f"| {name} | {ms:.3f} | {100 * ms / wall_ms:.1f}% |")
     overhead = max(0.0, wall_ms - gpu_ms)
     print(f"| host overhead (Python, launches, syncs) | {overhead:.3f} | {100 * overhead / wall_ms:.1f}% |")
+    host_table(prof, args.steps)
     return 0
+
+
+def host_table(prof, steps: int, rows: int = 15) -> None:
+    """The host side: kernel launches per step, time blocked waiting for the GPU, and the operators with the
+    most CPU time of their own (Python and dispatch included)."""
+    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CPU]
+    launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cudaLaunchKernelExC"))
+    waiting = sum(e.self_cpu_time_total for e in events if re.search(r"Synchronize|cudaMemcpy", e.key))
+    print(f"\nhost: {launches / steps:.0f} kernel launches per step; {waiting / 1e3 / steps:.3f} ms/step blocked "
+          f"waiting for the GPU (synchronise, copies to the host)")
+    print("| host operator | calls/step | self CPU ms/step |")
+    print("|---|---|---|")
+    for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:rows]:
+        print(f"| {e.key} | {e.count / steps:.1f} | {e.self_cpu_time_total / 1e3 / steps:.3f} |")
