@@ -43,7 +43,7 @@ def edit_rows(optimizer: torch.optim.Optimizer, g: Gaussians, keep: torch.Tensor
 @dataclass
 class DensifyConfig:
     grad_threshold: float = 2e-4  # mean screen-space gradient (NDC units) that marks a Gaussian for growth
-    start: int = 500
+    start: int = 500  # densification and opacity resets happen at steps s with start < s < stop
     stop: int = 15_000
     every: int = 100
     reset_opacity_every: int = 3000
@@ -74,11 +74,11 @@ class DefaultStrategy:
                        optimizer: torch.optim.Optimizer, generator: torch.Generator) -> None:
         """`step` counts completed steps, this one included."""
         cfg = self.cfg
-        if step <= cfg.stop and out.means2d.grad is not None:
+        if step < cfg.stop and out.means2d.grad is not None:
             self._accumulate(out, width, height, len(g))
-        if cfg.start < step <= cfg.stop and step % cfg.every == 0:
+        if cfg.start < step < cfg.stop and step % cfg.every == 0:
             self._refine(step, g, optimizer, generator)
-        if cfg.reset_opacity_every and step <= cfg.stop and step % cfg.reset_opacity_every == 0:
+        if cfg.reset_opacity_every and step < cfg.stop and step % cfg.reset_opacity_every == 0:
             self._reset_opacity(g, optimizer)
 
     def _accumulate(self, out: RasterOutput, width: int, height: int, n: int) -> None:

@@ -39,7 +39,7 @@ float* fptr(const torch::Tensor& t) { return t.data_ptr<float>(); }
 int32_t* iptr(const torch::Tensor& t) { return t.data_ptr<int32_t>(); }
 
 sw::GaussianArgs gaussian_args(const torch::Tensor& means, const torch::Tensor& quats, const torch::Tensor& scales,
-                               const torch::Tensor& sh, int64_t sh_degree) {
+                               const torch::Tensor& sh, const float* opacities, int64_t sh_degree) {
   check_input(means, "means");
   check_input(quats, "quats");
   check_input(scales, "scales");
@@ -53,7 +53,7 @@ sw::GaussianArgs gaussian_args(const torch::Tensor& means, const torch::Tensor& 
   TORCH_CHECK(sh.size(1) >= (sh_degree + 1) * (sh_degree + 1), "sh has too few coefficients for the degree");
   TORCH_CHECK(sh.size(1) <= sw::MAX_SH_COEFFS, "sh has more than ", sw::MAX_SH_COEFFS, " coefficients");
   TORCH_CHECK(n <= std::numeric_limits<int>::max(), "too many Gaussians");
-  return {fptr(means), fptr(quats), fptr(scales), fptr(sh), (int)n, (int)sh.size(1), (int)sh_degree};
+  return {fptr(means), fptr(quats), fptr(scales), fptr(sh), opacities, (int)n, (int)sh.size(1), (int)sh_degree};
 }
 
 sw::CameraArgs camera_args(const torch::Tensor& viewmat, const torch::Tensor& K, int64_t width, int64_t height) {
@@ -66,11 +66,14 @@ sw::CameraArgs camera_args(const torch::Tensor& viewmat, const torch::Tensor& K,
 
 // Returns means2d (N, 2), conics (N, 3), depths (N,), radii (N,) int32, colors (N, 3).
 std::vector<torch::Tensor> project_forward(const torch::Tensor& means, const torch::Tensor& quats,
-                                           const torch::Tensor& scales, const torch::Tensor& sh,
-                                           const torch::Tensor& viewmat, const torch::Tensor& K, int64_t width,
-                                           int64_t height, int64_t sh_degree) {
+                                           const torch::Tensor& scales, const torch::Tensor& opacities,
+                                           const torch::Tensor& sh, const torch::Tensor& viewmat,
+                                           const torch::Tensor& K, int64_t width, int64_t height,
+                                           int64_t sh_degree) {
   const c10::cuda::CUDAGuard guard(means.device());
-  const sw::GaussianArgs g = gaussian_args(means, quats, scales, sh, sh_degree);
+  check_input(opacities, "opacities");
+  TORCH_CHECK(opacities.numel() == means.size(0), "opacities must be (N,)");
+  const sw::GaussianArgs g = gaussian_args(means, quats, scales, sh, fptr(opacities), sh_degree);
   const sw::CameraArgs cam = camera_args(viewmat, K, width, height);
   const auto f32 = means.options();
   const int64_t n = g.n;
@@ -90,7 +93,7 @@ std::vector<torch::Tensor> project_backward(const torch::Tensor& means, const to
                                             const torch::Tensor& grad_means2d, const torch::Tensor& grad_conics,
                                             const torch::Tensor& grad_colors) {
   const c10::cuda::CUDAGuard guard(means.device());
-  const sw::GaussianArgs g = gaussian_args(means, quats, scales, sh, sh_degree);
+  const sw::GaussianArgs g = gaussian_args(means, quats, scales, sh, nullptr, sh_degree);
   const sw::CameraArgs cam = camera_args(viewmat, K, width, height);
   check_input(radii, "radii", torch::kInt32);
   check_input(grad_means2d, "grad_means2d");

@@ -132,9 +132,12 @@ SW_HD void tile_rect(float u, float v, int radius, int width, int height, int& x
   y_hi = (int)clampf(floorf((v + r) / TILE) + 1.f, 0.f, tiles_y);
 }
 
-// Screen-space centre, conic and radius (0 when culled) of one Gaussian.
+// Screen-space centre, conic and radius (0 when culled) of one Gaussian. The radius covers RADIUS_SIGMAS
+// standard deviations of the major axis, or fewer where the opacity brings alpha under ALPHA_MIN sooner:
+// opacity exp(-d^2 / 2) < ALPHA_MIN beyond d = sqrt(2 ln(opacity / ALPHA_MIN)). The tiles this drops hold
+// only pixels the compositing would skip, so the image is the same with fewer tile entries.
 SW_HD void project_gaussian(const Camera& cam, const float* mean, const float* quat, const float* scale,
-                            EwaState& e, float* mean2d, float* conic, int& radius) {
+                            float opacity, EwaState& e, float* mean2d, float* conic, int& radius) {
   ewa_forward(cam, mean, quat, scale, e);
   mean2d[0] = cam.fx * e.p[0] / e.z + cam.cx;
   mean2d[1] = cam.fy * e.p[1] / e.z + cam.cy;
@@ -146,10 +149,11 @@ SW_HD void project_gaussian(const Camera& cam, const float* mean, const float* q
   conic[2] = e.a / e.det;
   const float mid = 0.5f * (e.a + e.c);
   const float lambda_max = mid + sqrtf(fmaxf(mid * mid - e.det, 0.1f));
-  const int r = (int)ceilf(RADIUS_SIGMAS * sqrtf(lambda_max));
+  const float sigmas = fminf(RADIUS_SIGMAS, sqrtf(2.f * logf(fmaxf(opacity / ALPHA_MIN, 1.f))));
+  const int r = (int)ceilf(sigmas * sqrtf(lambda_max));
   int x_lo, x_hi, y_lo, y_hi;
   tile_rect(mean2d[0], mean2d[1], r, cam.width, cam.height, x_lo, x_hi, y_lo, y_hi);
-  if (x_hi > x_lo && y_hi > y_lo) radius = r;
+  if (r > 0 && x_hi > x_lo && y_hi > y_lo) radius = r;
 }
 
 // Backward of project_gaussian's mean2d and conic (for a Gaussian with radius > 0): accumulates into

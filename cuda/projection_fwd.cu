@@ -21,7 +21,8 @@ __global__ void __launch_bounds__(PROJ_THREADS)
   const float* mean = g.means + 3 * i;
   EwaState e;
   int radius;
-  project_gaussian(cam, mean, g.quats + 4 * i, g.scales + 3 * i, e, means2d + 2 * i, conics + 3 * i, radius);
+  project_gaussian(cam, mean, g.quats + 4 * i, g.scales + 3 * i, g.opacities[i], e, means2d + 2 * i, conics + 3 * i,
+                   radius);
   depths[i] = e.p[2];
   radii[i] = radius;
   float* color = colors + 3 * i;

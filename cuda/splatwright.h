@@ -17,6 +17,7 @@ struct GaussianArgs {
   const float* quats;   // (n, 4) w, x, y, z; need not be unit length
   const float* scales;  // (n, 3)
   const float* sh;      // (n, sh_coeffs, 3)
+  const float* opacities;  // (n,) in [0, 1], for the footprint radius; null in the backward (it reads radii)
   int n;
   int sh_coeffs;        // coefficients stored per Gaussian, (sh_degree + 1)^2 .. MAX_SH_COEFFS
   int sh_degree;        // 0..3

@@ -91,8 +91,8 @@ def ambiguous_pixels(scene, width, height, sh_degree):
     """Pixels where some splat of the tile's list has alpha within AMBIGUOUS_REL of the 1/255 floor."""
     s = {k: v.to(DEV) for k, v in scene.items()}
     with torch.no_grad():
-        proj = reference.project(s["means"], s["quats"], s["scales"], s["sh"], s["viewmat"], s["K"], width, height,
-                                 sh_degree)
+        proj = reference.project(s["means"], s["quats"], s["scales"], s["opacities"], s["sh"], s["viewmat"], s["K"],
+                                 width, height, sh_degree)
         tile_ids, gauss_ids = reference.bin_tiles(proj, width, height)
         tiles_x, tiles_y = (width + TILE - 1) // TILE, (height + TILE - 1) // TILE
         flags = torch.zeros(tiles_y * tiles_x, TILE * TILE, dtype=torch.int32, device=DEV)

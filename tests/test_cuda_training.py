@@ -1,7 +1,7 @@
 """The training kernels (cuda/training.cu) against their torch definitions, and a GPU training run.
 
 Tolerances: the loss value relative 1e-5 and its image gradient relative L2 1e-4 against the torch loss in
-float64; Adam parameters after 30 steps relative 1e-5 against torch.optim.Adam in float32; the densification
+float64; Adam parameters after 30 float32 steps within 1e-5 of the same arithmetic in float64; the densification
 statistics relative 1e-6 against the torch formula.
 """
 from __future__ import annotations
@@ -49,24 +49,28 @@ def test_fused_loss_matches_torch(height, width, ssim_weight):
     assert rel_l2(ours_img.grad.cpu(), ref_img.grad) <= 1e-4
 
 
-def test_adam_kernel_matches_torch_adam():
+def test_adam_kernel_matches_the_cpu_arithmetic():
+    """The kernel in float32 against the same optimizer's CPU arithmetic in float64 (which
+    tests/test_train.py holds to torch.optim.Adam)."""
     gen = torch.Generator().manual_seed(1)
     shapes = [(1000, 3), (1000, 15, 3), (1000,), (0, 4)]
-    ours_params = [torch.randn(s, generator=gen).to(DEV) for s in shapes]
-    torch_params = [p.clone() for p in ours_params]
+    kernel_params = [torch.randn(s, generator=gen).to(DEV) for s in shapes]
+    cpu_params = [p.cpu().double() for p in kernel_params]
     lrs = [1e-2, 3e-3, 5e-2, 1e-3]
-    ours = Adam([{"params": [p], "lr": lr} for p, lr in zip(ours_params, lrs)], eps=1e-15)
-    reference = torch.optim.Adam([{"params": [p], "lr": lr} for p, lr in zip(torch_params, lrs)], eps=1e-15)
+    kernel = Adam([{"params": [p], "lr": lr} for p, lr in zip(kernel_params, lrs)], eps=1e-15)
+    cpu = Adam([{"params": [p], "lr": lr} for p, lr in zip(cpu_params, lrs)], eps=1e-15)
     for step in range(30):
-        grads = [torch.randn(s, generator=gen).to(DEV) for s in shapes]
-        grads[1] = torch.randn(1000, 16, 3, generator=gen).to(DEV)[:, 1:]  # strided, as from a concatenation
-        for params in (ours_params, torch_params):
-            for p, g in zip(params, grads):
-                p.grad = g.clone()
-        ours.step()
-        reference.step()
-    for a, b in zip(ours_params, torch_params):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        grads = [torch.randn(s, generator=gen) for s in shapes]
+        grads[1] = torch.randn(1000, 16, 3, generator=gen)[:, 1:]  # strided, as from a concatenation
+        for p, g in zip(kernel_params, grads):
+            p.grad = g.to(DEV)
+        for p, g in zip(cpu_params, grads):
+            p.grad = g.double()
+        kernel.step()
+        cpu.step()
+    for shape, a, b in zip(shapes, kernel_params, cpu_params):
+        error = float((a.cpu().double() - b).abs().max()) if a.numel() else 0.0
+        assert error <= 1e-5, f"{shape}: max abs difference {error:.3g} after 30 steps"
 
 
 def test_gradient_statistics_kernel_matches_torch():

@@ -16,7 +16,7 @@ def sequential_oracle(g, cam, sh_degree, background):
     """Per pixel: walk the splats whose tile rectangle holds the pixel's tile in (depth, index) order."""
     viewmat, K = camera_tensors(cam, "cpu", torch.float64)
     g64 = g.to(dtype=torch.float64)
-    proj = reference.project(g64.means, g64.quats, torch.exp(g64.log_scales), g64.sh, viewmat, K,
+    proj = reference.project(g64.means, g64.quats, torch.exp(g64.log_scales), g64.opacities, g64.sh, viewmat, K,
                              cam.width, cam.height, sh_degree)
     x_lo, x_hi, y_lo, y_hi = reference.tile_rect(proj.means2d, proj.radii, cam.width, cam.height)
     opac = torch.sigmoid(g64.opacity_logits)
@@ -77,13 +77,32 @@ def test_projection_of_an_isotropic_gaussian_on_the_axis():
     quats = torch.tensor([[1.0, 0, 0, 0]], dtype=torch.float64)
     scales = torch.full((1, 3), s, dtype=torch.float64)
     sh = torch.zeros(1, 1, 3, dtype=torch.float64)
-    proj = reference.project(means, quats, scales, sh, viewmat, K, 64, 48, 0)
+    opaque = torch.ones(1, dtype=torch.float64)  # footprint of the full RADIUS_SIGMAS deviations
+    proj = reference.project(means, quats, scales, opaque, sh, viewmat, K, 64, 48, 0)
     var = (f * s / z) ** 2 + 0.3
     torch.testing.assert_close(proj.means2d[0], torch.tensor([32.0, 24.0], dtype=torch.float64))
     torch.testing.assert_close(proj.conics[0], torch.tensor([1 / var, 0.0, 1 / var], dtype=torch.float64))
     assert proj.radii[0] == math.ceil(3 * math.sqrt(var))
     assert proj.depths[0] == pytest.approx(z)
     torch.testing.assert_close(proj.colors[0], torch.full((3,), 0.5, dtype=torch.float64))
+
+
+def test_opacity_bounded_footprints_leave_the_image_unchanged():
+    """Radii shrink where the opacity keeps alpha under the 1/255 floor sooner than RADIUS_SIGMAS deviations;
+    compositing with the full radii gives the same image, with more tile entries."""
+    g = random_gaussians(300, seed=11, sh_degree=1, scale=0.1).to(dtype=torch.float64)
+    g.opacity_logits = 3 * g.opacity_logits - 2  # from far below the floor to nearly opaque
+    cam = orbit_cameras(1, 48, 40)[0]
+    means, quats, scales, opacities, sh, viewmat, K, w, h, deg, _ = _args(g, cam, 1, (0.0, 0.0, 0.0))
+    with torch.no_grad():
+        tight = reference.project(means, quats, scales, opacities, sh, viewmat, K, w, h, deg)
+        full = reference.project(means, quats, scales, torch.ones_like(opacities), sh, viewmat, K, w, h, deg)
+        images = [reference.composite(proj, *reference.bin_tiles(proj, w, h), opacities, w, h)[0]
+                  for proj in (tight, full)]
+    assert (tight.radii < full.radii).sum() > 50 and (tight.radii <= full.radii).all()
+    assert ((tight.radii == 0) & (full.radii > 0)).any()  # below the floor everywhere: culled
+    assert len(reference.bin_tiles(tight, w, h)[0]) < len(reference.bin_tiles(full, w, h)[0])
+    torch.testing.assert_close(images[0], images[1], rtol=0, atol=1e-12)
 
 
 def test_culls_behind_near_plane_and_off_screen():

@@ -3,6 +3,7 @@ gsplat-based trainer following the same recipe, on the same data and initial Gau
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import tempfile
@@ -31,10 +32,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--data", default=str(LEGO))
     p.add_argument("--preset", default="quality", choices=sorted(PRESETS))
     p.add_argument("--iters", type=int, default=None, help="override the preset's step count")
-    p.add_argument("--no-peer", action="store_true", help="skip the gsplat trainer")
-    p.add_argument("--peer-opacity-reset", action="store_true",
-                   help="make the gsplat loop reset opacities itself: gsplat 1.5.3's DefaultStrategy never does "
-                        "(its test `step % reset_every == 0 & step > 0` is always false)")
+    p.add_argument("--peer", default="shipped", choices=["shipped", "reset", "both", "none"],
+                   help="the gsplat loop with its DefaultStrategy as shipped, with opacity resets made by the loop "
+                        "(gsplat 1.5.3's strategy never resets: its test `step %% reset_every == 0 & step > 0` is "
+                        "always false), both, or no peer")
     p.add_argument("--resume-check", action="store_true",
                    help="also train ours stopped halfway, checkpointed and resumed, and compare the two")
     args = p.parse_args(argv)
@@ -53,13 +54,14 @@ def main(argv: list[str]) -> int:
     if args.resume_check:
         rows[f"splatwright, resumed at {cfg.iterations // 2}"] = run_ours(train_set, test_set, cfg, init,
                                                                           resume_at=cfg.iterations // 2)
-    if not args.no_peer:
-        try:
-            import gsplat
-            name = f"gsplat {gsplat.__version__}" + (" + opacity reset" if args.peer_opacity_reset else "")
-            rows[name] = run_gsplat(train_set, test_set, cfg, init, args.peer_opacity_reset)
-        except ImportError:
-            print("gsplat is not importable: peer skipped", file=sys.stderr)
+    variants = {"shipped": [False], "reset": [True], "both": [False, True], "none": []}[args.peer]
+    if variants and importlib.util.find_spec("gsplat") is None:
+        print("gsplat is not importable: peer skipped", file=sys.stderr)
+        variants = []
+    for opacity_reset in variants:
+        import gsplat
+        name = f"gsplat {gsplat.__version__}" + (" + opacity reset" if opacity_reset else "")
+        rows[name] = run_gsplat(train_set, test_set, cfg, init, opacity_reset)
     report(rows, cfg, args.preset)
     return 0
 

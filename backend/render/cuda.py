@@ -16,9 +16,10 @@ from .reference import RasterOutput
 
 class _Project(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, means, quats, scales, sh, viewmat, K, width, height, sh_degree):
+    def forward(ctx, means, quats, scales, sh, opacities, viewmat, K, width, height, sh_degree):
+        # opacities only bound the footprint radius: no gradient flows through them here
         means2d, conics, depths, radii, colors = extension().project_forward(
-            means, quats, scales, sh, viewmat, K, width, height, sh_degree)
+            means, quats, scales, opacities, sh, viewmat, K, width, height, sh_degree)
         ctx.save_for_backward(means, quats, scales, sh, viewmat, K, radii)
         ctx.args = (width, height, sh_degree)
         ctx.mark_non_differentiable(depths, radii)
@@ -31,7 +32,7 @@ class _Project(torch.autograd.Function):
         g_means, g_quats, g_scales, g_sh = extension().project_backward(
             means, quats, scales, sh, viewmat, K, width, height, sh_degree, radii,
             g_means2d.contiguous(), g_conics.contiguous(), g_colors.contiguous())
-        return g_means, g_quats, g_scales, g_sh, None, None, None, None, None
+        return g_means, g_quats, g_scales, g_sh, None, None, None, None, None, None
 
 
 class _Rasterize(torch.autograd.Function):
@@ -72,8 +73,8 @@ def rasterize(means, quats, scales, opacities, sh, viewmat, K, width: int, heigh
     means, quats, scales, opacities, sh = (prep(t) for t in (means, quats, scales, opacities, sh))
     viewmat, K = prep(viewmat).detach(), prep(K).detach()
     background = torch.broadcast_to(prep(background).detach(), (3,)).contiguous()
-    means2d, conics, depths, radii, colors = _Project.apply(means, quats, scales, sh, viewmat, K, int(width),
-                                                            int(height), int(sh_degree))
+    means2d, conics, depths, radii, colors = _Project.apply(means, quats, scales, sh, opacities.detach().reshape(-1),
+                                                            viewmat, K, int(width), int(height), int(sh_degree))
     if means2d.requires_grad:
         means2d.retain_grad()
     image, alpha, depth = _Rasterize.apply(means2d, conics, colors, opacities.reshape(-1), depths, radii,

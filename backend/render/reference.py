@@ -50,8 +50,12 @@ def quat_to_rotmat(quats: torch.Tensor) -> torch.Tensor:
     ], dim=-1).reshape(quats.shape[:-1] + (3, 3))
 
 
-def project(means, quats, scales, sh, viewmat, K, width: int, height: int, sh_degree: int) -> Projected:
-    """EWA projection of 3D Gaussians to screen-space ellipses, plus view-dependent colour."""
+def project(means, quats, scales, opacities, sh, viewmat, K, width: int, height: int, sh_degree: int) -> Projected:
+    """EWA projection of 3D Gaussians to screen-space ellipses, plus view-dependent colour.
+
+    The footprint radius covers RADIUS_SIGMAS standard deviations of the major axis, or fewer where the
+    opacity brings alpha under ALPHA_MIN sooner (beyond sqrt(2 ln(opacity / ALPHA_MIN)) deviations): the tiles
+    this drops hold only pixels the compositing would skip, so the image is unchanged."""
     R, t = viewmat[:3, :3], viewmat[:3, 3]
     fx, fy, cx, cy = K[0, 0], K[1, 1], K[0, 2], K[1, 2]
     p = means @ R.T + t
@@ -84,11 +88,13 @@ def project(means, quats, scales, sh, viewmat, K, width: int, height: int, sh_de
 
     mid = 0.5 * (a + c)
     lambda_max = mid + torch.sqrt(torch.clamp_min(mid * mid - det, 0.1))
-    radii = torch.ceil(RADIUS_SIGMAS * torch.sqrt(lambda_max.detach())).to(torch.int32)
+    sigmas = torch.clamp(torch.sqrt(2 * torch.log(torch.clamp_min(opacities.detach().reshape(-1) / ALPHA_MIN, 1.0))),
+                         max=RADIUS_SIGMAS)
+    radii = torch.ceil(sigmas * torch.sqrt(lambda_max.detach())).to(torch.int32)
     means2d = torch.stack([fx * x / z_safe + cx, fy * y / z_safe + cy], dim=-1)
 
     x_lo, x_hi, y_lo, y_hi = tile_rect(means2d.detach(), radii, width, height)
-    valid = valid & (x_hi > x_lo) & (y_hi > y_lo)
+    valid = valid & (radii > 0) & (x_hi > x_lo) & (y_hi > y_lo)
     radii = torch.where(valid, radii, torch.zeros_like(radii))
 
     campos = -R.T @ t
@@ -190,7 +196,7 @@ def rasterize(means, quats, scales, opacities, sh, viewmat, K, width: int, heigh
               sh_degree: int, background) -> RasterOutput:
     """Render Gaussians (world-space means, quaternions, positive scales, opacities in [0, 1], SH
     coefficients (N, K, 3)) through an OpenCV camera (world-to-camera `viewmat`, intrinsics `K`)."""
-    proj = project(means, quats, scales, sh, viewmat, K, width, height, sh_degree)
+    proj = project(means, quats, scales, opacities, sh, viewmat, K, width, height, sh_degree)
     if proj.means2d.requires_grad:
         proj.means2d.retain_grad()
     tile_ids, gauss_ids = bin_tiles(proj, width, height)
