@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def add_training_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="quality", choices=["quality", "fast"],
-                   help="GPU schedule: quality (30k steps) or fast (6k steps)")
+                   help="GPU schedule: quality (30k steps) or fast (5k steps)")
     p.add_argument("--iters", type=int, default=None,
                    help="training steps (default: the preset's on GPU, a short schedule on the CPU reference path)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])

@@ -39,8 +39,8 @@ def resolve_device(name: str) -> tuple[str, str]:
 
 PRESETS = {
     "quality": TrainConfig(iterations=30_000),
-    # The quality schedule cut short: one opacity reset at 3000, densification until 4500.
-    "fast": TrainConfig(iterations=6000, densify=DensifyConfig(stop=4500)),
+    # The shortest schedule measured to reach 31 dB on lego: one opacity reset at 2000, densification until 3500.
+    "fast": TrainConfig(iterations=5000, densify=DensifyConfig(stop=3500, reset_opacity_every=2000)),
 }
 
 
