@@ -23,6 +23,21 @@ __device__ void window_weights(float* w) {
   for (int k = 0; k <= 2 * SSIM_RADIUS; ++k) w[k] /= sum;
 }
 
+// acc[s] = sum_k w_k src[p + k][s] over the window along a row (VERTICAL false) or a column (true), with zero
+// padding; src holds N values per pixel.
+template <int N, bool VERTICAL>
+__device__ __forceinline__ void blur_pixel(const float* __restrict__ src, int width, int height, int col, int row,
+                                           const float* w, float* acc) {
+  for (int s = 0; s < N; ++s) acc[s] = 0.f;
+  for (int k = -SSIM_RADIUS; k <= SSIM_RADIUS; ++k) {
+    const int c = VERTICAL ? col : col + k, r = VERTICAL ? row + k : row;
+    if (c < 0 || c >= width || r < 0 || r >= height) continue;
+    const float wk = w[k + SSIM_RADIUS];
+    const float* in = src + (size_t)N * (r * width + c);
+    for (int s = 0; s < N; ++s) acc[s] += wk * in[s];
+  }
+}
+
 // Horizontal pass of the SSIM statistics: rows[p][c*5 + s] = sum_k w_k f_s(x, y)[p + (k, 0)], channel c.
 __global__ void ssim_stats_rows_kernel(const float* __restrict__ x, const float* __restrict__ y, int width,
                                        int height, float* __restrict__ rows) {
@@ -60,14 +75,8 @@ __global__ void ssim_map_kernel(const float* __restrict__ x, const float* __rest
   const int col = blockIdx.x * blockDim.x + threadIdx.x, row = blockIdx.y * blockDim.y + threadIdx.y;
   float ssim_sum = 0.f, l1_sum = 0.f;
   if (col < width && row < height) {
-    float acc[N_STATS] = {};
-    for (int k = -SSIM_RADIUS; k <= SSIM_RADIUS; ++k) {
-      const int r = row + k;
-      if (r < 0 || r >= height) continue;
-      const float wk = w[k + SSIM_RADIUS];
-      const float* in = rows + (size_t)N_STATS * (r * width + col);
-      for (int s = 0; s < N_STATS; ++s) acc[s] += wk * in[s];
-    }
+    float acc[N_STATS];
+    blur_pixel<N_STATS, true>(rows, width, height, col, row, w, acc);
     const int p = row * width + col;
     float* out = partials + (size_t)N_PARTIALS * p;
     for (int ch = 0; ch < 3; ++ch) {
@@ -131,14 +140,8 @@ __global__ void ssim_grad_rows_kernel(const float* __restrict__ partials, int wi
   window_weights(w);
   const int col = blockIdx.x * blockDim.x + threadIdx.x, row = blockIdx.y * blockDim.y + threadIdx.y;
   if (col >= width || row >= height) return;
-  float acc[N_PARTIALS] = {};
-  for (int k = -SSIM_RADIUS; k <= SSIM_RADIUS; ++k) {
-    const int c = col + k;
-    if (c < 0 || c >= width) continue;
-    const float wk = w[k + SSIM_RADIUS];
-    const float* in = partials + (size_t)N_PARTIALS * (row * width + c);
-    for (int s = 0; s < N_PARTIALS; ++s) acc[s] += wk * in[s];
-  }
+  float acc[N_PARTIALS];
+  blur_pixel<N_PARTIALS, false>(partials, width, height, col, row, w, acc);
   float* out = rows + (size_t)N_PARTIALS * (row * width + col);
   for (int s = 0; s < N_PARTIALS; ++s) out[s] = acc[s];
 }
@@ -152,14 +155,8 @@ __global__ void loss_grad_kernel(const float* __restrict__ x, const float* __res
   window_weights(w);
   const int col = blockIdx.x * blockDim.x + threadIdx.x, row = blockIdx.y * blockDim.y + threadIdx.y;
   if (col >= width || row >= height) return;
-  float acc[N_PARTIALS] = {};
-  for (int k = -SSIM_RADIUS; k <= SSIM_RADIUS; ++k) {
-    const int r = row + k;
-    if (r < 0 || r >= height) continue;
-    const float wk = w[k + SSIM_RADIUS];
-    const float* in = rows + (size_t)N_PARTIALS * (r * width + col);
-    for (int s = 0; s < N_PARTIALS; ++s) acc[s] += wk * in[s];
-  }
+  float acc[N_PARTIALS];
+  blur_pixel<N_PARTIALS, true>(rows, width, height, col, row, w, acc);
   const float g = *grad_loss * inv_count;
   const int p = row * width + col;
   for (int ch = 0; ch < 3; ++ch) {
