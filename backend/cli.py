@@ -15,6 +15,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("data", help="scene folder with transforms_train.json (and transforms_test.json)")
     p.add_argument("--out", required=True, help="output folder for splats.ply, metrics.json, checkpoint.pt")
     add_training_arguments(p)
+    p.add_argument("--random-init", action="store_true",
+                   help="start from random Gaussians even where the scene has a points3d.ply")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
 
     p = sub.add_parser("render", help="render a PLY through the cameras of a transforms file")
@@ -75,7 +77,7 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--downscale", type=float, default=1.0, help="divide image sizes by this factor")
     p.add_argument("--background", default="white", help="white, black or r,g,b in [0, 1]")
     p.add_argument("--sh-degree", type=int, default=3, choices=[0, 1, 2, 3])
-    p.add_argument("--init-points", type=int, default=None, help="random initial Gaussians")
+    p.add_argument("--init-points", type=int, default=None, help="how many random initial Gaussians (without a points3d.ply)")
     p.add_argument("--max-gaussians", type=int, default=None, help="cap on the Gaussian count (0: none)")
     p.add_argument("--checkpoint-every", type=int, default=1000, help="steps between checkpoints (0: only at the end)")
     p.add_argument("--seed", type=int, default=0)

@@ -17,8 +17,10 @@ from PIL import Image
 
 from .data import Dataset, load_cameras, load_split, parse_background
 from .errors import SplatwrightError
+from .gaussians import Gaussians
 from .metrics import psnr
 from .ply import read_ply, write_ply
+from .points import POINTS_FILE, read_points
 from .progress import Progress
 from .render import render
 from .strategy import DensifyConfig
@@ -109,7 +111,7 @@ def train(args) -> int:
     test_set = load_split(args.data, "test", cfg.background, args.downscale)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    trainer = Trainer(train_set, cfg, device)
+    trainer = Trainer(train_set, cfg, device, None if args.random_init else scene_points(args.data, cfg, device))
     if args.resume:
         if not (out / CHECKPOINT).is_file():
             raise SplatwrightError(f"--resume: no {CHECKPOINT} in {out}")
@@ -119,6 +121,17 @@ def train(args) -> int:
     metrics = finish(trainer, test_set or train_set, out, device)
     print(json.dumps(metrics))
     return 0
+
+
+def scene_points(folder: str | Path, cfg: TrainConfig, device: str) -> Gaussians | None:
+    """Initial Gaussians on the scene's points3d.ply (a capture's surface points) if it has one, else None:
+    random ones inside the cameras' view."""
+    path = Path(folder) / POINTS_FILE
+    if not path.is_file():
+        return None
+    xyz, rgb = read_points(path)
+    print(f"starting from the {len(xyz)} points of {path}", file=sys.stderr)
+    return Gaussians.from_point_cloud(xyz, rgb, cfg.sh_degree, device)
 
 
 def finish(trainer: Trainer, eval_set: Dataset, out: Path, device: str, **extra) -> dict:
@@ -254,7 +267,7 @@ def scene_demo(args, data: Path, out: Path) -> int:
         downscale = max(1.0, probe[0].width / 100)
     train_set = load_split(data, "train", cfg.background, downscale)
     test_set = load_split(data, "test", cfg.background, downscale) or train_set
-    trainer = Trainer(train_set, cfg, device)
+    trainer = Trainer(train_set, cfg, device, scene_points(data, cfg, device))
     initial = evaluate(trainer.g, test_set, 0, cfg.background, rasterizer)
     run_training(trainer, out / CHECKPOINT, 0)
     metrics = finish(trainer, test_set, out, device, initial_psnr=initial["psnr"])

@@ -86,6 +86,13 @@ class Gaussians:
         )
 
     @classmethod
+    def from_point_cloud(cls, xyz: np.ndarray, rgb: np.ndarray, sh_degree: int, device) -> "Gaussians":
+        """From positions (N, 3) and uint8 colours (N, 3), built on `device`: the neighbour search is quadratic."""
+        points = torch.from_numpy(np.asarray(xyz, dtype=np.float32)).to(device)
+        colors = torch.from_numpy(np.asarray(rgb, dtype=np.uint8)).to(device).float() / 255.0
+        return cls.from_points(points, colors, sh_degree)
+
+    @classmethod
     def random_in_box(cls, n: int, center, half_extent: float, sh_degree: int = 3,
                       seed: int = 0) -> "Gaussians":
         gen = torch.Generator().manual_seed(seed)

@@ -310,9 +310,8 @@ class Engine:
     def _new_trainer(self, cfg: TrainConfig) -> Trainer:
         session = self.session
         gaussians = None
-        if session.points is not None:  # built on the training device: the neighbour search is quadratic
-            xyz, rgb = (torch.from_numpy(np.array(a)).to(self.device) for a in session.points)
-            gaussians = Gaussians.from_points(xyz, rgb.float() / 255.0, cfg.sh_degree)
+        if session.points is not None:
+            gaussians = Gaussians.from_point_cloud(*session.points, cfg.sh_degree, self.device)
         return Trainer(session.dataset(cfg.background), cfg, self.device, gaussians)
 
     def _trainer_from_checkpoint(self) -> Trainer:

@@ -13,6 +13,7 @@ from mathutils import Matrix
 
 from .core import protocol
 from .core.errors import SplatwrightError
+from .core.points import POINTS_FILE, write_points
 from .dataset import DatasetWriter, fitting_distance, orbit_poses, split_of
 from .runtime import Backend
 from .scene_io import GEOMETRY, bounds, camera_of, surface_points, visible_geometry
@@ -45,11 +46,15 @@ class Capture:
             if not self.views:
                 raise SplatwrightError("no views to capture with these settings")
             self._override_render_settings()
+            s.capture_folder = str(self.folder)
+            if s.initial_points:  # kept with the dataset, for Send Views and the command line's train
+                xyz, rgb = surface_points(context, s.point_count, s.orbit_seed)
+                self.folder.mkdir(parents=True, exist_ok=True)
+                write_points(self.folder / POINTS_FILE, xyz, rgb)
             if backend is not None:
                 name = s.session = self.session
                 backend.call("open_session", lambda c: c.open_session(name), self._status)
                 if s.initial_points:
-                    xyz, rgb = surface_points(context, s.point_count, s.orbit_seed)
                     backend.call("set_points", lambda c: c.set_points(xyz, rgb))
         except BaseException:
             self.finish()

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .core.cameras import BLENDER_TO_OPENCV, Camera, look_at
+from .core.cameras import BLENDER_TO_OPENCV, Camera, from_blender_c2w, look_at
+from .core.errors import SplatwrightError
 
 GOLDEN_ANGLE = math.pi * (3.0 - math.sqrt(5.0))
 
@@ -72,6 +73,24 @@ class DatasetWriter:
             tmp.replace(path)
             written.append(path)
         return written
+
+
+def training_views(folder: str | Path) -> list[tuple[str, Camera, Path]]:
+    """(name, camera, image path) of each training view a DatasetWriter wrote into `folder`."""
+    path = Path(folder) / "transforms_train.json"
+    views = []
+    try:
+        for i, frame in enumerate(json.loads(path.read_text())["frames"]):
+            K = np.array([[frame["fl_x"], 0.0, frame["cx"]], [0.0, frame["fl_y"], frame["cy"]], [0.0, 0.0, 1.0]])
+            cam = from_blender_c2w(np.array(frame["transform_matrix"]), K, frame["w"], frame["h"],
+                                   f"{path} frame {i}")
+            views.append((Path(frame["file_path"]).name, cam, Path(folder) / (frame["file_path"] + ".png")))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SplatwrightError(f"{path}: not a readable capture ({e}); capture the views again") from None
+    missing = [str(image) for _, _, image in views if not image.is_file()]
+    if missing:
+        raise SplatwrightError(f"{missing[0]} is missing ({len(missing)} images in all); capture the views again")
+    return views
 
 
 def sample_surface(triangles: np.ndarray, colors: np.ndarray, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

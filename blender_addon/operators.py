@@ -12,6 +12,8 @@ from . import live
 from .capture import Capture
 from .core import protocol
 from .core.errors import SplatwrightError
+from .core.points import POINTS_FILE, read_points
+from .dataset import training_views
 from .preferences import prefs
 from .runtime import Setup
 from .scene_io import camera_of, viewport_camera
@@ -233,6 +235,51 @@ class SPLATWRIGHT_OT_capture(Guarded, Operator):
         return {"CANCELLED"} if error else {"FINISHED"}
 
 
+class SPLATWRIGHT_OT_send_views(Guarded, Operator):
+    """Send the last capture's training views (and its initial points) to the backend, e.g. after capturing
+    while no backend ran; views the backend already has are not sent again"""
+    bl_idname = "splatwright.send_views"
+    bl_label = "Send Views"
+
+    @classmethod
+    def blocked(cls, context):
+        folder = context.scene.splatwright.capture_folder
+        if reason := not_connected():
+            return reason
+        if live.capture is not None or training_state() in RUNNING:
+            return "Wait for the capture or training to end"
+        return "" if folder and (Path(folder) / "transforms_train.json").is_file() else "Capture views first"
+
+    def execute(self, context):
+        s = context.scene.splatwright
+        folder = Path(s.capture_folder)
+        try:
+            views = training_views(folder)
+        except SplatwrightError as e:
+            self.report({"ERROR"}, str(e))
+            return {"CANCELLED"}
+        points = folder / POINTS_FILE
+        name = folder.name  # a capture's session is named after its folder
+
+        def send(client):
+            have = client.open_session(name)["views"]
+            for view_name, cam, image in views[have:]:
+                fields = {"camera": protocol.camera_to_wire(cam.c2w, cam.K, cam.width, cam.height),
+                          "format": "png", "name": view_name}
+                client.request("add_view", fields, image.read_bytes())
+            if points.is_file():
+                client.set_points(*read_points(points))
+            return len(views) - min(have, len(views)), client.status()
+
+        def sent(result) -> str:
+            count, status = result
+            s.session = name
+            set_status(status)
+            return f"sent {count} views to session {name} ({status['views']} in all)"
+        live.backend.call("send_views", send, sent)
+        return {"FINISHED"}
+
+
 # ---- training ----
 
 class SPLATWRIGHT_OT_train_start(Guarded, Operator):
@@ -246,7 +293,7 @@ class SPLATWRIGHT_OT_train_start(Guarded, Operator):
             return reason
         if training_state() in RUNNING:
             return "Training is running"
-        return "" if live.backend.status.get("views") else "Capture views first (with the backend running)"
+        return "" if live.backend.status.get("views") else "Capture views first (or send the last capture)"
 
     def execute(self, context):
         fields = context.scene.splatwright.training_fields()
@@ -387,7 +434,7 @@ class SPLATWRIGHT_OT_export_ply(Guarded, Operator, ExportHelper):
 
 CLASSES = (SPLATWRIGHT_OT_report, SPLATWRIGHT_OT_setup_environment, SPLATWRIGHT_OT_backend_start,
            SPLATWRIGHT_OT_backend_check, SPLATWRIGHT_OT_backend_stop, SPLATWRIGHT_OT_backend_kill,
-           SPLATWRIGHT_OT_capture, SPLATWRIGHT_OT_train_start, SPLATWRIGHT_OT_train_pause,
+           SPLATWRIGHT_OT_capture, SPLATWRIGHT_OT_send_views, SPLATWRIGHT_OT_train_start, SPLATWRIGHT_OT_train_pause,
            SPLATWRIGHT_OT_train_resume, SPLATWRIGHT_OT_train_stop, SPLATWRIGHT_OT_render_preview,
            SPLATWRIGHT_OT_load_ply, SPLATWRIGHT_OT_export_ply)
 register, unregister = bpy.utils.register_classes_factory(CLASSES)

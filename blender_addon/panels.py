@@ -1,13 +1,16 @@
 """The 'Splats' tab of the 3D viewport's sidebar: Backend, Capture, Train, View, Export."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import bpy
 
 from . import live
 from .operators import (SPLATWRIGHT_OT_backend_check, SPLATWRIGHT_OT_backend_kill, SPLATWRIGHT_OT_backend_start,
                         SPLATWRIGHT_OT_backend_stop, SPLATWRIGHT_OT_capture, SPLATWRIGHT_OT_export_ply,
-                        SPLATWRIGHT_OT_load_ply, SPLATWRIGHT_OT_render_preview, SPLATWRIGHT_OT_train_pause,
-                        SPLATWRIGHT_OT_train_resume, SPLATWRIGHT_OT_train_start, SPLATWRIGHT_OT_train_stop)
+                        SPLATWRIGHT_OT_load_ply, SPLATWRIGHT_OT_render_preview, SPLATWRIGHT_OT_send_views,
+                        SPLATWRIGHT_OT_train_pause, SPLATWRIGHT_OT_train_resume, SPLATWRIGHT_OT_train_start,
+                        SPLATWRIGHT_OT_train_stop)
 
 CONNECTION_ICONS = {"connected": "CHECKMARK", "connecting": "TIME", "lost": "ERROR", "disconnected": "X"}
 
@@ -91,7 +94,9 @@ class SPLATWRIGHT_PT_capture(SplatsPanel, bpy.types.Panel):
         if s.initial_points:
             col.prop(s, "point_count")
         col.prop(s, "folder")
-        buttons(layout, context, SPLATWRIGHT_OT_capture, icons=("RENDER_STILL",))
+        buttons(layout, context, SPLATWRIGHT_OT_capture, SPLATWRIGHT_OT_send_views, icons=("RENDER_STILL", "EXPORT"))
+        if s.capture_folder:
+            layout.label(text=f"Last capture: {Path(s.capture_folder).name}")
 
 
 class SPLATWRIGHT_PT_train(SplatsPanel, bpy.types.Panel):

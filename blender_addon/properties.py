@@ -38,6 +38,8 @@ class SPLATWRIGHT_PG_settings(bpy.types.PropertyGroup):
     session: StringProperty(name="Session", default="",
                             description="The backend session of the last capture; final renders reopen it "
                                         "when the backend shows nothing yet")
+    capture_folder: StringProperty(name="Last Capture", default="", subtype="DIR_PATH",
+                                   description="The dataset folder of the last capture, which Send Views sends")
 
     # Training
     schedule: EnumProperty(name="Schedule", default="QUALITY", items=[

@@ -199,6 +199,16 @@ def run(zip_path: Path, out: Path) -> dict:
     result["start_seconds"] = wait_for(lambda: live.backend.connection == "connected", "backend start", 120)
     result["capabilities"] = live.backend.capabilities
 
+    offline = Path(s.capture_folder)  # the animation capture, made while no backend ran
+    result["offline_points"] = (offline / "points3d.ply").is_file()
+    for attempt in ("sent", "resent"):  # the second time there is nothing new to send
+        op("send_views")
+        wait_for(lambda: not live.backend.in_flight and live.backend.status.get("session") == offline.name,
+                 f"offline capture {attempt}")
+        result[f"offline_{attempt}"] = {"views": live.backend.status["views"], "session": s.session,
+                                        "error": live.backend.last_error}
+    result["offline_frames"] = len(json.loads((offline / "transforms_train.json").read_text())["frames"])
+
     s.source, s.orbit_shape, s.orbit_count = "ORBIT", "HEMISPHERE", 10
     s.schedule, s.iterations, s.sh_degree = "CUSTOM", 150, 1
     start = time.perf_counter()

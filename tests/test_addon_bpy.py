@@ -38,7 +38,7 @@ def test_zip_holds_the_package_and_shared_core(addon_zip):
         manifest = tomllib.loads(z.read("splatwright/blender_manifest.toml").decode())
         defaults = json.loads(z.read("splatwright/core/defaults.json"))
         sources = {n: z.read(n).decode() for n in names if n.endswith(".py")}
-    for name in ("cameras", "errors", "protocol", "client"):
+    for name in ("cameras", "errors", "protocol", "client", "points"):
         assert sources[f"splatwright/core/{name}.py"] == (REPO / "backend" / f"{name}.py").read_text()
     assert '"blender": (3, 4, 0)' in init and "bl_info" in init
     assert manifest["id"] == "splatwright" and manifest["type"] == "add-on"
@@ -147,6 +147,16 @@ def test_capture_from_scene_cameras_and_animation(scenario):
         data = load_split(scenario[f"dataset_{source}"], "train")
         assert np.allclose([c.position for c in data.cameras], expected, atol=1e-4), source
     assert scenario["frame_after_capture"] == 1  # the scene's frame is restored
+
+
+def test_an_offline_capture_is_sent_later_once(scenario):
+    """Views captured while no backend ran, and the capture's surface points, reach the backend by Send Views;
+    sending again adds nothing."""
+    assert scenario["offline_points"]
+    session = Path(scenario["dataset_ANIMATION"]).name
+    assert scenario["offline_frames"] == 3
+    for attempt in ("sent", "resent"):
+        assert scenario[f"offline_{attempt}"] == {"views": 3, "session": session, "error": ""}, attempt
 
 
 def test_backend_errors_become_reports(scenario):

@@ -4,6 +4,7 @@ import sys
 import time
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
@@ -12,6 +13,7 @@ from backend.data import Dataset, load_split
 from backend.gaussians import Gaussians
 from backend.optim import Adam
 from backend.ply import read_ply
+from backend.points import POINTS_FILE, write_points
 from backend.strategy import edit_rows
 from backend.train import Trainer, evaluate, load_checkpoint
 from conftest import LEGO, ROOT
@@ -138,6 +140,19 @@ def _singular(scene):
     meta = json.loads(path.read_text())
     meta["frames"][1]["transform_matrix"] = [[0] * 4, [0] * 4, [0] * 4, [0, 0, 0, 1]]
     path.write_text(json.dumps(meta))
+
+
+def test_cli_train_starts_from_the_scenes_points(tiny_scene, tmp_path):
+    rng = np.random.default_rng(0)
+    write_points(tiny_scene / POINTS_FILE, rng.uniform(-0.5, 0.5, (150, 3)), rng.integers(0, 256, (150, 3)))
+    r = run_cli("train", tiny_scene, "--out", tmp_path / "a", "--iters", 5, "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert "starting from the 150 points" in r.stderr
+    assert json.loads((tmp_path / "a" / "metrics.json").read_text())["gaussians"] == 150
+    r = run_cli("train", tiny_scene, "--out", tmp_path / "b", "--iters", 5, "--device", "cpu", "--random-init",
+                "--init-points", 70)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "b" / "metrics.json").read_text())["gaussians"] == 70
 
 
 @pytest.mark.parametrize("breakage, message", [
