@@ -53,6 +53,16 @@ class Camera:
         K[1] *= sy
         return Camera(self.c2w, K, width, height)
 
+    def cropped(self, x: int, y: int, width: int, height: int) -> "Camera":
+        """The same camera for the `width` x `height` part of its image whose top-left pixel is (x, y)."""
+        if not (0 <= x and 0 <= y and width >= 1 and height >= 1 and x + width <= self.width
+                and y + height <= self.height):
+            raise SplatwrightError(f"crop {width}x{height} at ({x}, {y}) does not fit a {self.width}x{self.height} image")
+        K = self.K.copy()
+        K[0, 2] -= x
+        K[1, 2] -= y
+        return Camera(self.c2w, K, width, height)
+
 
 def rigid_inverse(m: np.ndarray) -> np.ndarray:
     out = np.eye(4)

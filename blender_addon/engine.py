@@ -184,10 +184,12 @@ class SPLATWRIGHT_RE_engine(bpy.types.RenderEngine):
         self.end_result(result)
 
     def fetch(self, scene):
-        """The backend's frame and depth of the scene camera at the output size."""
+        """The backend's frame and depth of the scene camera at the output size, or of its render border."""
         if scene.camera is None:
             raise SplatwrightError("the scene has no camera to render through")
         cam = camera_of(scene.camera, scene)
+        x, y, width, height = border_rect(scene.render, cam.width, cam.height)
+        cam = cam.cropped(x, cam.height - y - height, width, height)  # Blender counts rows from the bottom
         wire_camera = protocol.camera_to_wire(cam.c2w, cam.K, cam.width, cam.height)
         backend, session = live.backend, scene.splatwright.session
         if bpy.app.background and backend.connection == "disconnected":  # nobody pressed Start: -b -a
@@ -200,6 +202,16 @@ class SPLATWRIGHT_RE_engine(bpy.types.RenderEngine):
             return client.submit_render(wire_camera, client.frame_format, depth=True).result(RENDER_TIMEOUT)
         self.update_stats("Splatwright", f"rendering {cam.width}x{cam.height} on the backend")
         return backend.wait("render", render, RENDER_TIMEOUT, self.test_break)
+
+
+def border_rect(render, width: int, height: int) -> tuple[int, int, int, int]:
+    """The part of a width x height frame Blender renders: (x, y from the bottom-left, width, height) of the
+    render border, truncated to pixels as Blender does, or the whole frame without one."""
+    if not render.use_border:
+        return 0, 0, width, height
+    x0, x1 = int(render.border_min_x * width), int(render.border_max_x * width)
+    y0, y1 = int(render.border_min_y * height), int(render.border_max_y * height)
+    return x0, y0, max(1, x1 - x0), max(1, y1 - y0)
 
 
 def combined_pass(rgba: np.ndarray, background, transparent: bool) -> np.ndarray:

@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from blender_scenario import addon, build_scene, op, report, wait_for  # noqa: E402  (also catches the add-on's timers)
 
 SIZE = (80, 60)
+BORDER = (0.25, 0.8, 0.1, 0.6)  # render border: min x, max x, min y, max y (fractions, y from the bottom)
 
 
 def depth_to_file(scene, folder: Path) -> None:
@@ -62,7 +63,15 @@ def run(zip_path: Path, ply: Path, out: Path) -> dict:
     exr.pixels.foreach_get(pixels)
     np.save(out / "depth.npy", pixels.reshape(exr.size[1], exr.size[0], 4)[::-1, :, 0])  # top-down
     cam = addon().scene_io.camera_of(scene.camera, scene)
-    result = {"png": str(out / "f12.png"), "depth": str(out / "depth.npy"), "seconds": seconds,
+    scene.render.use_compositing = False
+    scene.render.use_border = True
+    scene.render.border_min_x, scene.render.border_max_x = BORDER[0], BORDER[1]
+    scene.render.border_min_y, scene.render.border_max_y = BORDER[2], BORDER[3]
+    for crop in (True, False):
+        scene.render.use_crop_to_border = crop
+        scene.render.filepath = str(out / f"border_crop{int(crop)}.png")
+        bpy.ops.render.render(write_still=True)
+    result = {"png": str(out / "f12.png"), "border": BORDER, "depth": str(out / "depth.npy"), "seconds": seconds,
               "camera": {"c2w": cam.c2w.tolist(), "K": cam.K.tolist(), "width": cam.width, "height": cam.height},
               "errors": live.backend.last_error}
     op("backend_stop")

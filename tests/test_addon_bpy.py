@@ -222,3 +222,25 @@ def test_f12_render_is_the_backends_frame_with_a_depth_pass(f12):
     assert distance - 2.5 < depth[covered].min() and depth[covered].max() < distance + 2.5
     assert np.all(depth[alpha == 0] == 1e10)  # the background, as Blender's Depth pass has it
     assert f12["errors"] == ""
+
+
+def test_f12_with_a_render_border_renders_that_part(f12):
+    """Cropped to the border, the image is that part of the full frame; uncropped, the full frame with only the
+    border's pixels rendered (Blender leaves the rest transparent)."""
+    import numpy as np
+    from PIL import Image
+
+    def load(name: str) -> np.ndarray:
+        return np.asarray(Image.open(Path(f12["png"]).with_name(name)), dtype=np.int32)
+    full, cropped, uncropped = load("f12.png"), load("border_crop1.png"), load("border_crop0.png")
+    height, width = full.shape[:2]
+    min_x, max_x, min_y, max_y = f12["border"]
+    x0, x1 = int(min_x * width), int(max_x * width)
+    rows = slice(height - int(max_y * height), height - int(min_y * height))  # top-down
+    part = full[rows, x0:x1]
+    assert cropped.shape == part.shape == (30, 44, 4)
+    assert np.abs(cropped - part).max() <= 2  # the same splats through a shifted principal point
+    assert uncropped.shape == full.shape and np.abs(uncropped[rows, x0:x1] - part).max() <= 2
+    outside = np.ones((height, width), bool)
+    outside[rows, x0:x1] = False
+    assert (uncropped[outside][:, 3] == 0).all()

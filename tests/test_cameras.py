@@ -3,8 +3,8 @@ import math
 import numpy as np
 import pytest
 
-from backend.cameras import (BLENDER_TO_OPENCV, Camera, check_rigid, from_blender_c2w, intrinsics_from_fov_x,
-                             look_at)
+from backend.cameras import (BLENDER_TO_OPENCV, Camera, check_rigid, from_blender_c2w, intrinsics,
+                             intrinsics_from_fov_x, look_at)
 from backend.errors import SplatwrightError
 
 
@@ -52,3 +52,14 @@ def test_scaled_camera_keeps_projection_consistent():
 def test_bad_camera_matrices_are_refused_with_a_reason(matrix, message):
     with pytest.raises(SplatwrightError, match=message):
         check_rigid(matrix, "frame 3")
+
+
+def test_a_cropped_camera_sees_that_part_of_the_image():
+    cam = Camera(look_at([3, -2, 1.5], [0, 0, 0]), intrinsics(90, 95, 41, 33), 80, 60)
+    part = cam.cropped(20, 24, 44, 30)
+    points = np.random.default_rng(0).normal(size=(50, 3))
+    uv, _ = cam.world_to_pixel(points)
+    uv_part, _ = part.world_to_pixel(points)
+    assert np.allclose(uv_part, uv - [20, 24]) and (part.width, part.height) == (44, 30)
+    with pytest.raises(SplatwrightError, match="does not fit"):
+        cam.cropped(40, 0, 44, 30)
