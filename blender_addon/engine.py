@@ -118,7 +118,10 @@ class SPLATWRIGHT_RE_engine(bpy.types.RenderEngine):
         self.view: LiveView | None = None
 
     def __del__(self):
-        view = getattr(self, "view", None)
+        try:
+            view = self.view
+        except (AttributeError, ReferenceError):  # never set, or Blender 3.x already freed the engine's data
+            return
         if view is not None:
             view.close()
 
@@ -177,10 +180,10 @@ class SPLATWRIGHT_RE_engine(bpy.types.RenderEngine):
         result = self.begin_result(0, 0, width, height)
         layer = result.layers[0]
         combined = combined_pass(decode_frame(reply), reply.fields["background"], scene.render.film_transparent)
-        layer.passes["Combined"].rect.foreach_set(combined)
+        set_pass(layer.passes["Combined"], combined)
         depth = layer.passes.get("Depth")
         if depth is not None:
-            depth.rect.foreach_set(decode_depth(reply).ravel())
+            set_pass(depth, decode_depth(reply).ravel())
         self.end_result(result)
 
     def fetch(self, scene):
@@ -202,6 +205,16 @@ class SPLATWRIGHT_RE_engine(bpy.types.RenderEngine):
             return client.submit_render(wire_camera, client.frame_format, depth=True).result(RENDER_TIMEOUT)
         self.update_stats("Splatwright", f"rendering {cam.width}x{cam.height} on the backend")
         return backend.wait("render", render, RENDER_TIMEOUT, self.test_break)
+
+
+def set_pass(render_pass, values: np.ndarray) -> None:
+    """Fill a render pass (values: one flat float32 array). Blender 4.5 takes it as it is; Blender 3.4 wants a
+    row per pixel (and both report len(rect) as the pixel count, so only trying tells them apart)."""
+    rect = render_pass.rect
+    try:
+        rect.foreach_set(values)
+    except TypeError:
+        rect.foreach_set(values.reshape(len(rect), -1))
 
 
 def border_rect(render, width: int, height: int) -> tuple[int, int, int, int]:

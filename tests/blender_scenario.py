@@ -238,6 +238,7 @@ def run(zip_path: Path, out: Path) -> dict:
     wait_for(lambda: live.backend.status.get("state") == "finished", "training finishes", 150)
     training_window = False
     result["final_progress"] = live.backend.progress
+    result["trained_session"] = s.session
     result["status"] = live.backend.status
 
     ply = out / "trained.ply"

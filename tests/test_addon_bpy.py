@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -21,6 +22,7 @@ from backend.ply import read_ply
 REPO = Path(__file__).resolve().parent.parent
 SCENARIO = REPO / "tests" / "blender_scenario.py"
 ENGINE_SCENARIO = REPO / "tests" / "blender_engine_scenario.py"
+BATCH_SETUP = REPO / "tests" / "blender_batch_setup.py"
 DONUT = Path("/work/shared/data/splats/donut_sh0.ply")
 MAIN_THREAD_BUDGET = 0.05  # seconds any timer callback or operator call may take while training runs
 BLENDER_EXT_CLI = "4.5/scripts/addons_core/bl_pkg/cli/blender_ext.py"
@@ -244,3 +246,37 @@ def test_f12_with_a_render_border_renders_that_part(f12):
     outside = np.ones((height, width), bool)
     outside[rows, x0:x1] = False
     assert (uncropped[outside][:, 3] == 0).all()
+
+
+def test_command_line_animation_render_reopens_the_session(scenario, addon_zip, tmp_path):
+    """`blender -b scene.blend -a` in Debian's Blender 3.4: the add-on starts a backend itself, reopens the
+    scene's session from its checkpoint and renders every frame of the scene camera."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from backend.cameras import Camera
+    from backend.metrics import psnr
+    from backend.render import render
+    if shutil.which("blender") is None:
+        pytest.skip("Debian's blender is not installed (apt-get install blender); the command-line render needs it")
+    env = {**os.environ, "BLENDER_USER_SCRIPTS": str(tmp_path / "scripts"),
+           "BLENDER_USER_CONFIG": str(tmp_path / "config")}
+    workdir = Path(scenario["exported"]).parent / "sessions"
+    setup = subprocess.run(["blender", "-b", "--python", str(BATCH_SETUP), "--", "--zip", str(addon_zip),
+                            "--python", sys.executable, "--workdir", str(workdir),
+                            "--session", scenario["trained_session"], "--out", str(tmp_path)],
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert (tmp_path / "scene.blend").is_file(), setup.stdout[-3000:] + setup.stderr[-3000:]
+    run = subprocess.run(["blender", "-b", str(tmp_path / "scene.blend"), "-a"], env=env, capture_output=True,
+                         text=True, timeout=180)
+    frames = sorted(tmp_path.glob("frame_*.png"))
+    assert run.returncode == 0 and len(frames) == 2, run.stdout[-3000:] + run.stderr[-3000:]
+    c = json.loads((tmp_path / "setup.json").read_text())
+    cam = Camera(np.array(c["c2w"]), np.array(c["K"]), c["width"], c["height"])
+    with torch.no_grad():
+        expected = render(read_ply(scenario["exported"]), cam, 1, (1.0, 1.0, 1.0)).image.clamp(0, 1)
+    for frame in frames:
+        got = np.asarray(Image.open(frame), dtype=np.float32)[..., :3] / 255.0
+        assert got.shape == (48, 64, 3)
+        assert psnr(torch.from_numpy(got), expected) >= 35.0, frame.name + run.stdout[-3000:] + run.stderr[-2000:]
