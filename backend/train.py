@@ -168,6 +168,9 @@ def load_checkpoint(path: str | Path) -> dict:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises assorted types for truncated or foreign files
         raise SplatwrightError(f"{path}: cannot read checkpoint ({e})") from e
-    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-        raise SplatwrightError(f"{path}: not a Splatwright checkpoint of format {CHECKPOINT_FORMAT}")
+    if not isinstance(state, dict) or "format" not in state:
+        raise SplatwrightError(f"{path}: not a Splatwright checkpoint")
+    if state["format"] != CHECKPOINT_FORMAT:
+        raise SplatwrightError(f"{path}: checkpoint format {state['format']}, but this version reads format "
+                               f"{CHECKPOINT_FORMAT}; train again from scratch (without --resume)")
     return state

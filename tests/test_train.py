@@ -10,6 +10,7 @@ import torch
 
 from backend.commands import cpu_config
 from backend.data import Dataset, load_split
+from backend.errors import SplatwrightError
 from backend.gaussians import Gaussians
 from backend.optim import Adam
 from backend.ply import read_ply
@@ -195,3 +196,18 @@ def test_cpu_training_on_lego_gains_6db_within_5_minutes():
     print(f"lego 100x100 CPU: {initial:.2f} -> {final:.2f} dB in {elapsed:.0f} s, {len(trainer.g)} Gaussians")
     assert elapsed < 300
     assert final >= initial + 6.0
+
+
+def test_foreign_and_older_checkpoints_are_refused_saying_why(tiny_scene, tmp_path):
+    trainer = Trainer(load_split(tiny_scene, "train"), small_config(10))
+    trainer.save_checkpoint(tmp_path / "ck.pt")
+    state = torch.load(tmp_path / "ck.pt", weights_only=True)
+    torch.save({**state, "format": 1}, tmp_path / "old.pt")
+    with pytest.raises(SplatwrightError, match="checkpoint format 1, but this version reads format 2; train again"):
+        load_checkpoint(tmp_path / "old.pt")
+    torch.save({"weights": torch.zeros(3)}, tmp_path / "foreign.pt")
+    with pytest.raises(SplatwrightError, match="not a Splatwright checkpoint"):
+        load_checkpoint(tmp_path / "foreign.pt")
+    (tmp_path / "text.pt").write_text("hello")
+    with pytest.raises(SplatwrightError, match="cannot read checkpoint"):
+        load_checkpoint(tmp_path / "text.pt")
