@@ -44,6 +44,32 @@ def until(condition, what: str, timeout: float):
         yield 0.05
 
 
+def cancelled_capture(addon, out: Path, result: dict):
+    """The Capture button's modal run, cancelled with Esc after a few views: what was rendered is kept (written
+    and sent), and the scene is as it was."""
+    scene = bpy.context.scene
+    s = scene.splatwright
+    scene.render.engine = "BLENDER_WORKBENCH"  # the captures' renderer; quick under Mesa
+    s.source, s.orbit_count, s.resolution_percentage, s.test_every = "ORBIT", 12, 5, 4
+    s.folder, s.point_count = str(out / "dataset"), 500
+    camera, frame = scene.camera, scene.frame_current
+    window, area, region, _ = view3d()
+    with bpy.context.temp_override(window=window, area=area, region=region):
+        result["capture_invoked"] = list(bpy.ops.splatwright.capture("INVOKE_DEFAULT"))
+    yield from until(lambda: addon.live.capture is None or addon.live.capture.done >= 5, "five captured views", 60)
+    window.event_simulate(type="ESC", value="PRESS")
+    yield from until(lambda: addon.live.capture is None, "the capture ends on Esc", 30)
+    yield from until(lambda: not addon.live.backend.in_flight, "captured views sent", 30)
+    folder = Path(s.capture_folder)
+    frames = {split: len(json.loads((folder / f"transforms_{split}.json").read_text())["frames"])
+              for split in ("train", "test") if (folder / f"transforms_{split}.json").is_file()}
+    result["cancelled_capture"] = {
+        "frames": frames, "pngs": len(list(folder.glob("*/*.png"))), "points": (folder / "points3d.ply").is_file(),
+        "views_sent": addon.live.backend.status.get("views"), "camera_restored": scene.camera == camera,
+        "frame_restored": scene.frame_current == frame,
+        "orbit_camera_left": any(o.name.startswith("Splatwright Orbit") for o in bpy.data.objects)}
+
+
 def scenario(args: dict, result: dict):
     out = Path(args["out"])
     bpy.ops.preferences.addon_install(filepath=args["zip"], overwrite=True)
@@ -54,6 +80,7 @@ def scenario(args: dict, result: dict):
     prefs.workdir = str(out / "sessions")
     bpy.ops.splatwright.backend_start()
     yield from until(lambda: backend.connection == "connected", "backend start", 120)
+    yield from cancelled_capture(addon, out, result)
     bpy.ops.splatwright.load_ply(filepath=args["ply"])
     yield from until(lambda: backend.status.get("gaussians") and not backend.in_flight, "load PLY", 60)
 

@@ -54,7 +54,8 @@ def viewport(xvfb, tmp_path_factory) -> dict:
     addon_zip = build_addon.build(home / "dist")
     env = {**os.environ, "DISPLAY": xvfb, "BLENDER_USER_SCRIPTS": str(home / "scripts"),
            "BLENDER_USER_CONFIG": str(home / "config")}
-    run = subprocess.run(["blender", "--factory-startup", "-p", "0", "0", str(WINDOW[0]), str(WINDOW[1]),
+    run = subprocess.run(["blender", "--factory-startup", "--enable-event-simulate", "-p", "0", "0", str(WINDOW[0]),
+                          str(WINDOW[1]),
                           "--python", str(SCENARIO), "--", "--zip", str(addon_zip), "--ply", str(ply),
                           "--out", str(home / "out")], env=env, cwd=home, capture_output=True, text=True, timeout=240)
     result_file = home / "out" / "result.json"
@@ -82,6 +83,15 @@ def test_viewport_shows_the_backends_render_of_the_view(viewport):
           f"{viewport['first_full_frame_seconds']:.2f} s")
     assert score >= 25.0
     assert viewport["errors"] == ""
+
+
+def test_capture_cancelled_with_esc_keeps_what_it_rendered(viewport):
+    assert viewport["capture_invoked"] == ["RUNNING_MODAL"]
+    c = viewport["cancelled_capture"]
+    done = sum(c["frames"].values())
+    assert 5 <= done < 12 and c["pngs"] == done and c["points"]  # stopped early; each rendered view written
+    assert c["views_sent"] == c["frames"]["train"]  # and every training view sent
+    assert c["camera_restored"] and c["frame_restored"] and not c["orbit_camera_left"]
 
 
 def test_view_draw_stays_quick_on_the_main_thread(viewport):
