@@ -179,8 +179,8 @@ def system_report() -> dict:
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         report["gpu"], report["gpu_memory_gb"] = props.name, round(props.total_memory / 2**30, 1)
-        from .render import cuda
-        report["cuda_rasterizer"], report["cuda_rasterizer_detail"] = cuda.is_available()
+        from .kernels import is_available
+        report["cuda_rasterizer"], report["cuda_rasterizer_detail"] = is_available()
     return report
 
 

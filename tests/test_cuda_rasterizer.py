@@ -34,8 +34,8 @@ AMBIGUOUS_REL = 1e-5
 
 @pytest.fixture(scope="module", autouse=True)
 def ext():
-    from backend.render import cuda
-    module = cuda.extension()
+    from backend.kernels import extension
+    module = extension()
     module.set_poison_outputs(True)
     yield module
     module.set_poison_outputs(False)

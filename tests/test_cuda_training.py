@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
 from backend.commands import make_config
 from backend.data import load_split
+from backend.gaussians import Gaussians
 from backend.metrics import photometric_loss, torch_photometric_loss
 from backend.optim import Adam
 from backend.strategy import DefaultStrategy, DensifyConfig
@@ -115,3 +117,13 @@ def test_gpu_training_fits_and_resumes(tiny_scene, tmp_path):
         resumed.train_step()
     resumed_psnr = evaluate(resumed.g, data, resumed.sh_degree, cfg.background, "cuda")["psnr"]
     assert abs(resumed_psnr - after) < 0.5, (resumed_psnr, after)
+
+
+def test_gaussians_from_a_point_cloud_built_on_the_gpu_match_the_cpu():
+    """A capture's points seed training on the device that trains (the neighbour search is quadratic)."""
+    rng = np.random.default_rng(3)
+    xyz, rgb = rng.normal(size=(3000, 3)).astype(np.float32), rng.integers(0, 256, (3000, 3)).astype(np.uint8)
+    on_gpu = Gaussians.from_point_cloud(xyz, rgb, 3, DEV).to("cpu")
+    on_cpu = Gaussians.from_point_cloud(xyz, rgb, 3, "cpu")
+    for name, t in on_cpu.tensors().items():
+        torch.testing.assert_close(getattr(on_gpu, name), t, rtol=1e-4, atol=1e-6, msg=name)

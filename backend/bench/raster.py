@@ -169,9 +169,10 @@ def main(argv: list[str]) -> int:
     if not torch.cuda.is_available():
         print("bench raster needs a CUDA GPU; torch sees none")
         return 1
+    from ..kernels import extension
     from ..render import cuda
     print("building/loading the CUDA extension ...", flush=True)
-    cuda.extension()
+    extension()
     with_gsplat = not args.no_gsplat and gsplat_version() is not None
     if not args.no_gsplat and not with_gsplat:
         print("gsplat is not importable: timing ours only", flush=True)
@@ -187,10 +188,10 @@ def main(argv: list[str]) -> int:
         with torch.no_grad():
             out = cuda.rasterize(scene["means"], scene["quats"], scene["scales"], scene["opacities"], scene["sh"],
                                  scene["viewmat"], scene["K"], width, height, SH_DEGREE, scene["background"])
-            ext = cuda.extension()
+            ext = extension()
             means2d, _, depths, radii, _ = ext.project_forward(
-                scene["means"], scene["quats"], scene["scales"], scene["sh"], scene["viewmat"], scene["K"],
-                width, height, SH_DEGREE)
+                scene["means"], scene["quats"], scene["scales"], scene["opacities"], scene["sh"], scene["viewmat"],
+                scene["K"], width, height, SH_DEGREE)
             entries = len(ext.bin_tiles(means2d, radii, depths, width, height)[1])
         row = {"scene": name, "gaussians": n, "width": width, "height": height, "tile_entries": entries,
                "visible": int((out.radii > 0).sum())}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import SplatwrightError
-from ..kernels import extension, is_available  # noqa: F401  (re-exported: the rasterizer's build and check)
+from ..kernels import extension
 from .reference import RasterOutput
 
 
