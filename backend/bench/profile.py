@@ -70,7 +70,27 @@ def main(argv: list[str]) -> int:
     overhead = max(0.0, wall_ms - gpu_ms)
     print(f"| host overhead (Python, launches, syncs) | {overhead:.3f} | {100 * overhead / wall_ms:.1f}% |")
     host_table(prof, args.steps)
+    tile_balance(trainer)
     return 0
+
+
+def tile_balance(trainer: Trainer) -> None:
+    """Tile entries per 16x16 tile over the training views. Every tile of a small image runs at once, so the
+    most loaded tiles, not the total, set the rasterizer's time."""
+    from ..kernels import extension
+    g, ext = trainer.g, extension()
+    per_view = []
+    with torch.no_grad():
+        for cam, (viewmat, K) in zip(trainer.data.cameras, trainer.views):
+            means2d, _, depths, radii, _ = ext.project_forward(
+                g.means, g.quats, torch.exp(g.log_scales), g.opacities.contiguous(), g.sh.contiguous(), viewmat, K,
+                cam.width, cam.height, trainer.sh_degree)
+            ranges = ext.bin_tiles(means2d, radii, depths, cam.width, cam.height)[0]
+            per_view.append((ranges[:, 1] - ranges[:, 0]).float())
+    counts = torch.stack(per_view)
+    busiest = counts.max(dim=1).values
+    print(f"\ntile entries per view: {counts.sum(dim=1).mean():,.0f} over {counts.shape[1]} tiles; per tile mean "
+          f"{counts.mean():.0f}, busiest tile {busiest.mean():.0f} (max/mean {float((busiest / counts.mean(dim=1)).mean()):.1f})")
 
 
 def host_table(prof, steps: int, rows: int = 15) -> None:
