@@ -153,7 +153,10 @@ def test_an_empty_view_still_backpropagates_zero():
     g = random_gaussians(5)
     cam = orbit_cameras(1, 16, 16)[0]
     behind = -100 * torch.tensor(cam.c2w[:3, 2], dtype=torch.float32)
-    g.means = (g.means + behind).requires_grad_()
+    g.means = g.means + behind
+    g.requires_grad_()
     out = reference.rasterize(*_args(g, cam, 0, (1.0, 1.0, 1.0)))
     out.image.sum().backward()
     assert torch.all(g.means.grad == 0)
+    for name, t in g.tensors().items():  # every group gets a (zero) gradient, as the kernels give
+        assert t.grad is not None and torch.all(t.grad == 0), name

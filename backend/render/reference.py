@@ -161,8 +161,6 @@ def _composite_tiles(proj: Projected, tid, gid, t0: int, t1: int, tiles_x: int, 
     Returns (t1 - t0, TILE * TILE, 5): rgb, alpha, depth per pixel of each tile."""
     dtype, device = proj.means2d.dtype, proj.means2d.device
     acc = torch.zeros(t1 - t0, TILE * TILE, 5, dtype=dtype, device=device)
-    if len(gid) == 0:
-        return acc
     offsets = torch.arange(TILE, device=device, dtype=dtype) + 0.5
     py_local, px_local = torch.meshgrid(offsets, offsets, indexing="ij")
     px = (tid % tiles_x * TILE).to(dtype)[:, None] + px_local.reshape(-1)
@@ -201,10 +199,6 @@ def rasterize(means, quats, scales, opacities, sh, viewmat, K, width: int, heigh
         proj.means2d.retain_grad()
     tile_ids, gauss_ids = bin_tiles(proj, width, height)
     color, alpha, depth = composite(proj, tile_ids, gauss_ids, opacities, width, height)
-    if proj.means2d.requires_grad and not color.requires_grad:
-        # Nothing reached a pixel: keep the outputs in the graph so backward gives zero gradients, as the
-        # kernels do, instead of failing.
-        color = color + 0 * proj.means2d.sum()
     background = torch.as_tensor(background, dtype=color.dtype, device=color.device)
     image = color + (1 - alpha)[..., None] * background
     return RasterOutput(image, alpha, depth, proj.means2d, proj.radii)
