@@ -72,17 +72,17 @@ class Gaussians:
         """Isotropic Gaussians at `points` (N, 3) with `colors` (N, 3) in [0, 1]; scale from the
         mean distance to the three nearest neighbours, as the reference 3DGS does."""
         points = points.float()
-        n = points.shape[0]
+        n, device = points.shape[0], points.device
         scale = _nearest_neighbour_distance(points).clamp_min(1e-7)
-        quats = torch.zeros(n, 4)
+        quats = torch.zeros(n, 4, device=device)
         quats[:, 0] = 1.0
         return cls(
             means=points.clone(),
             log_scales=torch.log(scale)[:, None].repeat(1, 3),
             quats=quats,
-            opacity_logits=torch.full((n,), float(logit(opacity))),
+            opacity_logits=torch.full((n,), float(logit(opacity)), device=device),
             sh_dc=rgb_to_sh_dc(colors.float())[:, None, :],
-            sh_rest=torch.zeros(n, sh_coeff_count(sh_degree) - 1, 3),
+            sh_rest=torch.zeros(n, sh_coeff_count(sh_degree) - 1, 3, device=device),
         )
 
     @classmethod
@@ -102,15 +102,18 @@ class Gaussians:
         return cls.from_points(points, colors, sh_degree)
 
 
-def _nearest_neighbour_distance(points: torch.Tensor, k: int = 3, chunk: int = 4096) -> torch.Tensor:
-    """Root of the mean squared distance to the k nearest other points, in chunks to bound memory."""
-    n = points.shape[0]
+def _nearest_neighbour_distance(points: torch.Tensor, k: int = 3, budget: int = 1 << 26) -> torch.Tensor:
+    """Root of the mean squared distance to the k nearest other points, on the points' device, in chunks of
+    rows whose distance matrix holds at most `budget` values."""
+    n, device = points.shape[0], points.device
     if n <= 1:
-        return torch.full((n,), 0.01)
+        return torch.full((n,), 0.01, device=device)
     k = min(k, n - 1)
-    out = torch.empty(n)
+    chunk = max(1, budget // n)
+    out = torch.empty(n, device=device)
     for start in range(0, n, chunk):
-        d2 = torch.cdist(points[start:start + chunk], points).square()
-        d2[torch.arange(d2.shape[0]), torch.arange(start, start + d2.shape[0])] = float("inf")
-        out[start:start + chunk] = d2.topk(k, largest=False).values.mean(dim=1).sqrt()
+        d = torch.cdist(points[start:start + chunk], points)
+        rows = torch.arange(d.shape[0], device=device)
+        d[rows, rows + start] = float("inf")  # not its own neighbour
+        out[start:start + chunk] = d.topk(k, largest=False).values.square().mean(dim=1).sqrt()
     return out
