@@ -111,12 +111,13 @@ def train(args) -> int:
     test_set = load_split(args.data, "test", cfg.background, args.downscale)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    trainer = Trainer(train_set, cfg, device, None if args.random_init else scene_points(args.data, cfg, device))
     if args.resume:
         if not (out / CHECKPOINT).is_file():
             raise SplatwrightError(f"--resume: no {CHECKPOINT} in {out}")
-        trainer.load_state_dict(load_checkpoint(out / CHECKPOINT))
+        trainer = Trainer.from_checkpoint(train_set, load_checkpoint(out / CHECKPOINT), device, cfg)
         print(f"resuming at step {trainer.step}", file=sys.stderr)
+    else:
+        trainer = Trainer(train_set, cfg, device, None if args.random_init else scene_points(args.data, cfg, device))
     run_training(trainer, out / CHECKPOINT, args.checkpoint_every)
     metrics = finish(trainer, test_set or train_set, out, device)
     print(json.dumps(metrics))

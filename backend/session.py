@@ -317,10 +317,7 @@ class Engine:
     def _trainer_from_checkpoint(self) -> Trainer:
         state = load_checkpoint(self.session.checkpoint_path)
         cfg = replace(TrainConfig.from_dict(state["config"]), rasterizer=self.rasterizer)
-        trainer = Trainer(self.session.dataset(cfg.background), cfg, self.device,
-                          Gaussians(**state["gaussians"]))
-        trainer.load_state_dict(state)
-        return trainer
+        return Trainer.from_checkpoint(self.session.dataset(cfg.background), state, self.device, cfg)
 
     def start_training(self, fields: dict) -> dict:
         """Start, or continue the session's trainer (in memory or its checkpoint) unless `fresh`."""

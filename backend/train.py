@@ -147,14 +147,17 @@ class Trainer:
             "generator": self.generator.get_state(),
         }
 
-    def load_state_dict(self, state: dict) -> None:
-        self.g = Gaussians(**state["gaussians"]).to(self.device).requires_grad_()
-        self.optimizer = self._make_optimizer()
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.strategy.load_state_dict(state["strategy"], self.device)
-        self.generator.set_state(state["generator"])
-        self.step = state["step"]
-        self.train_seconds = state["train_seconds"]
+    @classmethod
+    def from_checkpoint(cls, data: Dataset, state: dict, device, cfg: TrainConfig | None = None) -> "Trainer":
+        """A trainer continuing a checkpoint (load_checkpoint), with the checkpoint's config or `cfg`."""
+        cfg = cfg or TrainConfig.from_dict(state["config"])
+        trainer = cls(data, cfg, device, Gaussians(**state["gaussians"]))
+        trainer.optimizer.load_state_dict(state["optimizer"])
+        trainer.strategy.load_state_dict(state["strategy"], trainer.device)
+        trainer.generator.set_state(state["generator"])
+        trainer.step = state["step"]
+        trainer.train_seconds = state["train_seconds"]
+        return trainer
 
     def save_checkpoint(self, path: str | Path) -> None:
         path = Path(path)

@@ -111,8 +111,7 @@ def test_gpu_training_fits_and_resumes(tiny_scene, tmp_path):
     while first.step < 120:
         first.train_step()
     first.save_checkpoint(tmp_path / "ck.pt")
-    resumed = Trainer(data, cfg, DEV)
-    resumed.load_state_dict(load_checkpoint(tmp_path / "ck.pt"))
+    resumed = Trainer.from_checkpoint(data, load_checkpoint(tmp_path / "ck.pt"), DEV)
     while resumed.step < cfg.iterations:
         resumed.train_step()
     resumed_psnr = evaluate(resumed.g, data, resumed.sh_degree, cfg.background, "cuda")["psnr"]

@@ -48,8 +48,7 @@ def test_resume_continues_exactly(tiny_scene, tmp_path):
     while first.step < 25:  # stop between densification steps, after an opacity reset is due later
         first.train_step()
     first.save_checkpoint(tmp_path / "ck.pt")
-    resumed = Trainer(data, cfg)
-    resumed.load_state_dict(load_checkpoint(tmp_path / "ck.pt"))
+    resumed = Trainer.from_checkpoint(data, load_checkpoint(tmp_path / "ck.pt"), "cpu")
     while resumed.step < 60:
         resumed.train_step()
     assert len(resumed.g) == len(straight.g)

@@ -90,8 +90,7 @@ def run_ours(train_set: Dataset, test_set: Dataset, cfg: TrainConfig, init: Gaus
     if resume_at:
         with tempfile.TemporaryDirectory() as folder:
             trainer.save_checkpoint(Path(folder) / "checkpoint.pt")
-            trainer = Trainer(train_set, cfg, "cuda", init.detached())
-            trainer.load_state_dict(load_checkpoint(Path(folder) / "checkpoint.pt"))
+            trainer = Trainer.from_checkpoint(train_set, load_checkpoint(Path(folder) / "checkpoint.pt"), "cuda", cfg)
         more_seconds, more_peak = _measure(lambda: loop(cfg.iterations))
         seconds, peak = seconds + more_seconds, max(peak, more_peak)
     bar.close()
