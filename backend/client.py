@@ -161,14 +161,14 @@ class Client:
     def open_session(self, name: str, create: bool = True) -> dict:
         return self.request("open_session", {"name": name, "create": create}).fields
 
-    def add_view(self, camera: dict, image) -> dict:
+    def add_view(self, camera: dict, image, name: str = "") -> dict:
         """`camera` from protocol.camera_to_wire; `image` is PNG bytes or an (H, W, 3 or 4) uint8 or float16
         array with rows bottom-up."""
         if isinstance(image, (bytes, bytearray)):
             format, payload = "png", image
         else:
             format, payload = protocol.image_to_wire(image)
-        return self.request("add_view", {"camera": camera, "format": format}, payload).fields
+        return self.request("add_view", {"camera": camera, "format": format, "name": name}, payload).fields
 
     def set_points(self, xyz: np.ndarray, rgb: np.ndarray) -> dict:
         """Initial points: positions (N, 3) and 8-bit colours (N, 3)."""

@@ -46,7 +46,6 @@ class Capture:
             if not self.views:
                 raise SplatwrightError("no views to capture with these settings")
             self._override_render_settings()
-            s.capture_folder = str(self.folder)
             if s.initial_points:  # kept with the dataset, for Send Views and the command line's train
                 xyz, rgb = surface_points(context, s.point_count, s.orbit_seed)
                 self.folder.mkdir(parents=True, exist_ok=True)
@@ -87,13 +86,13 @@ class Capture:
         self.writer.add(view.split, view.name, cam)
         if self.backend is not None and view.split == "train":
             wire_camera = protocol.camera_to_wire(cam.c2w, cam.K, cam.width, cam.height)
-            fields = {"camera": wire_camera, "format": "png", "name": view.name}
-            self.backend.call("add_view", lambda c: c.request("add_view", fields, path.read_bytes()).fields,
+            self.backend.call("add_view", lambda c: c.add_view(wire_camera, path.read_bytes(), view.name),
                               self._views_added)
         self.done += 1
 
-    def finish(self) -> list[Path]:
-        """Restore the scene and write the transforms of what was rendered; safe to call more than once."""
+    def finish(self) -> None:
+        """Restore the scene and write the transforms of what was rendered; safe to call more than once. A
+        capture with training views becomes the one Send Views sends."""
         for owner, attr, value in reversed(self._saved):
             setattr(owner, attr, value)
         self._saved = []
@@ -103,7 +102,9 @@ class Capture:
             bpy.data.objects.remove(self._orbit_camera)
             bpy.data.cameras.remove(data)
             self._orbit_camera = None
-        return self.writer.write()
+        self.writer.write()
+        if self.writer.frames["train"]:
+            self.settings.capture_folder = str(self.folder)
 
     def summary(self) -> str:
         counts = {split: len(frames) for split, frames in self.writer.frames.items()}

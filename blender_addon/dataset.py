@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .core.cameras import BLENDER_TO_OPENCV, Camera, from_blender_c2w, look_at
+from .core.cameras import BLENDER_TO_OPENCV, Camera, from_blender_c2w, intrinsics, look_at
 from .core.errors import SplatwrightError
 
 GOLDEN_ANGLE = math.pi * (3.0 - math.sqrt(5.0))
@@ -61,8 +61,7 @@ class DatasetWriter:
             "camera_angle_x": 2.0 * math.atan(0.5 * cam.width / K[0, 0]),
         })
 
-    def write(self) -> list[Path]:
-        written = []
+    def write(self) -> None:
         for split, frames in self.frames.items():
             if not frames:
                 continue
@@ -71,8 +70,6 @@ class DatasetWriter:
             tmp = path.with_name(path.name + ".tmp")
             tmp.write_text(json.dumps(meta, indent=1) + "\n")
             tmp.replace(path)
-            written.append(path)
-        return written
 
 
 def training_views(folder: str | Path) -> list[tuple[str, Camera, Path]]:
@@ -81,7 +78,7 @@ def training_views(folder: str | Path) -> list[tuple[str, Camera, Path]]:
     views = []
     try:
         for i, frame in enumerate(json.loads(path.read_text())["frames"]):
-            K = np.array([[frame["fl_x"], 0.0, frame["cx"]], [0.0, frame["fl_y"], frame["cy"]], [0.0, 0.0, 1.0]])
+            K = intrinsics(frame["fl_x"], frame["fl_y"], frame["cx"], frame["cy"])
             cam = from_blender_c2w(np.array(frame["transform_matrix"]), K, frame["w"], frame["h"],
                                    f"{path} frame {i}")
             views.append((Path(frame["file_path"]).name, cam, Path(folder) / (frame["file_path"] + ".png")))

@@ -99,10 +99,7 @@ def _watch() -> float | None:
 
 def draw_message(region, text: str) -> None:
     size = 14 * bpy.context.preferences.system.ui_scale
-    if bpy.app.version >= (4, 0, 0):
-        blf.size(0, size)
-    else:
-        blf.size(0, size, 72)  # Blender 3.x still takes a DPI
+    blf.size(0, size)
     blf.color(0, *MESSAGE_COLOR)
     blf.position(0, 20, region.height - 40, 0)
     blf.draw(0, text)
@@ -119,11 +116,16 @@ class SPLATWRIGHT_RE_engine(bpy.types.RenderEngine):
 
     def __del__(self):
         try:
-            view = self.view
+            self.close_view()
         except (AttributeError, ReferenceError):  # never set, or Blender 3.x already freed the engine's data
-            return
-        if view is not None:
-            view.close()
+            pass
+
+    def close_view(self) -> None:
+        """Stop this viewport's frames (and the redraws waiting for them) until it can show the model again."""
+        if self.view is not None:
+            self.view.close()
+            _views.discard(self.view)
+            self.view = None
 
     # ---- viewport ----
 
@@ -141,10 +143,12 @@ class SPLATWRIGHT_RE_engine(bpy.types.RenderEngine):
             cam = from_blender_view(np.array(rv3d.view_matrix), np.array(rv3d.window_matrix),
                                     region.width, region.height)
         except SplatwrightError as e:
+            self.close_view()
             draw_message(region, "Splatwright: " + str(e).split(";")[0] + " (numpad 5 for perspective)")
             return
         reason = nothing_to_show()
         if reason:
+            self.close_view()
             draw_message(region, f"Splatwright: {reason}")
             return
         if self.view is None:

@@ -11,6 +11,7 @@ from bpy_extras.io_utils import ExportHelper, ImportHelper
 from . import live
 from .capture import Capture
 from .core import protocol
+from .core.client import display_pixels
 from .core.errors import SplatwrightError
 from .core.points import POINTS_FILE, read_points
 from .dataset import training_views
@@ -243,12 +244,11 @@ class SPLATWRIGHT_OT_send_views(Guarded, Operator):
 
     @classmethod
     def blocked(cls, context):
-        folder = context.scene.splatwright.capture_folder
         if reason := not_connected():
             return reason
         if live.capture is not None or training_state() in RUNNING:
             return "Wait for the capture or training to end"
-        return "" if folder and (Path(folder) / "transforms_train.json").is_file() else "Capture views first"
+        return "" if context.scene.splatwright.capture_folder else "Capture views first"
 
     def execute(self, context):
         s = context.scene.splatwright
@@ -264,9 +264,8 @@ class SPLATWRIGHT_OT_send_views(Guarded, Operator):
         def send(client):
             have = client.open_session(name)["views"]
             for view_name, cam, image in views[have:]:
-                fields = {"camera": protocol.camera_to_wire(cam.c2w, cam.K, cam.width, cam.height),
-                          "format": "png", "name": view_name}
-                client.request("add_view", fields, image.read_bytes())
+                client.add_view(protocol.camera_to_wire(cam.c2w, cam.K, cam.width, cam.height), image.read_bytes(),
+                                view_name)
             if points.is_file():
                 client.set_points(*read_points(points))
             return len(views) - min(have, len(views)), client.status()
@@ -376,7 +375,7 @@ def show_preview(rgba: np.ndarray) -> str:
     image = bpy.data.images.get(PREVIEW_IMAGE) or bpy.data.images.new(PREVIEW_IMAGE, w, h, alpha=True)
     if tuple(image.size) != (w, h):
         image.scale(w, h)
-    image.pixels.foreach_set(rgba.astype(np.float32).ravel() / 255.0)
+    image.pixels.foreach_set(display_pixels(rgba))  # a byte image holds the sRGB-encoded values
     image.update()
     return ""
 

@@ -18,6 +18,7 @@ import threading
 import time
 import traceback
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout  # the builtin TimeoutError only from Python 3.11
 from collections import Counter, deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +99,7 @@ class LocalServer:
         token_file = Path(self._token_dir) / "token"
         token_file.write_text(self.token)
         self._ports: queue.Queue[int] = queue.Queue()
+        self.port: int | None = None  # known once ready; a reconnect to the running server reuses it
         self.proc = _spawn([python, "-u", "-m", "backend", "serve", "--port", "0",
                             "--workdir", workdir or str(root / "out" / "sessions"),
                             "--token-file", str(token_file), "--exit-with-parent"], root)
@@ -114,11 +116,14 @@ class LocalServer:
 
     def wait_ready(self, timeout: float = READY_TIMEOUT) -> int:
         """The port, once the server listens (it has read its token file by then, so that goes)."""
+        if self.port is not None:
+            return self.port
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline:
                 try:
-                    return self._ports.get(timeout=0.2)
+                    self.port = self._ports.get(timeout=0.2)
+                    return self.port
                 except queue.Empty:
                     if self.proc.poll() is not None:
                         raise SplatwrightError(f"the backend exited with code {self.proc.returncode} before it "
@@ -194,24 +199,20 @@ class Backend:
         `cancelled()` says so (polled 10 times a second)."""
         future = Future()
 
-        def job():
+        def job():  # the waiting caller reports what fails, so the worker does not report it again
             if self._client is None:
-                error = SplatwrightError("the backend is not connected; start it in the Splats panel")
-                future.set_exception(error)
-                raise error
+                future.set_exception(SplatwrightError("the backend is not connected; start it in the Splats panel"))
+                return
             try:
-                value = fn(self._client)
+                future.set_result(fn(self._client))
             except BaseException as e:
                 future.set_exception(e)
-                raise
-            future.set_result(value)
-            return value
         self._submit(label, job)
         deadline = time.monotonic() + timeout
         while True:
             try:
                 return future.result(0.1)
-            except TimeoutError:
+            except FutureTimeout:
                 if cancelled():
                     raise InterruptedError(f"{label} cancelled") from None
                 if time.monotonic() > deadline:
