@@ -165,7 +165,7 @@ def build_scene() -> None:
     bpy.ops.object.select_all(action="DESELECT")
 
 
-def run(zip_path: Path, out: Path) -> dict:
+def run(zip_path: Path, out: Path, foreign_ply: Path) -> dict:
     global training_window
     result: dict = {}
     build_scene()
@@ -246,9 +246,8 @@ def run(zip_path: Path, out: Path) -> dict:
     wait_for(lambda: ply.is_file() and not live.backend.in_flight, "export")
     result["exported"] = str(ply)
 
-    donut = Path("/work/shared/data/splats/donut_sh0.ply")
-    if donut.is_file():
-        op("load_ply", filepath=str(donut))
+    if foreign_ply.is_file():
+        op("load_ply", filepath=str(foreign_ply))
         wait_for(lambda: not live.backend.in_flight, "load PLY")
         result["loaded_gaussians"] = live.backend.status.get("gaussians")
         bpy.data.images.remove(bpy.data.images["Splatwright Preview"])
@@ -334,10 +333,11 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--zip", required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--ply", required=True, help="a third-party PLY to view (skipped where it is missing)")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    return report(lambda: {**run(Path(args.zip), out), "calls": calls})
+    return report(lambda: {**run(Path(args.zip), out, Path(args.ply)), "calls": calls})
 
 
 def report(result_of) -> int:

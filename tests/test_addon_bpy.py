@@ -18,12 +18,12 @@ import pytest
 import build_addon
 from backend.data import load_split
 from backend.ply import read_ply
+from conftest import DONUT
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIO = REPO / "tests" / "blender_scenario.py"
 ENGINE_SCENARIO = REPO / "tests" / "blender_engine_scenario.py"
 BATCH_SETUP = REPO / "tests" / "blender_batch_setup.py"
-DONUT = Path("/work/shared/data/splats/donut_sh0.ply")
 MAIN_THREAD_BUDGET = 0.05  # seconds any timer callback or operator call may take while training runs
 BLENDER_EXT_CLI = "4.5/scripts/addons_core/bl_pkg/cli/blender_ext.py"
 
@@ -78,7 +78,7 @@ def run_scenario(script: Path, home: Path, *args: str, timeout: float = 240) -> 
 @pytest.fixture(scope="module")
 def scenario(addon_zip, tmp_path_factory) -> dict:
     home = tmp_path_factory.mktemp("blender")
-    return run_scenario(SCENARIO, home, "--zip", str(addon_zip), "--out", str(home / "out"))
+    return run_scenario(SCENARIO, home, "--zip", str(addon_zip), "--out", str(home / "out"), "--ply", str(DONUT))
 
 
 def test_backend_starts_with_its_capabilities(scenario):
