@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 ADDON = ROOT / "blender_addon"
-SHARED = ["cameras.py", "errors.py", "protocol.py", "client.py", "points.py"]  # relative imports among themselves
+SHARED = ["cameras.py", "errors.py", "protocol.py", "client.py", "points.py", "files.py"]  # relative imports among themselves
 PACKAGE = "splatwright"
 
 

@@ -143,17 +143,23 @@ def _find_image(folder: Path, file_path, what: str) -> Path:
     raise SplatwrightError(f"{what}: image not found: {base} (also tried {base.name}.png)")
 
 
-def _load_rgb(path: Path, background: np.ndarray) -> np.ndarray:
-    """8-bit image as float RGB in [0, 1]; RGBA is composited over `background`."""
+def over_background(image: np.ndarray, background) -> np.ndarray:
+    """(H, W, 3) float32 RGB of a float (H, W, 3 or 4) image in [0, 1]; an alpha channel is composited over
+    `background`, as training sees every view."""
+    if image.shape[-1] == 4:
+        return image[..., :3] * image[..., 3:] + np.asarray(background, dtype=np.float32) * (1.0 - image[..., 3:])
+    return image
+
+
+def _load_rgb(path: Path, background) -> np.ndarray:
+    """8-bit image as float RGB in [0, 1], over `background`."""
     try:
         with Image.open(path) as im:
             im = im.convert("RGBA") if im.mode in ("RGBA", "LA", "P") else im.convert("RGB")
             a = np.asarray(im, dtype=np.float32) / 255.0
     except OSError as e:
         raise SplatwrightError(f"{path}: cannot read image ({e})") from e
-    if a.shape[-1] == 4:
-        return a[..., :3] * a[..., 3:] + background * (1.0 - a[..., 3:])
-    return a
+    return over_background(a, background)
 
 
 def _intrinsics(meta: dict, frame: dict, w: int, h: int, what: str) -> np.ndarray:

@@ -6,6 +6,7 @@ Opacity is stored as a logit and scales as logarithms, exactly the trained param
 """
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ import torch
 from plyfile import PlyData, PlyElement
 
 from .errors import SplatwrightError
+from .files import replacing
 from .gaussians import Gaussians
 
 _REQUIRED = ["x", "y", "z", "f_dc_0", "f_dc_1", "f_dc_2", "opacity",
@@ -34,21 +36,25 @@ def write_ply(path: str | Path, g: Gaussians) -> None:
     vertex = np.empty(n, dtype=[(name, "f4") for name in names])
     for i, name in enumerate(names):
         vertex[name] = data[:, i]
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    PlyData([PlyElement.describe(vertex, "vertex")]).write(str(tmp))
-    tmp.replace(path)
+    with replacing(path) as tmp:
+        PlyData([PlyElement.describe(vertex, "vertex")]).write(str(tmp))
 
 
-def read_ply(path: str | Path) -> Gaussians:
-    path = Path(path)
-    if not path.is_file():
-        raise SplatwrightError(f"{path}: no such file")
-    with open(path, "rb") as f:
-        if f.read(4) != b"ply\n":
-            raise SplatwrightError(f"{path}: not a PLY file (it does not start with 'ply')")
+def read_ply(source: str | Path | bytes, name: str = "the PLY") -> Gaussians:
+    """Gaussians from a 3DGS PLY file, or from its bytes (`name` then says what they are in errors)."""
+    if isinstance(source, bytes):
+        path, stream, head = name, io.BytesIO(source), source[:4]
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise SplatwrightError(f"{path}: no such file")
+        with open(path, "rb") as f:
+            head = f.read(4)
+        stream = str(path)  # by name, so plyfile maps the file rather than copying it
+    if head != b"ply\n":
+        raise SplatwrightError(f"{path}: not a PLY file (it does not start with 'ply')")
     try:
-        ply = PlyData.read(str(path))
+        ply = PlyData.read(stream)
     except Exception as e:  # plyfile reports truncation and bad headers with assorted types
         raise SplatwrightError(f"{path}: unreadable PLY ({e}); the vertex count may not match the data") from e
     if "vertex" not in ply:

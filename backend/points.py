@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import SplatwrightError
+from .files import write_atomic
 
 POINTS_FILE = "points3d.ply"
 PLY_TYPES = {"char": "i1", "int8": "i1", "uchar": "u1", "uint8": "u1", "short": "i2", "int16": "i2",
@@ -33,10 +34,7 @@ def write_points(path: str | Path, xyz: np.ndarray, rgb: np.ndarray) -> None:
               f"element vertex {len(xyz)}\n"
               "property float x\nproperty float y\nproperty float z\n"
               "property uchar red\nproperty uchar green\nproperty uchar blue\nend_header\n")
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(header.encode("ascii") + vertices.tobytes())
-    tmp.replace(path)
+    write_atomic(path, header.encode("ascii") + vertices.tobytes())
 
 
 def read_points(path: str | Path) -> tuple[np.ndarray, np.ndarray]:

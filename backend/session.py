@@ -24,8 +24,9 @@ from PIL import Image
 from . import protocol
 from .cameras import Camera, check_rigid
 from .commands import CHECKPOINT, make_config, system_report
-from .data import Dataset
+from .data import Dataset, over_background
 from .errors import SplatwrightError
+from .files import write_atomic
 from .gaussians import Gaussians
 from .ply import read_ply, write_ply
 from .render import render
@@ -37,12 +38,6 @@ _START_FIELDS = protocol.REQUESTS["start_training"].fields.fields
 
 def log(message: str) -> None:
     print(f"splatwright serve: {message}", file=sys.stderr, flush=True)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
 
 
 def camera_from_fields(camera: dict) -> Camera:
@@ -81,10 +76,7 @@ def view_rgb(image: np.ndarray, background) -> torch.Tensor:
     a = image.astype(np.float32)
     if image.dtype == np.uint8:
         a /= 255.0
-    a = np.clip(a, 0.0, 1.0)
-    if a.shape[2] == 4:
-        a = a[..., :3] * a[..., 3:] + np.asarray(background, dtype=np.float32) * (1.0 - a[..., 3:])
-    return torch.from_numpy(np.ascontiguousarray(a))
+    return torch.from_numpy(np.ascontiguousarray(over_background(np.clip(a, 0.0, 1.0), background)))
 
 
 class Session:
@@ -582,12 +574,7 @@ class Engine:
         with self.cond:
             if self.state in ("training", "paused", "stopping"):
                 raise SplatwrightError("training is running; stop it before loading a PLY to view")
-        path = self.workdir / "upload.ply.tmp"
-        path.write_bytes(data)
-        try:
-            g = read_ply(path).to(self.device)
-        finally:
-            path.unlink(missing_ok=True)
+        g = read_ply(data, "the uploaded PLY").to(self.device)
         with self.model_lock:
             self.viewed = (g, tuple(background))
         return {"gaussians": len(g), "sh_degree": g.max_sh_degree}

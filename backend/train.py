@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from .errors import SplatwrightError
+from .files import replacing
 from .cameras import Camera
 from .data import Dataset, camera_extent, scene_bounds
 from .gaussians import Gaussians
@@ -160,10 +161,8 @@ class Trainer:
         return trainer
 
     def save_checkpoint(self, path: str | Path) -> None:
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        torch.save(self.state_dict(), tmp)
-        tmp.replace(path)  # atomic: a crash never leaves a half-written checkpoint
+        with replacing(path) as tmp:
+            torch.save(self.state_dict(), tmp)
 
 
 def load_checkpoint(path: str | Path) -> dict:

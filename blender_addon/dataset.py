@@ -9,6 +9,7 @@ import numpy as np
 
 from .core.cameras import BLENDER_TO_OPENCV, Camera, from_blender_c2w, intrinsics, look_at
 from .core.errors import SplatwrightError
+from .core.files import write_atomic
 
 GOLDEN_ANGLE = math.pi * (3.0 - math.sqrt(5.0))
 
@@ -67,9 +68,7 @@ class DatasetWriter:
                 continue
             path = self.folder / f"transforms_{split}.json"
             meta = {"camera_angle_x": frames[0]["camera_angle_x"], "frames": frames}
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(json.dumps(meta, indent=1) + "\n")
-            tmp.replace(path)
+            write_atomic(path, (json.dumps(meta, indent=1) + "\n").encode())
 
 
 def training_views(folder: str | Path) -> list[tuple[str, Camera, Path]]:

@@ -40,7 +40,7 @@ def test_zip_holds_the_package_and_shared_core(addon_zip):
         manifest = tomllib.loads(z.read("splatwright/blender_manifest.toml").decode())
         defaults = json.loads(z.read("splatwright/core/defaults.json"))
         sources = {n: z.read(n).decode() for n in names if n.endswith(".py")}
-    for name in ("cameras", "errors", "protocol", "client", "points"):
+    for name in ("cameras", "errors", "protocol", "client", "points", "files"):
         assert sources[f"splatwright/core/{name}.py"] == (REPO / "backend" / f"{name}.py").read_text()
     assert '"blender": (3, 4, 0)' in init and "bl_info" in init
     assert manifest["id"] == "splatwright" and manifest["type"] == "add-on"
