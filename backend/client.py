@@ -1,8 +1,8 @@
 """A small blocking client for the Splatwright backend server.
 
 Standard library + numpy only: this file is copied verbatim into the Blender add-on next to protocol.py.
-One reader thread receives every frame: replies complete the request of their id, events go to the
-`on_event` callback (called on the reader thread) or, without one, to a bounded queue read by `events()`.
+One reader thread receives every frame: replies complete the request of their id, events go to a bounded
+queue read by `events()`.
 Requests may be sent from any thread. FrameStream serves a live view: newest camera wins, frames come back
 ready for a GPU texture upload.
 """
@@ -41,9 +41,6 @@ class PendingReply:
         self._reply: Message | None = None
         self._error: Exception | None = None
 
-    def done(self) -> bool:
-        return self._done.is_set()
-
     def result(self, timeout: float | None = None) -> Message:
         if not self._done.wait(timeout):
             raise TimeoutError(f"no reply to {self.type} within {timeout} s")
@@ -60,11 +57,10 @@ class PendingReply:
 
 class Client:
     def __init__(self, host: str, port: int, token: str = "", timeout: float = 60.0,
-                 on_event=None, client_name: str = "splatwright-client"):
+                 client_name: str = "splatwright-client"):
         """Connect and authenticate; raises RemoteError if the server refuses (wrong token, other
         protocol version, busy) and OSError if it cannot be reached."""
         self.timeout = timeout
-        self.on_event = on_event
         self._events: queue.Queue = queue.Queue(MAX_QUEUED_EVENTS)
         self._send_lock = threading.Lock()
         self._pending: dict[int, PendingReply] = {}
@@ -124,7 +120,7 @@ class Client:
         return self.submit(type, fields, payload).result(self.timeout if timeout is None else timeout)
 
     def events(self, timeout: float | None = None):
-        """Yield event fields as they arrive (when no on_event callback is set); stops after `timeout`
+        """Yield event fields as they arrive; stops after `timeout`
         seconds without an event or when the connection closes."""
         while True:
             try:
@@ -141,7 +137,7 @@ class Client:
         except OSError:
             pass
         self.sock.close()
-        if threading.current_thread() is not self._reader:  # close() may be called from on_event
+        if threading.current_thread() is not self._reader:  # close() may be called from a reply callback
             self._reader.join(timeout=5)
 
     def __enter__(self) -> "Client":
@@ -239,9 +235,6 @@ class Client:
         event = message.fields
         if message.type == "error":  # an error that answers no request, e.g. before the server hangs up
             event = {"event": "error", **message.fields}
-        if self.on_event is not None:
-            self.on_event(event)
-            return
         while True:
             try:
                 self._events.put_nowait(event)

@@ -27,12 +27,13 @@ from .commands import CHECKPOINT, make_config, system_report
 from .data import Dataset, over_background
 from .errors import SplatwrightError
 from .files import write_atomic
+from .points import POINTS_FILE, read_points, write_points
 from .gaussians import Gaussians
 from .ply import read_ply, write_ply
 from .render import render
 from .train import TrainConfig, Trainer, load_checkpoint
 
-SESSION_FORMAT = 1
+SESSION_FORMAT = 2  # 2: initial points as points3d.ply (backend/points.py); checkpoints of format 2
 _START_FIELDS = protocol.REQUESTS["start_training"].fields.fields
 
 
@@ -81,7 +82,7 @@ def view_rgb(image: np.ndarray, background) -> torch.Tensor:
 
 class Session:
     """Layout: session.json; views/NNNNNN.npy (image as uploaded, rows top-down) and views/NNNNNN.json
-    (camera, name), the .json written last so a view exists once it does; points.npz; checkpoint.pt;
+    (camera, name), the .json written last so a view exists once it does; points3d.ply; checkpoint.pt;
     splats.ply. Every file is replaced atomically."""
 
     def __init__(self, folder: Path, name: str):
@@ -117,16 +118,14 @@ class Session:
             try:
                 view = json.loads(camera_file.read_text())
                 image = np.load(camera_file.with_suffix(".npy"), allow_pickle=False)
-                camera = Camera(check_rigid(view["c2w"], str(camera_file)), np.array(view["K"]),
-                                view["width"], view["height"])
-            except (OSError, ValueError, KeyError) as e:
+                camera, name = camera_from_fields(view), str(view["name"])
+            except (OSError, ValueError, KeyError, SplatwrightError) as e:
                 raise SplatwrightError(f"{camera_file}: unreadable view ({e}); remove it and its .npy") from None
             session.cameras.append(camera)
             session.images.append(image)
-            session.names.append(view["name"])
-        if (folder / "points.npz").is_file():
-            with np.load(folder / "points.npz", allow_pickle=False) as points:
-                session.points = (points["xyz"], points["rgb"])
+            session.names.append(name)
+        if (folder / POINTS_FILE).is_file():
+            session.points = read_points(folder / POINTS_FILE)
         return session
 
     def add_view(self, camera: Camera, image: np.ndarray, name: str) -> int:
@@ -141,8 +140,7 @@ class Session:
         buffer = io.BytesIO()
         np.save(buffer, image, allow_pickle=False)
         write_atomic(stem.with_suffix(".npy"), buffer.getvalue())
-        view = {"c2w": camera.c2w.tolist(), "K": camera.K.tolist(), "width": camera.width,
-                "height": camera.height, "name": name}
+        view = {**protocol.camera_to_wire(camera.c2w, camera.K, camera.width, camera.height), "name": name}
         write_atomic(stem.with_suffix(".json"), json.dumps(view).encode())
         self.cameras.append(camera)
         self.images.append(image)
@@ -150,9 +148,7 @@ class Session:
         return index
 
     def set_points(self, xyz: np.ndarray, rgb: np.ndarray) -> None:
-        buffer = io.BytesIO()
-        np.savez(buffer, xyz=xyz, rgb=rgb)
-        write_atomic(self.folder / "points.npz", buffer.getvalue())
+        write_points(self.folder / POINTS_FILE, xyz, rgb)
         self.points = (xyz, rgb)
 
     def dataset(self, background) -> Dataset:

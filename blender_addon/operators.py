@@ -313,7 +313,7 @@ class TrainingControl(Guarded):
 
     def execute(self, context):
         request = self.request
-        live.backend.call(request, lambda c: c.request(request).fields, set_status)
+        live.backend.call(request, lambda c: getattr(c, request)(), set_status)  # Client.pause, resume, stop
         return {"FINISHED"}
 
 

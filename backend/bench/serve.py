@@ -50,8 +50,7 @@ def make_scene(n: int, views: int, width: int, height: int, device: str, rasteri
     gen = torch.Generator().manual_seed(seed)
     xyz = (2 * torch.rand(n, 3, generator=gen) - 1).numpy()
     rgb = (torch.rand(n, 3, generator=gen) * 255).to(torch.uint8).numpy()
-    g = Gaussians.from_points(torch.from_numpy(xyz).to(device), torch.from_numpy(rgb).to(device).float() / 255, 0)
-    g = g.to(device)
+    g = Gaussians.from_point_cloud(xyz, rgb, 0, device)
     cameras = [orbit_camera(2 * math.pi * i / views, width, height) for i in range(views)]
     images = []
     with torch.no_grad():
@@ -154,9 +153,11 @@ class LiveBench:
                     yield client
                     client.stop()
                     client.shutdown()
+            except BaseException:
+                proc.kill()  # a failed benchmark leaves no backend behind
+                raise
             finally:
-                if proc.poll() is None:
-                    proc.wait(30)
+                proc.wait(30)
 
     def result(self, **measured) -> dict:
         """The result record, printed as JSON and written to --out when given."""
