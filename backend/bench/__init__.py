@@ -2,8 +2,30 @@
 from __future__ import annotations
 
 import importlib
+import os
+import subprocess
+from pathlib import Path
 
 BENCHMARKS = ("raster", "train", "serve", "profile", "viewport")
+ROOT = Path(__file__).resolve().parents[2]  # the checkout
+RESULTS = ROOT / "bench" / "results"
+
+
+def git_commit() -> str:
+    """$SPLATWRIGHT_COMMIT if set (machines with a copied tree but no usable git), else HEAD, with '+changes'
+    if the kernels or backend differ from it."""
+    if os.environ.get("SPLATWRIGHT_COMMIT"):
+        return os.environ["SPLATWRIGHT_COMMIT"]
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10)
+        status = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "cuda", "backend"],
+                                capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        head = None
+    if head is None or head.returncode != 0:
+        return "unknown"
+    return head.stdout.strip() + ("+changes" if status.stdout.strip() else "")
 
 
 def main(argv: list[str]) -> int:

@@ -11,15 +11,13 @@ import argparse
 import datetime
 import json
 import math
-import os
 import platform
 import statistics
-import subprocess
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+from . import RESULTS, git_commit
 
 # name, Gaussians, width, height, mean footprint sigma in pixels (denser scenes get smaller splats)
 SIZES = {
@@ -120,23 +118,6 @@ def gsplat_version() -> str | None:
     return getattr(gsplat, "__version__", "unknown")
 
 
-def git_commit() -> str:
-    """$SPLATWRIGHT_COMMIT if set (machines with a copied tree but no usable git), else HEAD, with '+changes'
-    if the kernels or backend differ from it."""
-    if os.environ.get("SPLATWRIGHT_COMMIT"):
-        return os.environ["SPLATWRIGHT_COMMIT"]
-    try:
-        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10)
-        status = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "cuda", "backend"],
-                                capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        head = None
-    if head is None or head.returncode != 0:
-        return "unknown"
-    return head.stdout.strip() + ("+changes" if status.stdout.strip() else "")
-
-
 def markdown(result: dict) -> str:
     lines = [f"# Rasterizer benchmark, {result['date']}", "",
              f"GPU: {result['gpu']}; torch {result['torch']}; gsplat {result['gsplat'] or 'not installed'}; "
@@ -163,7 +144,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--reps", type=int, default=25)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-gsplat", action="store_true", help="time only ours")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
 
     if not torch.cuda.is_available():

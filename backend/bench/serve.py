@@ -30,9 +30,8 @@ from ..client import Client
 from ..commands import device_name, resolve_device
 from ..gaussians import Gaussians
 from ..render import render
-from .raster import git_commit
+from . import ROOT, git_commit
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def orbit_camera(angle: float, width: int, height: int, radius: float = 3.0) -> Camera:

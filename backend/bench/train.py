@@ -22,9 +22,8 @@ from ..metrics import photometric_loss, psnr, ssim
 from ..progress import Progress
 from ..render import camera_tensors
 from ..train import Trainer, TrainConfig, evaluate, load_checkpoint
-from .raster import git_commit
+from . import RESULTS, git_commit
 
-RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 
 
 def main(argv: list[str]) -> int:
