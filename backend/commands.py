@@ -81,8 +81,8 @@ def training_config(args, device: str, rasterizer: str) -> TrainConfig:
 
 
 def run_training(trainer: Trainer, checkpoint: Path | None, checkpoint_every: int) -> None:
-    """Train to the configured step count with a progress bar; on interruption or failure the last
-    state is checkpointed first, so nothing is lost."""
+    """Train to the configured step count with a progress bar; on Ctrl-C the last state is checkpointed first,
+    so nothing is lost (a diverged run keeps the last periodic checkpoint, not the diverged state)."""
     total = trainer.cfg.iterations
     bar = Progress(total, "train")
     try:

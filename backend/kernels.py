@@ -50,6 +50,8 @@ def build_dir() -> Path:
 def extension():
     """The compiled extension module, built on first call. Raises SplatwrightError if the build fails."""
     global _ext
+    if _ext is not None:  # built: no lock on every call of a training step
+        return _ext
     with _ext_lock:
         if _ext is None:
             if not torch.cuda.is_available():

@@ -6,6 +6,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from .kernels import extension
+
 
 def psnr(img: torch.Tensor, gt: torch.Tensor) -> float:
     mse = torch.mean((img.detach().float() - gt.float()) ** 2).clamp_min(1e-12)
@@ -51,7 +53,6 @@ def torch_photometric_loss(img: torch.Tensor, gt: torch.Tensor, ssim_weight: flo
 class _FusedPhotometricLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, img, gt, ssim_weight):
-        from .kernels import extension
         loss, partials = extension().loss_forward(img, gt, ssim_weight)
         ctx.save_for_backward(img, gt, partials)
         ctx.ssim_weight = ssim_weight
@@ -59,7 +60,6 @@ class _FusedPhotometricLoss(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss):
-        from .kernels import extension
         img, gt, partials = ctx.saved_tensors
         grad_img = extension().loss_backward(img, gt, partials, ctx.ssim_weight, grad_loss.float().contiguous())
         return grad_img, None, None

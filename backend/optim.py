@@ -10,6 +10,8 @@ import math
 
 import torch
 
+from .kernels import extension
+
 
 class Adam(torch.optim.Optimizer):
     def __init__(self, groups: list[dict], betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-15):
@@ -35,7 +37,6 @@ class Adam(torch.optim.Optimizer):
                 step_sizes.append(group["lr"] / (1 - beta1 ** state["step"]))
                 inv_sqrt_bias2s.append(1 / math.sqrt(1 - beta2 ** state["step"]))
         if params and params[0].is_cuda:
-            from .kernels import extension
             extension().adam_step(params, grads, exp_avgs, exp_avg_sqs, step_sizes, inv_sqrt_bias2s, beta1, beta2,
                                   self.eps)
             return

@@ -12,11 +12,10 @@ class Progress:
         self.tty = self.stream.isatty()
         self.start = self.last_draw = time.monotonic()
         self.done = self.drawn = 0
-        self.fields = ""
+        self.fields: dict = {}
 
     def update(self, done: int, **fields) -> None:
-        self.done = done
-        self.fields = "  ".join(f"{k} {_fmt(v)}" for k, v in fields.items())
+        self.done, self.fields = done, fields  # formatted only when drawn
         now = time.monotonic()
         interval = 0.25 if self.tty else 10.0
         if now - self.last_draw >= interval or done >= self.total:
@@ -31,7 +30,7 @@ class Progress:
         eta = (self.total - self.done) / rate if rate > 0 else 0.0
         bar = "#" * int(24 * frac) + "-" * (24 - int(24 * frac))
         line = (f"{self.desc} [{bar}] {self.done}/{self.total}  {rate:.1f} it/s  "
-                f"eta {eta:4.0f}s  {self.fields}")
+                f"eta {eta:4.0f}s  " + "  ".join(f"{k} {_fmt(v)}" for k, v in self.fields.items()))
         self.stream.write(("\r" + line + "\033[K") if self.tty else line + "\n")
         self.stream.flush()
 

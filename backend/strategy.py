@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from .gaussians import Gaussians, logit
+from .kernels import extension
 from .render import RasterOutput
 from .render.reference import quat_to_rotmat
 
@@ -43,7 +44,7 @@ def edit_rows(optimizer: torch.optim.Optimizer, g: Gaussians, keep: torch.Tensor
 @dataclass
 class DensifyConfig:
     grad_threshold: float = 2e-4  # mean screen-space gradient (NDC units) that marks a Gaussian for growth
-    start: int = 500  # densification and opacity resets happen at steps s with start < s < stop
+    start: int = 500  # densification at steps start < s < stop; opacity resets at multiples below stop
     stop: int = 15_000
     every: int = 100
     reset_opacity_every: int = 3000
@@ -87,7 +88,6 @@ class DefaultStrategy:
             self.count = torch.zeros(n, device=out.means2d.device)
         grad = out.means2d.grad.detach()
         if grad.is_cuda:  # one kernel instead of eight launches per step
-            from .kernels import extension
             extension().accumulate_grad_stats(grad.contiguous(), out.radii, width, height, self.grad_sum, self.count)
             return
         ndc_norm = torch.hypot(grad[:, 0] * (0.5 * width), grad[:, 1] * (0.5 * height))  # pixels -> NDC units
