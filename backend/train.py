@@ -57,12 +57,17 @@ class TrainConfig:
 
 
 def evaluate(g: Gaussians, data: Dataset, sh_degree: int, background, rasterizer: str) -> dict[str, float]:
-    """Mean PSNR and SSIM over a dataset's views."""
+    """Mean PSNR and SSIM of our renders over a dataset's views."""
+    return score(lambda cam: render(g, cam, sh_degree, background, rasterizer).image, data)
+
+
+def score(render_view, data: Dataset) -> dict[str, float]:
+    """Mean PSNR and SSIM over a dataset's views of render_view(camera) -> (H, W, 3) image."""
     psnrs, ssims = [], []
     with torch.no_grad():
         for cam, gt in zip(data.cameras, data.images):
-            gt = gt.to(g.means.device)
-            img = render(g, cam, sh_degree, background, rasterizer).image.clamp(0, 1)
+            img = render_view(cam).clamp(0, 1)
+            gt = gt.to(img.device)
             psnrs.append(psnr(img, gt))
             ssims.append(float(ssim(img, gt)))
     return {"psnr": sum(psnrs) / len(psnrs), "ssim": sum(ssims) / len(ssims)}

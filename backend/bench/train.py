@@ -18,10 +18,10 @@ from ..commands import LEGO
 from ..commands import PRESETS
 from ..data import Dataset, camera_extent, load_split, scene_bounds
 from ..gaussians import Gaussians
-from ..metrics import photometric_loss, psnr, ssim
+from ..metrics import photometric_loss
 from ..progress import Progress
 from ..render import camera_tensors
-from ..train import Trainer, TrainConfig, evaluate, load_checkpoint
+from ..train import Trainer, TrainConfig, evaluate, load_checkpoint, score
 from . import RESULTS, git_commit
 
 
@@ -153,14 +153,10 @@ def run_gsplat(train_set: Dataset, test_set: Dataset, cfg: TrainConfig, init: Ga
             bar.update(step + 1, gaussians=len(params["means"]))
     seconds, peak = _measure(loop)
     bar.close()
-    psnrs, ssims = [], []
-    with torch.no_grad():
-        for cam, gt in zip(test_set.cameras, test_set.images):
-            img = render(*camera_tensors(cam, "cuda"), cam.width, cam.height, cfg.sh_degree)[0].clamp(0, 1)
-            psnrs.append(psnr(img, gt))
-            ssims.append(float(ssim(img, gt)))
-    return {"steps": cfg.iterations, "seconds": seconds, "psnr": sum(psnrs) / len(psnrs),
-            "ssim": sum(ssims) / len(ssims), "gaussians": len(params["means"]), "peak_bytes": peak}
+    scores = score(lambda cam: render(*camera_tensors(cam, "cuda"), cam.width, cam.height, cfg.sh_degree)[0],
+                   test_set)
+    return {"steps": cfg.iterations, "seconds": seconds, **scores, "gaussians": len(params["means"]),
+            "peak_bytes": peak}
 
 
 def report(rows: dict, cfg: TrainConfig, preset: str) -> None:
