@@ -166,14 +166,15 @@ class Capture:
                   (r, "film_transparent", self.settings.transparent), (r, "use_compositing", False),
                   (r, "use_sequencer", False), (r, "use_file_extension", True),
                   (r.image_settings, "file_format", "PNG"), (r.image_settings, "color_mode", "RGBA"),
-                  (r.image_settings, "color_depth", "8"), (r.image_settings, "color_management", "FOLLOW_SCENE"),
+                  (r.image_settings, "color_depth", "8"),
                   (self.scene.display_settings, "display_device", "sRGB"), (view, "view_transform", "Standard"),
                   (view, "look", "None"), (view, "exposure", 0.0), (view, "gamma", 1.0),
                   (view, "use_curve_mapping", False), (r, "filepath", r.filepath)]
+        if hasattr(r.image_settings, "color_management"):  # new in Blender 4.x
+            wanted.append((r.image_settings, "color_management", "FOLLOW_SCENE"))
         for owner, attr, value in wanted:
-            if hasattr(owner, attr):  # color_management is new in Blender 4.x
-                self._saved.append((owner, attr, getattr(owner, attr)))
-                setattr(owner, attr, value)
+            self._saved.append((owner, attr, getattr(owner, attr)))
+            setattr(owner, attr, value)
 
 
 def _blend_name() -> str:
