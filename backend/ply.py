@@ -14,7 +14,7 @@ import torch
 from plyfile import PlyData, PlyElement
 
 from .errors import SplatwrightError
-from .files import replacing
+from .files import write_atomic
 from .gaussians import Gaussians
 
 _REQUIRED = ["x", "y", "z", "f_dc_0", "f_dc_1", "f_dc_2", "opacity",
@@ -24,6 +24,11 @@ _REST_COUNTS = {0: 0, 9: 1, 24: 2, 45: 3}  # number of f_rest columns -> SH degr
 
 def write_ply(path: str | Path, g: Gaussians) -> None:
     """Write atomically: a partial file never replaces a good one."""
+    write_atomic(path, encode_ply(g))
+
+
+def encode_ply(g: Gaussians) -> bytes:
+    """The PLY file of `g` in the official 3DGS layout."""
     n = len(g)
     t = {k: v.detach().cpu().float().numpy() for k, v in g.tensors().items()}
     rest = t["sh_rest"].transpose(0, 2, 1).reshape(n, -1)  # (N, 3, K-1) -> channel-major
@@ -36,8 +41,9 @@ def write_ply(path: str | Path, g: Gaussians) -> None:
     vertex = np.empty(n, dtype=[(name, "f4") for name in names])
     for i, name in enumerate(names):
         vertex[name] = data[:, i]
-    with replacing(path) as tmp:
-        PlyData([PlyElement.describe(vertex, "vertex")]).write(str(tmp))
+    out = io.BytesIO()
+    PlyData([PlyElement.describe(vertex, "vertex")]).write(out)
+    return out.getvalue()
 
 
 def read_ply(source: str | Path | bytes, name: str = "the PLY") -> Gaussians:

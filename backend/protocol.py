@@ -29,7 +29,8 @@ Replies (fields; "status" = session, state, views, step, iterations, gaussians, 
 - render: width, height, format, step, sh_degree, background (what the frame is composited over) + the frame
   as payload (RGBA8 or PNG); with depth: true also depth_offset, where a float32 plane of the alpha-normalised
   view depth (rows bottom-up, DEPTH_BACKGROUND where nothing is drawn) follows the frame in the payload
-- export_ply: path, gaussians, step + the PLY file as payload
+- export_ply: path (where the session keeps its trained model; empty for a viewed PLY), gaussians, step + the
+  PLY file as payload
 Events ({"event": kind, ...}): "progress" (state, step, iterations, loss, psnr, gaussians, views, its_per_s,
 gpu_memory_mb; loss and psnr null until measured), "state" (status), "error" (code, message).
 """

@@ -29,7 +29,7 @@ from .errors import SplatwrightError
 from .files import write_atomic
 from .points import POINTS_FILE, read_points, write_points
 from .gaussians import Gaussians
-from .ply import read_ply, write_ply
+from .ply import encode_ply, read_ply
 from .render import render
 from .train import TrainConfig, Trainer, load_checkpoint
 
@@ -541,10 +541,12 @@ class Engine:
     def export_ply(self) -> tuple[dict, bytes]:
         with self.model_lock:
             g, _, _, step = self._shown_model()
-            path = (self.session.folder if self.session else self.workdir) / "splats.ply"
-            write_ply(path, g)
-            count = len(g)
-        return {"path": str(path), "gaussians": count, "step": step}, path.read_bytes()
+            data, trained = encode_ply(g), self.viewed is None
+        path = ""
+        if trained:  # the session's trained model is also kept beside its checkpoint; a viewed PLY is not
+            path = str(self.session.folder / "splats.ply")
+            write_atomic(path, data)
+        return {"path": path, "gaussians": len(g), "step": step}, data
 
     def save_checkpoint(self) -> dict:
         with self.model_lock:
