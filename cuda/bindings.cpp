@@ -146,7 +146,17 @@ std::vector<torch::Tensor> bin_tiles(const torch::Tensor& means2d, const torch::
   check(sw::launch_tile_ranges(reinterpret_cast<const uint64_t*>(sorted_keys.data_ptr<int64_t>()), (int)n_entries,
                                n_tiles, iptr(ranges), stream),
         "tile ranges");
-  return {ranges, sorted_ids};
+  torch::Tensor batch_counts = torch::empty({n_tiles + 1}, i32), batch_offsets = torch::empty({n_tiles + 1}, i32);
+  torch::Tensor batch_tiles = torch::empty({sw::max_tile_batches((int)n_entries, n_tiles)}, i32);
+  torch::Tensor batch_temp = torch::empty({(int64_t)sw::batch_scan_temp_bytes(n_tiles)}, u8);
+  check(sw::launch_tile_batches(iptr(ranges), n_tiles, iptr(batch_counts), iptr(batch_offsets), iptr(batch_tiles),
+                                batch_temp.data_ptr(), batch_temp.numel(), stream),
+        "tile batches");
+  return {ranges, sorted_ids, batch_offsets, batch_tiles};
+}
+
+int tile_count(int64_t width, int64_t height) {
+  return (int)(((width + sw::TILE - 1) / sw::TILE) * ((height + sw::TILE - 1) / sw::TILE));
 }
 
 sw::RasterArgs raster_args(const torch::Tensor& ranges, const torch::Tensor& gauss_ids, const torch::Tensor& means2d,
@@ -159,51 +169,84 @@ sw::RasterArgs raster_args(const torch::Tensor& ranges, const torch::Tensor& gau
   check_input(colors, "colors");
   check_input(opacities, "opacities");
   check_input(background, "background");
+  const int64_t n = means2d.size(0);
+  TORCH_CHECK(ranges.numel() == 2 * tile_count(width, height), "ranges must be (n_tiles, 2) for this image size");
+  TORCH_CHECK(means2d.numel() == 2 * n && conics.numel() == 3 * n && colors.numel() == 3 * n,
+              "means2d, conics and colors must be (N, 2), (N, 3), (N, 3)");
+  TORCH_CHECK(opacities.numel() == n, "opacities must be (N,)");
   TORCH_CHECK(background.numel() == 3, "background must have 3 values");
-  TORCH_CHECK(opacities.numel() == means2d.size(0), "opacities must be (N,)");
   return {iptr(ranges), iptr(gauss_ids), fptr(means2d), fptr(conics), fptr(colors), fptr(opacities),
           fptr(background), (int)width, (int)height};
 }
 
-// Returns image (H, W, 3), alpha (H, W), depth (H, W), final T (H, W), n_contrib (H, W) int32.
+// batch_offsets and batch_tiles come from bin_tiles; states is (batches, BLOCK_SIZE, 4) or empty (not recorded).
+sw::TileBatches tile_batches(const torch::Tensor& batch_offsets, const torch::Tensor& batch_tiles,
+                             const torch::Tensor& states, int64_t width, int64_t height) {
+  check_input(batch_offsets, "batch_offsets", torch::kInt32);
+  check_input(batch_tiles, "batch_tiles", torch::kInt32);
+  TORCH_CHECK(batch_offsets.numel() == tile_count(width, height) + 1, "batch_offsets must be (n_tiles + 1,)");
+  float4(*state_rows)[sw::BLOCK_SIZE] = nullptr;
+  if (states.numel() > 0) {
+    check_input(states, "batch_states");
+    TORCH_CHECK(states.numel() == batch_tiles.numel() * sw::BLOCK_SIZE * 4, "batch_states must be (batches, ",
+                sw::BLOCK_SIZE, ", 4)");
+    state_rows = reinterpret_cast<float4(*)[sw::BLOCK_SIZE]>(fptr(states));
+  }
+  return {iptr(batch_offsets), iptr(batch_tiles), state_rows};
+}
+
+// Returns image (H, W, 3), alpha (H, W), depth (H, W), final T (H, W), n_contrib (H, W) int32, and the batch
+// states the backward needs (empty unless record_states).
 std::vector<torch::Tensor> rasterize_forward(const torch::Tensor& ranges, const torch::Tensor& gauss_ids,
+                                             const torch::Tensor& batch_offsets, const torch::Tensor& batch_tiles,
                                              const torch::Tensor& means2d, const torch::Tensor& conics,
                                              const torch::Tensor& colors, const torch::Tensor& opacities,
                                              const torch::Tensor& depths, const torch::Tensor& background,
-                                             int64_t width, int64_t height) {
+                                             int64_t width, int64_t height, bool record_states) {
   const c10::cuda::CUDAGuard guard(means2d.device());
   const sw::RasterArgs r =
       raster_args(ranges, gauss_ids, means2d, conics, colors, opacities, background, width, height);
   check_input(depths, "depths");
   const auto f32 = means2d.options();
+  torch::Tensor states = torch::empty({record_states ? batch_tiles.size(0) : 0, sw::BLOCK_SIZE, 4}, f32);
+  const sw::TileBatches batches = tile_batches(batch_offsets, batch_tiles, states, width, height);
   torch::Tensor image = new_output({height, width, 3}, f32), alpha = new_output({height, width}, f32);
   torch::Tensor depth = new_output({height, width}, f32), final_T = new_output({height, width}, f32);
   torch::Tensor n_contrib = new_output({height, width}, f32.dtype(torch::kInt32));
-  check(sw::launch_rasterize_fwd(r, fptr(depths), fptr(image), fptr(alpha), fptr(depth), fptr(final_T),
+  check(sw::launch_rasterize_fwd(r, batches, fptr(depths), fptr(image), fptr(alpha), fptr(depth), fptr(final_T),
                                  iptr(n_contrib), c10::cuda::getCurrentCUDAStream()),
         "rasterize forward");
-  return {image, alpha, depth, final_T, n_contrib};
+  return {image, alpha, depth, final_T, n_contrib, states};
 }
 
 // Returns grads w.r.t. means2d, conics, colors, opacities.
 std::vector<torch::Tensor> rasterize_backward(const torch::Tensor& ranges, const torch::Tensor& gauss_ids,
-                                              const torch::Tensor& means2d, const torch::Tensor& conics,
-                                              const torch::Tensor& colors, const torch::Tensor& opacities,
-                                              const torch::Tensor& background, int64_t width, int64_t height,
-                                              const torch::Tensor& final_T, const torch::Tensor& n_contrib,
-                                              const torch::Tensor& grad_image, const torch::Tensor& grad_alpha) {
+                                              const torch::Tensor& batch_offsets, const torch::Tensor& batch_tiles,
+                                              const torch::Tensor& batch_states, const torch::Tensor& means2d,
+                                              const torch::Tensor& conics, const torch::Tensor& colors,
+                                              const torch::Tensor& opacities, const torch::Tensor& background,
+                                              int64_t width, int64_t height, const torch::Tensor& final_T,
+                                              const torch::Tensor& n_contrib, const torch::Tensor& grad_image,
+                                              const torch::Tensor& grad_alpha) {
   const c10::cuda::CUDAGuard guard(means2d.device());
   const sw::RasterArgs r =
       raster_args(ranges, gauss_ids, means2d, conics, colors, opacities, background, width, height);
+  TORCH_CHECK(batch_states.numel() > 0 || batch_tiles.numel() == 0,
+              "rasterize_backward needs the batch states of a forward run with record_states");
+  const sw::TileBatches batches = tile_batches(batch_offsets, batch_tiles, batch_states, width, height);
   check_input(final_T, "final_T");
   check_input(n_contrib, "n_contrib", torch::kInt32);
   check_input(grad_image, "grad_image");
   check_input(grad_alpha, "grad_alpha");
+  TORCH_CHECK(final_T.numel() == width * height && n_contrib.numel() == width * height &&
+                  grad_image.numel() == 3 * width * height && grad_alpha.numel() == width * height,
+              "final_T, n_contrib, grad_image and grad_alpha must match the image size");
   // accumulated with atomics, so they start at zero
   torch::Tensor gm = torch::zeros_like(means2d), gc = torch::zeros_like(conics);
   torch::Tensor gcol = torch::zeros_like(colors), gop = torch::zeros_like(opacities);
-  check(sw::launch_rasterize_bwd(r, fptr(final_T), iptr(n_contrib), fptr(grad_image), fptr(grad_alpha), fptr(gm),
-                                 fptr(gc), fptr(gcol), fptr(gop), c10::cuda::getCurrentCUDAStream()),
+  check(sw::launch_rasterize_bwd(r, batches, (int)batch_tiles.size(0), fptr(final_T), iptr(n_contrib),
+                                 fptr(grad_image), fptr(grad_alpha), fptr(gm), fptr(gc), fptr(gcol), fptr(gop),
+                                 c10::cuda::getCurrentCUDAStream()),
         "rasterize backward");
   return {gm, gc, gcol, gop};
 }

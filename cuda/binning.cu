@@ -46,6 +46,22 @@ __global__ void tile_ranges_kernel(const uint64_t* __restrict__ keys, int n_entr
   if (i == n_entries - 1 || (uint32_t)(keys[i + 1] >> 32) != tile) ranges[2 * tile + 1] = i + 1;
 }
 
+// Batches of BLOCK_SIZE entries per tile; batch_counts has n_tiles + 1 slots, the last one 0 so that the
+// exclusive sum's last element is the total.
+__global__ void tile_batch_counts_kernel(const int32_t* __restrict__ ranges, int n_tiles,
+                                         int32_t* __restrict__ batch_counts) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t > n_tiles) return;
+  batch_counts[t] = t < n_tiles ? (ranges[2 * t + 1] - ranges[2 * t] + BLOCK_SIZE - 1) / BLOCK_SIZE : 0;
+}
+
+__global__ void batch_tiles_kernel(const int32_t* __restrict__ batch_offsets, int n_tiles,
+                                   int32_t* __restrict__ batch_tiles) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= n_tiles) return;
+  for (int b = batch_offsets[t]; b < batch_offsets[t + 1]; ++b) batch_tiles[b] = t;
+}
+
 int sort_end_bit(int width, int height) {
   const int n_tiles = ((width + TILE - 1) / TILE) * ((height + TILE - 1) / TILE);
   int bits = 1;
@@ -58,6 +74,14 @@ size_t scan_temp_bytes(int n) {
   cub::DeviceScan::InclusiveSum(nullptr, bytes, (const int64_t*)nullptr, (int64_t*)nullptr, n);
   return bytes;
 }
+
+size_t batch_scan_temp_bytes(int n_tiles) {
+  size_t bytes = 0;
+  cub::DeviceScan::ExclusiveSum(nullptr, bytes, (const int32_t*)nullptr, (int32_t*)nullptr, n_tiles + 1);
+  return bytes;
+}
+
+int max_tile_batches(int n_entries, int n_tiles) { return n_entries / BLOCK_SIZE + n_tiles; }
 
 size_t sort_temp_bytes(int n_entries, int end_bit) {
   size_t bytes = 0;
@@ -100,6 +124,19 @@ cudaError_t launch_tile_ranges(const uint64_t* sorted_keys, int n_entries, int n
   if (err != cudaSuccess || n_entries == 0) return err;
   const int threads = 256;
   tile_ranges_kernel<<<(n_entries + threads - 1) / threads, threads, 0, stream>>>(sorted_keys, n_entries, ranges);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_tile_batches(const int32_t* ranges, int n_tiles, int32_t* batch_counts,
+                                int32_t* batch_offsets, int32_t* batch_tiles, void* temp, size_t temp_bytes,
+                                cudaStream_t stream) {
+  const int threads = 256, blocks = (n_tiles + 1 + threads - 1) / threads;
+  tile_batch_counts_kernel<<<blocks, threads, 0, stream>>>(ranges, n_tiles, batch_counts);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  err = cub::DeviceScan::ExclusiveSum(temp, temp_bytes, batch_counts, batch_offsets, n_tiles + 1, stream);
+  if (err != cudaSuccess) return err;
+  batch_tiles_kernel<<<blocks, threads, 0, stream>>>(batch_offsets, n_tiles, batch_tiles);
   return cudaGetLastError();
 }
 

@@ -1,6 +1,8 @@
-// Rasterize backward: the forward's tile walk in reverse. Each pixel starts from its final transmittance and
-// last contributor, recovers T before each splat as T / (1 - alpha), and keeps the colour S composited behind
-// it. Per-splat gradients are summed over each warp, then added to global memory with atomics.
+// Rasterize backward: the forward's tile walk in reverse, one block per batch of a tile's entries (busy tiles'
+// long lists spread over many blocks instead of one). Each pixel starts from its transmittance T at the end of
+// the batch and the colour S composited behind that point (from the states the forward recorded), recovers T
+// before each splat as T / (1 - alpha), and keeps S up to date. Per-splat gradients are summed over each warp,
+// then added to global memory with atomics.
 #include "raster.cuh"
 #include "splatwright.h"
 
@@ -36,27 +38,45 @@ __device__ __forceinline__ void warp_sum9(float* v, int lane, float& mine, float
 }
 
 __global__ void __launch_bounds__(BLOCK_SIZE)
-    rasterize_bwd_kernel(RasterArgs r, const float* __restrict__ final_T, const int32_t* __restrict__ n_contrib,
-                         const float* __restrict__ grad_image, const float* __restrict__ grad_alpha,
-                         float* __restrict__ grad_means2d, float* __restrict__ grad_conics,
-                         float* __restrict__ grad_colors, float* __restrict__ grad_opacities) {
+    rasterize_bwd_kernel(RasterArgs r, TileBatches batches, const float* __restrict__ final_T,
+                         const int32_t* __restrict__ n_contrib, const float* __restrict__ grad_image,
+                         const float* __restrict__ grad_alpha, float* __restrict__ grad_means2d,
+                         float* __restrict__ grad_conics, float* __restrict__ grad_colors,
+                         float* __restrict__ grad_opacities) {
   __shared__ int32_t s_id[BLOCK_SIZE];
   __shared__ float2 s_xy[BLOCK_SIZE];
   __shared__ float4 s_conic_opacity[BLOCK_SIZE];
   __shared__ float4 s_color[BLOCK_SIZE];
   __shared__ int s_walk;
 
-  const int tile = blockIdx.y * gridDim.x + blockIdx.x;
+  const int tiles_x = (r.width + TILE - 1) / TILE, n_tiles = tiles_x * ((r.height + TILE - 1) / TILE);
+  const int batch = blockIdx.x;
+  if (batch >= batches.offsets[n_tiles]) return;  // the grid is sized by an upper bound
+  const int tile = batches.tiles[batch];
+  const int batch_in_tile = batch - batches.offsets[tile];
+  const int last_batch = batches.offsets[tile + 1] - 1;
+
   const int thread = threadIdx.y * TILE + threadIdx.x;
   const int lane = thread & 31;
-  const int px = blockIdx.x * TILE + threadIdx.x;
-  const int py = blockIdx.y * TILE + threadIdx.y;
+  const int px = (tile % tiles_x) * TILE + threadIdx.x;
+  const int py = (tile / tiles_x) * TILE + threadIdx.y;
   const bool inside = px < r.width && py < r.height;
   const float cx = px + 0.5f, cy = py + 0.5f;
   const int start = r.ranges[2 * tile];
+  const int batch_start = start + batch_in_tile * BLOCK_SIZE;
   const int pix = py * r.width + px;
 
-  const int last = inside ? n_contrib[pix] : 0;
+  const int last = inside ? n_contrib[pix] : 0;  // relative to start
+
+  // Walk only as far back as the batch's furthest last contributor.
+  if (thread == 0) s_walk = 0;
+  __syncthreads();
+  const int warp_last = (int)__reduce_max_sync(FULL_MASK, (unsigned)last);
+  if (lane == 0) atomicMax(&s_walk, warp_last);
+  __syncthreads();
+  const int batch_end = min(min(batch_start + BLOCK_SIZE, r.ranges[2 * tile + 1]), start + s_walk);
+  if (batch_end <= batch_start) return;
+
   const float T_final = inside ? final_T[pix] : 1.f;
   float g_rgb[3] = {0.f, 0.f, 0.f};
   float g_T = 0.f;  // dL/dT_final: image = C + T_final * background, alpha = 1 - T_final
@@ -67,82 +87,76 @@ __global__ void __launch_bounds__(BLOCK_SIZE)
     }
     g_T -= grad_alpha[pix];
   }
-
-  // Walk only as far back as the tile's furthest last contributor.
-  if (thread == 0) s_walk = 0;
-  __syncthreads();
-  const int warp_last = (int)__reduce_max_sync(FULL_MASK, (unsigned)last);
-  if (lane == 0) atomicMax(&s_walk, warp_last);
-  __syncthreads();
-  const int walk_end = start + s_walk;
-
   float T = T_final;
   float S[3] = {0.f, 0.f, 0.f};  // colour composited behind the current splat
-  for (int batch_end = walk_end; batch_end > start; batch_end -= BLOCK_SIZE) {
-    const int batch_start = max(start, batch_end - BLOCK_SIZE);
-    __syncthreads();  // the previous batch is no longer read
-    const int idx = batch_start + thread;
-    if (idx < batch_end) {
-      const int g = r.gauss_ids[idx];
-      s_id[thread] = g;
-      s_xy[thread] = reinterpret_cast<const float2*>(r.means2d)[g];
-      s_conic_opacity[thread] =
-          make_float4(r.conics[3 * g], r.conics[3 * g + 1], r.conics[3 * g + 2], r.opacities[g]);
-      s_color[thread] = make_float4(r.colors[3 * g], r.colors[3 * g + 1], r.colors[3 * g + 2], 0.f);
-    }
-    __syncthreads();
-    for (int j = batch_end - batch_start - 1; j >= 0; --j) {
-      SplatSample s;
-      const bool valid = batch_start + j - start < last && sample_splat(s_xy[j], s_conic_opacity[j], cx, cy, s);
-      if (!__any_sync(FULL_MASK, valid)) continue;
-      // v: d/d(mean x, mean y, conic a, b, c, red, green, blue, opacity)
-      float v[9] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-      if (valid) {
-        const float inv_one_minus = __frcp_rn(1.f - s.alpha);
-        T = T * inv_one_minus;  // transmittance in front of this splat
-        const float w = s.alpha * T;
-        const float4 color = s_color[j];
-        const float c[3] = {color.x, color.y, color.z};
-        float g_alpha = -T_final * inv_one_minus * g_T;
-        for (int ch = 0; ch < 3; ++ch) {
-          v[5 + ch] = g_rgb[ch] * w;
-          g_alpha += g_rgb[ch] * (c[ch] * T - S[ch] * inv_one_minus);
-          S[ch] += c[ch] * w;
-        }
-        // clamp_max passes gradient only where the uncapped value is <= the cap
-        if (s.raw <= ALPHA_MAX) {
-          const float4 co = s_conic_opacity[j];
-          const float g_power = g_alpha * s.raw;  // d(opacity exp(power))/d power
-          v[8] = g_alpha * s.gauss;
-          v[0] = g_power * (co.x * s.dx + co.y * s.dy);  // dpower/dmean = -dpower/d(dx, dy)
-          v[1] = g_power * (co.z * s.dy + co.y * s.dx);
-          v[2] = -0.5f * g_power * s.dx * s.dx;
-          v[3] = -g_power * s.dx * s.dy;
-          v[4] = -0.5f * g_power * s.dy * s.dy;
-        }
+  if (start + last > batch_start + BLOCK_SIZE) {  // contributors follow this batch: start from its end state
+    const float4 at_end = batches.states[batch][thread], final_state = batches.states[last_batch][thread];
+    T = at_end.x;
+    S[0] = final_state.y - at_end.y;
+    S[1] = final_state.z - at_end.z;
+    S[2] = final_state.w - at_end.w;
+  }
+
+  const int idx = batch_start + thread;
+  if (idx < batch_end) {
+    const int g = r.gauss_ids[idx];
+    s_id[thread] = g;
+    s_xy[thread] = reinterpret_cast<const float2*>(r.means2d)[g];
+    s_conic_opacity[thread] = make_float4(r.conics[3 * g], r.conics[3 * g + 1], r.conics[3 * g + 2], r.opacities[g]);
+    s_color[thread] = make_float4(r.colors[3 * g], r.colors[3 * g + 1], r.colors[3 * g + 2], 0.f);
+  }
+  __syncthreads();
+  for (int j = batch_end - batch_start - 1; j >= 0; --j) {
+    SplatSample s;
+    const bool valid = batch_start + j - start < last && sample_splat(s_xy[j], s_conic_opacity[j], cx, cy, s);
+    if (!__any_sync(FULL_MASK, valid)) continue;
+    // v: d/d(mean x, mean y, conic a, b, c, red, green, blue, opacity)
+    float v[9] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (valid) {
+      const float inv_one_minus = __frcp_rn(1.f - s.alpha);
+      T = T * inv_one_minus;  // transmittance in front of this splat
+      const float w = s.alpha * T;
+      const float4 color = s_color[j];
+      const float c[3] = {color.x, color.y, color.z};
+      float g_alpha = -T_final * inv_one_minus * g_T;
+      for (int ch = 0; ch < 3; ++ch) {
+        v[5 + ch] = g_rgb[ch] * w;
+        g_alpha += g_rgb[ch] * (c[ch] * T - S[ch] * inv_one_minus);
+        S[ch] += c[ch] * w;
       }
-      float mine, ninth;
-      warp_sum9(v, lane, mine, ninth);
-      const int g = s_id[j];
-      if ((lane & 3) == 0) {
-        const int k = lane >> 2;
-        float* dst = k < 2 ? grad_means2d + 2 * g + k : k < 5 ? grad_conics + 3 * g + (k - 2)
-                                                               : grad_colors + 3 * g + (k - 5);
-        atomicAdd(dst, mine);
+      // clamp_max passes gradient only where the uncapped value is <= the cap
+      if (s.raw <= ALPHA_MAX) {
+        const float4 co = s_conic_opacity[j];
+        const float g_power = g_alpha * s.raw;  // d(opacity exp(power))/d power
+        v[8] = g_alpha * s.gauss;
+        v[0] = g_power * (co.x * s.dx + co.y * s.dy);  // dpower/dmean = -dpower/d(dx, dy)
+        v[1] = g_power * (co.z * s.dy + co.y * s.dx);
+        v[2] = -0.5f * g_power * s.dx * s.dx;
+        v[3] = -g_power * s.dx * s.dy;
+        v[4] = -0.5f * g_power * s.dy * s.dy;
       }
-      if (lane == 0) atomicAdd(grad_opacities + g, ninth);
     }
+    float mine, ninth;
+    warp_sum9(v, lane, mine, ninth);
+    const int g = s_id[j];
+    if ((lane & 3) == 0) {
+      const int k = lane >> 2;
+      float* dst = k < 2 ? grad_means2d + 2 * g + k : k < 5 ? grad_conics + 3 * g + (k - 2)
+                                                             : grad_colors + 3 * g + (k - 5);
+      atomicAdd(dst, mine);
+    }
+    if (lane == 0) atomicAdd(grad_opacities + g, ninth);
   }
 }
 
-cudaError_t launch_rasterize_bwd(const RasterArgs& r, const float* final_T, const int32_t* n_contrib,
-                                 const float* grad_image, const float* grad_alpha, float* grad_means2d,
-                                 float* grad_conics, float* grad_colors, float* grad_opacities, cudaStream_t stream) {
-  if (r.width == 0 || r.height == 0) return cudaSuccess;
-  const dim3 grid((r.width + TILE - 1) / TILE, (r.height + TILE - 1) / TILE);
+cudaError_t launch_rasterize_bwd(const RasterArgs& r, const TileBatches& batches, int max_batches,
+                                 const float* final_T, const int32_t* n_contrib, const float* grad_image,
+                                 const float* grad_alpha, float* grad_means2d, float* grad_conics, float* grad_colors,
+                                 float* grad_opacities, cudaStream_t stream) {
+  if (r.width == 0 || r.height == 0 || max_batches == 0) return cudaSuccess;
   const dim3 block(TILE, TILE);
-  rasterize_bwd_kernel<<<grid, block, 0, stream>>>(r, final_T, n_contrib, grad_image, grad_alpha, grad_means2d,
-                                                   grad_conics, grad_colors, grad_opacities);
+  rasterize_bwd_kernel<<<max_batches, block, 0, stream>>>(r, batches, final_T, n_contrib, grad_image, grad_alpha,
+                                                          grad_means2d, grad_conics, grad_colors, grad_opacities);
   return cudaGetLastError();
 }
 

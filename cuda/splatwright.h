@@ -8,6 +8,8 @@
 
 #include <cuda_runtime.h>
 
+#include "constants.h"
+
 namespace splatwright {
 
 constexpr int MAX_SH_COEFFS = 16;  // degree 3; the projection kernels stage this many per Gaussian at most
@@ -59,6 +61,21 @@ cudaError_t launch_sort_keys(const uint64_t* keys_in, uint64_t* keys_out, const 
                              int n_entries, int end_bit, void* temp, size_t temp_bytes, cudaStream_t stream);
 cudaError_t launch_tile_ranges(const uint64_t* sorted_keys, int n_entries, int n_tiles, int32_t* ranges,
                                cudaStream_t stream);
+//   6. launch_tile_batches: each tile's list cut into batches of BLOCK_SIZE entries (TileBatches below), at most
+//      max_tile_batches(n_entries, n_tiles) of them; batch_counts and batch_offsets hold n_tiles + 1 values.
+int max_tile_batches(int n_entries, int n_tiles);
+size_t batch_scan_temp_bytes(int n_tiles);
+cudaError_t launch_tile_batches(const int32_t* ranges, int n_tiles, int32_t* batch_counts, int32_t* batch_offsets,
+                                int32_t* batch_tiles, void* temp, size_t temp_bytes, cudaStream_t stream);
+
+// The tiles' entry lists in batches of BLOCK_SIZE. The backward runs one block per batch, so a busy tile's long
+// list is spread over many blocks; the forward records where each batch leaves every pixel of its tile.
+struct TileBatches {
+  const int32_t* offsets;        // (n_tiles + 1) each tile's first batch; offsets[n_tiles] = the number of batches
+  const int32_t* tiles;          // (max_tile_batches) the tile of each batch
+  float4 (*states)[BLOCK_SIZE];  // per batch and pixel: (T, red, green, blue composited) after the batch's
+                                 // entries; the tile's last batch holds the final values. Null: not recorded.
+};
 
 struct RasterArgs {
   const int32_t* ranges;    // (n_tiles, 2) [start, end) into gauss_ids
@@ -75,14 +92,16 @@ struct RasterArgs {
 // Front-to-back compositing, one block per tile. Outputs per pixel: image (h, w, 3) over the background,
 // alpha = 1 - T_final, depth = sum w_i z_i, T_final, and n_contrib = how many of the tile's entries the
 // pixel walked through up to its last contributor.
-cudaError_t launch_rasterize_fwd(const RasterArgs& r, const float* depths, float* image, float* alpha, float* depth,
-                                 float* final_T, int32_t* n_contrib, cudaStream_t stream);
+// With batches.states set it also records the batch states (for the backward).
+cudaError_t launch_rasterize_fwd(const RasterArgs& r, const TileBatches& batches, const float* depths, float* image,
+                                 float* alpha, float* depth, float* final_T, int32_t* n_contrib, cudaStream_t stream);
 
-// Reverse tile walk. Accumulates (atomically, so the outputs must start at zero) the gradients w.r.t.
-// means2d, conics, colors and opacities from those w.r.t. image and alpha.
-cudaError_t launch_rasterize_bwd(const RasterArgs& r, const float* final_T, const int32_t* n_contrib,
-                                 const float* grad_image, const float* grad_alpha, float* grad_means2d,
-                                 float* grad_conics, float* grad_colors, float* grad_opacities, cudaStream_t stream);
+// Reverse tile walk over the forward's batches (states recorded). Accumulates (atomically, so the outputs must
+// start at zero) the gradients w.r.t. means2d, conics, colors and opacities from those w.r.t. image and alpha.
+cudaError_t launch_rasterize_bwd(const RasterArgs& r, const TileBatches& batches, int max_batches,
+                                 const float* final_T, const int32_t* n_contrib, const float* grad_image,
+                                 const float* grad_alpha, float* grad_means2d, float* grad_conics, float* grad_colors,
+                                 float* grad_opacities, cudaStream_t stream);
 
 // Training (training.cu). The photometric loss (1 - w) mean|x - y| + w (1 - mean SSIM) of an image against a
 // target, both (height, width, 3): the forward writes the scalar loss and the SSIM map's partial derivatives

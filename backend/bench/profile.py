@@ -21,7 +21,7 @@ from ..train import Trainer
 # First match wins; kernel names come from cuda/ and from torch's own kernels.
 STAGES = [
     ("projection", r"projection_(fwd|bwd)"),
-    ("binning + sort", r"tile_counts|emit_keys|tile_ranges|RadixSort|DeviceScan|cub::"),
+    ("binning + sort", r"tile_counts|emit_keys|tile_ranges|tile_batch|batch_tiles|RadixSort|DeviceScan|cub::"),
     ("rasterize forward", r"rasterize_fwd|render_fwd"),
     ("rasterize backward", r"rasterize_bwd|render_bwd"),
     ("optimizer (Adam)", r"adam|Adam"),
