@@ -132,15 +132,19 @@ std::vector<torch::Tensor> bin_tiles(const torch::Tensor& means2d, const torch::
 
   // uint64 keys live in int64 tensors; the bit patterns are what is sorted.
   torch::Tensor keys = torch::empty({n_entries}, i64), ids = torch::empty({n_entries}, i32);
+  torch::Tensor positions = torch::empty({n_entries}, i32);
   check(sw::launch_emit_keys(fptr(means2d), iptr(radii), fptr(depths), offsets.data_ptr<int64_t>(), n, (int)width,
-                             (int)height, reinterpret_cast<uint64_t*>(keys.data_ptr<int64_t>()), iptr(ids), stream),
+                             (int)height, reinterpret_cast<uint64_t*>(keys.data_ptr<int64_t>()), iptr(ids),
+                             iptr(positions), stream),
         "emit keys");
   const int end_bit = sw::sort_end_bit((int)width, (int)height);
   torch::Tensor sorted_keys = torch::empty({n_entries}, i64), sorted_ids = torch::empty({n_entries}, i32);
+  torch::Tensor sorted_positions = torch::empty({n_entries}, i32);
   torch::Tensor sort_temp = torch::empty({(int64_t)sw::sort_temp_bytes((int)n_entries, end_bit)}, u8);
   check(sw::launch_sort_keys(reinterpret_cast<const uint64_t*>(keys.data_ptr<int64_t>()),
-                             reinterpret_cast<uint64_t*>(sorted_keys.data_ptr<int64_t>()), iptr(ids), iptr(sorted_ids),
-                             (int)n_entries, end_bit, sort_temp.data_ptr(), sort_temp.numel(), stream),
+                             reinterpret_cast<uint64_t*>(sorted_keys.data_ptr<int64_t>()), iptr(ids), iptr(positions),
+                             iptr(sorted_positions), iptr(sorted_ids), (int)n_entries, end_bit, sort_temp.data_ptr(),
+                             sort_temp.numel(), stream),
         "radix sort");
   torch::Tensor ranges = torch::empty({n_tiles, 2}, i32);
   check(sw::launch_tile_ranges(reinterpret_cast<const uint64_t*>(sorted_keys.data_ptr<int64_t>()), (int)n_entries,
@@ -152,7 +156,7 @@ std::vector<torch::Tensor> bin_tiles(const torch::Tensor& means2d, const torch::
   check(sw::launch_tile_batches(iptr(ranges), n_tiles, iptr(batch_counts), iptr(batch_offsets), iptr(batch_tiles),
                                 batch_temp.data_ptr(), batch_temp.numel(), stream),
         "tile batches");
-  return {ranges, sorted_ids, batch_offsets, batch_tiles};
+  return {ranges, sorted_ids, batch_offsets, batch_tiles, sorted_positions, offsets};
 }
 
 int tile_count(int64_t width, int64_t height) {
@@ -219,9 +223,10 @@ std::vector<torch::Tensor> rasterize_forward(const torch::Tensor& ranges, const 
   return {image, alpha, depth, final_T, n_contrib, states};
 }
 
-// Returns grads w.r.t. means2d, conics, colors, opacities.
+// Returns grads w.r.t. means2d, conics, colors, opacities. The first six tensors are bin_tiles' outputs.
 std::vector<torch::Tensor> rasterize_backward(const torch::Tensor& ranges, const torch::Tensor& gauss_ids,
                                               const torch::Tensor& batch_offsets, const torch::Tensor& batch_tiles,
+                                              const torch::Tensor& positions, const torch::Tensor& entry_ends,
                                               const torch::Tensor& batch_states, const torch::Tensor& means2d,
                                               const torch::Tensor& conics, const torch::Tensor& colors,
                                               const torch::Tensor& opacities, const torch::Tensor& background,
@@ -234,6 +239,10 @@ std::vector<torch::Tensor> rasterize_backward(const torch::Tensor& ranges, const
   TORCH_CHECK(batch_states.numel() > 0 || batch_tiles.numel() == 0,
               "rasterize_backward needs the batch states of a forward run with record_states");
   const sw::TileBatches batches = tile_batches(batch_offsets, batch_tiles, batch_states, width, height);
+  check_input(positions, "positions", torch::kInt32);
+  check_input(entry_ends, "entry_ends", torch::kInt64);
+  TORCH_CHECK(positions.numel() == gauss_ids.numel() && entry_ends.numel() == means2d.size(0),
+              "positions must be (entries,) and entry_ends (N,), as bin_tiles returns them");
   check_input(final_T, "final_T");
   check_input(n_contrib, "n_contrib", torch::kInt32);
   check_input(grad_image, "grad_image");
@@ -241,12 +250,13 @@ std::vector<torch::Tensor> rasterize_backward(const torch::Tensor& ranges, const
   TORCH_CHECK(final_T.numel() == width * height && n_contrib.numel() == width * height &&
                   grad_image.numel() == 3 * width * height && grad_alpha.numel() == width * height,
               "final_T, n_contrib, grad_image and grad_alpha must match the image size");
-  // accumulated with atomics, so they start at zero
-  torch::Tensor gm = torch::zeros_like(means2d), gc = torch::zeros_like(conics);
-  torch::Tensor gcol = torch::zeros_like(colors), gop = torch::zeros_like(opacities);
-  check(sw::launch_rasterize_bwd(r, batches, (int)batch_tiles.size(0), fptr(final_T), iptr(n_contrib),
-                                 fptr(grad_image), fptr(grad_alpha), fptr(gm), fptr(gc), fptr(gcol), fptr(gop),
-                                 c10::cuda::getCurrentCUDAStream()),
+  torch::Tensor entry_grads = torch::zeros({(int64_t)sw::entry_grad_floats((int)gauss_ids.numel())}, means2d.options());
+  torch::Tensor gm = torch::empty_like(means2d), gc = torch::empty_like(conics);
+  torch::Tensor gcol = torch::empty_like(colors), gop = torch::empty_like(opacities);
+  check(sw::launch_rasterize_bwd(r, batches, (int)batch_tiles.size(0), iptr(positions),
+                                 entry_ends.data_ptr<int64_t>(), (int)means2d.size(0), fptr(final_T), iptr(n_contrib),
+                                 fptr(grad_image), fptr(grad_alpha), fptr(entry_grads), fptr(gm), fptr(gc), fptr(gcol),
+                                 fptr(gop), c10::cuda::getCurrentCUDAStream()),
         "rasterize backward");
   return {gm, gc, gcol, gop};
 }

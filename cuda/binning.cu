@@ -19,10 +19,12 @@ __global__ void tile_counts_kernel(const float2* __restrict__ means2d, const int
   counts[i] = count;
 }
 
-// One thread per Gaussian writes its entries in row-major tile order from offset (inclusive sum - count).
+// One thread per Gaussian writes its entries in row-major tile order from offset (inclusive sum - count):
+// key, Gaussian and the entry's own position (which the sort carries along).
 __global__ void emit_keys_kernel(const float2* __restrict__ means2d, const int32_t* __restrict__ radii,
                                  const float* __restrict__ depths, const int64_t* __restrict__ offsets, int n,
-                                 int width, int height, uint64_t* __restrict__ keys, int32_t* __restrict__ gauss_ids) {
+                                 int width, int height, uint64_t* __restrict__ keys, int32_t* __restrict__ gauss_ids,
+                                 int32_t* __restrict__ positions) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n || radii[i] <= 0) return;
   int x_lo, x_hi, y_lo, y_hi;
@@ -35,7 +37,14 @@ __global__ void emit_keys_kernel(const float2* __restrict__ means2d, const int32
     for (int tx = x_lo; tx < x_hi; ++tx, ++out) {
       keys[out] = ((uint64_t)(ty * tiles_x + tx) << 32) | depth_bits;
       gauss_ids[out] = i;
+      positions[out] = (int32_t)out;
     }
+}
+
+__global__ void gather_ids_kernel(const int32_t* __restrict__ gauss_ids, const int32_t* __restrict__ sorted_positions,
+                                  int n_entries, int32_t* __restrict__ sorted_ids) {
+  const int k = blockIdx.x * blockDim.x + threadIdx.x;
+  if (k < n_entries) sorted_ids[k] = gauss_ids[sorted_positions[k]];
 }
 
 __global__ void tile_ranges_kernel(const uint64_t* __restrict__ keys, int n_entries, int32_t* __restrict__ ranges) {
@@ -102,20 +111,28 @@ cudaError_t launch_tile_counts(const float* means2d, const int32_t* radii, int n
 }
 
 cudaError_t launch_emit_keys(const float* means2d, const int32_t* radii, const float* depths, const int64_t* offsets,
-                             int n, int width, int height, uint64_t* keys, int32_t* gauss_ids, cudaStream_t stream) {
+                             int n, int width, int height, uint64_t* keys, int32_t* gauss_ids, int32_t* positions,
+                             cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   const int threads = 256;
   emit_keys_kernel<<<(n + threads - 1) / threads, threads, 0, stream>>>((const float2*)means2d, radii, depths,
-                                                                         offsets, n, width, height, keys, gauss_ids);
+                                                                         offsets, n, width, height, keys, gauss_ids,
+                                                                         positions);
   return cudaGetLastError();
 }
 
 // LSD radix sort is stable, so equal keys keep the emit order: ascending Gaussian index.
-cudaError_t launch_sort_keys(const uint64_t* keys_in, uint64_t* keys_out, const int32_t* ids_in, int32_t* ids_out,
-                             int n_entries, int end_bit, void* temp, size_t temp_bytes, cudaStream_t stream) {
+cudaError_t launch_sort_keys(const uint64_t* keys_in, uint64_t* keys_out, const int32_t* gauss_ids,
+                             const int32_t* positions_in, int32_t* positions_out, int32_t* sorted_ids, int n_entries,
+                             int end_bit, void* temp, size_t temp_bytes, cudaStream_t stream) {
   if (n_entries == 0) return cudaSuccess;
-  return cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys_out, ids_in, ids_out, n_entries, 0, end_bit,
-                                         stream);
+  cudaError_t err = cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys_out, positions_in, positions_out,
+                                                    n_entries, 0, end_bit, stream);
+  if (err != cudaSuccess) return err;
+  const int threads = 256;
+  gather_ids_kernel<<<(n_entries + threads - 1) / threads, threads, 0, stream>>>(gauss_ids, positions_out, n_entries,
+                                                                                 sorted_ids);
+  return cudaGetLastError();
 }
 
 cudaError_t launch_tile_ranges(const uint64_t* sorted_keys, int n_entries, int n_tiles, int32_t* ranges,

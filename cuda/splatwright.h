@@ -45,10 +45,12 @@ cudaError_t launch_projection_bwd(const GaussianArgs& g, const CameraArgs& cam, 
                                   cudaStream_t stream);
 
 // Tile binning, in steps so the caller can allocate between them:
-//   1. launch_tile_counts: tiles each Gaussian touches, and their inclusive sum (offsets);
+//   1. launch_tile_counts: tiles each Gaussian touches, and their inclusive sum (offsets): Gaussian i's entries
+//      are [offsets[i - 1], offsets[i]) in emit order;
 //   2. the caller reads offsets[n - 1] = number of (tile, Gaussian) entries;
-//   3. launch_emit_keys: key (tile << 32 | float bits of depth) and Gaussian id per entry;
-//   4. launch_sort_keys: stable radix sort on the low sort_end_bit(width, height) bits;
+//   3. launch_emit_keys: key (tile << 32 | float bits of depth), Gaussian id and emit position per entry;
+//   4. launch_sort_keys: stable radix sort on the low sort_end_bit(width, height) bits, carrying the emit
+//      positions; then the Gaussian ids in sorted order;
 //   5. launch_tile_ranges: [start, end) of each tile's entries in the sorted list.
 int sort_end_bit(int width, int height);
 size_t scan_temp_bytes(int n);
@@ -56,9 +58,11 @@ size_t sort_temp_bytes(int n_entries, int end_bit);
 cudaError_t launch_tile_counts(const float* means2d, const int32_t* radii, int n, int width, int height,
                                int64_t* counts, int64_t* offsets, void* temp, size_t temp_bytes, cudaStream_t stream);
 cudaError_t launch_emit_keys(const float* means2d, const int32_t* radii, const float* depths, const int64_t* offsets,
-                             int n, int width, int height, uint64_t* keys, int32_t* gauss_ids, cudaStream_t stream);
-cudaError_t launch_sort_keys(const uint64_t* keys_in, uint64_t* keys_out, const int32_t* ids_in, int32_t* ids_out,
-                             int n_entries, int end_bit, void* temp, size_t temp_bytes, cudaStream_t stream);
+                             int n, int width, int height, uint64_t* keys, int32_t* gauss_ids, int32_t* positions,
+                             cudaStream_t stream);
+cudaError_t launch_sort_keys(const uint64_t* keys_in, uint64_t* keys_out, const int32_t* gauss_ids,
+                             const int32_t* positions_in, int32_t* positions_out, int32_t* sorted_ids, int n_entries,
+                             int end_bit, void* temp, size_t temp_bytes, cudaStream_t stream);
 cudaError_t launch_tile_ranges(const uint64_t* sorted_keys, int n_entries, int n_tiles, int32_t* ranges,
                                cudaStream_t stream);
 //   6. launch_tile_batches: each tile's list cut into batches of BLOCK_SIZE entries (TileBatches below), at most
@@ -96,11 +100,15 @@ struct RasterArgs {
 cudaError_t launch_rasterize_fwd(const RasterArgs& r, const TileBatches& batches, const float* depths, float* image,
                                  float* alpha, float* depth, float* final_T, int32_t* n_contrib, cudaStream_t stream);
 
-// Reverse tile walk over the forward's batches (states recorded). Accumulates (atomically, so the outputs must
-// start at zero) the gradients w.r.t. means2d, conics, colors and opacities from those w.r.t. image and alpha.
+// Reverse tile walk over the forward's batches (states recorded), deterministic: gradients w.r.t. means2d,
+// conics, colors and opacities (every element written) from those w.r.t. image and alpha. positions maps sorted
+// entries to emit positions and entry_ends is binning's inclusive sum (Gaussian i's entries end there);
+// entry_grads is a zeroed workspace of entry_grad_floats(n_entries).
+size_t entry_grad_floats(int n_entries);
 cudaError_t launch_rasterize_bwd(const RasterArgs& r, const TileBatches& batches, int max_batches,
-                                 const float* final_T, const int32_t* n_contrib, const float* grad_image,
-                                 const float* grad_alpha, float* grad_means2d, float* grad_conics, float* grad_colors,
+                                 const int32_t* positions, const int64_t* entry_ends, int n, const float* final_T,
+                                 const int32_t* n_contrib, const float* grad_image, const float* grad_alpha,
+                                 float* entry_grads, float* grad_means2d, float* grad_conics, float* grad_colors,
                                  float* grad_opacities, cudaStream_t stream);
 
 // Training (training.cu). The photometric loss (1 - w) mean|x - y| + w (1 - mean SSIM) of an image against a

@@ -39,10 +39,12 @@ class _Rasterize(torch.autograd.Function):
     @staticmethod
     def forward(ctx, means2d, conics, colors, opacities, depths, radii, background, width, height):
         ext = extension()
-        bins = ext.bin_tiles(means2d, radii, depths, width, height)  # ranges, ids, batch offsets, batch tiles
+        # ranges, ids, batch offsets and tiles (the forward's), sorted entries' emit positions and the Gaussians'
+        # entry ends (the backward's)
+        bins = ext.bin_tiles(means2d, radii, depths, width, height)
         record_states = any(ctx.needs_input_grad[:4])  # what the backward starts each batch from
         image, alpha, depth, final_t, n_contrib, batch_states = ext.rasterize_forward(
-            *bins, means2d, conics, colors, opacities, depths, background, width, height, record_states)
+            *bins[:4], means2d, conics, colors, opacities, depths, background, width, height, record_states)
         ctx.save_for_backward(*bins, batch_states, means2d, conics, colors, opacities, background, final_t, n_contrib)
         ctx.size = (width, height)
         ctx.mark_non_differentiable(depth)
@@ -50,11 +52,10 @@ class _Rasterize(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g_image, g_alpha, g_depth):
-        *bins, batch_states, means2d, conics, colors, opacities, background, final_t, n_contrib = ctx.saved_tensors
+        *bins_and_states, final_t, n_contrib = ctx.saved_tensors  # bins, batch states, splats, background
         width, height = ctx.size
         g_means2d, g_conics, g_colors, g_opacities = extension().rasterize_backward(
-            *bins, batch_states, means2d, conics, colors, opacities, background, width, height, final_t, n_contrib,
-            g_image.contiguous(), g_alpha.contiguous())
+            *bins_and_states, width, height, final_t, n_contrib, g_image.contiguous(), g_alpha.contiguous())
         return g_means2d, g_conics, g_colors, g_opacities, None, None, None, None, None
 
 
