@@ -107,7 +107,10 @@ std::vector<torch::Tensor> project_backward(const torch::Tensor& means, const to
   return {gm, gq, gs, gsh};
 }
 
-// Returns tile ranges (n_tiles, 2) int32 and the sorted Gaussian id of each entry (n_entries,) int32.
+// Returns, all int32 but the last: tile ranges (n_tiles, 2) and the sorted Gaussian id of each entry
+// (n_entries,), which the forward reads; batch offsets (n_tiles + 1,) and batch tiles (max_tile_batches,), which
+// both passes read; and for the backward the sorted entries' emit positions (n_entries,) and each Gaussian's
+// entry end (N,) int64.
 std::vector<torch::Tensor> bin_tiles(const torch::Tensor& means2d, const torch::Tensor& radii,
                                      const torch::Tensor& depths, int64_t width, int64_t height) {
   const c10::cuda::CUDAGuard guard(means2d.device());
