@@ -21,13 +21,19 @@ from ..train import Trainer
 # First match wins; kernel names come from cuda/ and from torch's own kernels.
 STAGES = [
     ("projection", r"projection_(fwd|bwd)"),
-    ("binning + sort", r"tile_counts|emit_keys|tile_ranges|tile_batch|batch_tiles|RadixSort|DeviceScan|cub::"),
-    ("rasterize forward", r"rasterize_fwd|render_fwd"),
-    ("rasterize backward", r"rasterize_bwd|render_bwd"),
-    ("optimizer (Adam)", r"adam|Adam"),
-    ("loss (SSIM convolutions)", r"conv|cudnn|implicit_gemm|sm90_xmma|wgrad|dgrad"),
-    ("densification + indexing", r"index|gather|scatter|cat|nonzero|masked|sort|topk"),
+    ("binning + sort",
+     r"tile_counts|emit_keys|gather_ids|tile_ranges|tile_batch|batch_tiles|RadixSort|DeviceScan|cub::"),
+    ("rasterize forward", r"rasterize_fwd"),
+    ("rasterize backward", r"rasterize_bwd|sum_entry_grads"),
+    ("optimizer (Adam)", r"adam"),
+    ("loss (fused L1 + D-SSIM)", r"ssim_|loss_"),
+    ("densification + indexing", r"grad_stats|index|gather|scatter|nonzero|masked|sort|topk"),
 ]
+OTHER = "other GPU (elementwise, activations, copies)"
+
+
+def stage_of(kernel: str) -> str:
+    return next((name for name, pattern in STAGES if re.search(pattern, kernel)), OTHER)
 
 
 def main(argv: list[str]) -> int:
@@ -51,15 +57,12 @@ def main(argv: list[str]) -> int:
         torch.cuda.synchronize()
         wall_ms = (time.perf_counter() - start) * 1e3 / args.steps
 
-    per_stage = {name: 0.0 for name, _ in STAGES}
-    per_stage["other GPU (elementwise, activations, loss terms)"] = 0.0
+    per_stage = {name: 0.0 for name, _ in STAGES} | {OTHER: 0.0}
     for event in prof.key_averages():
         device_us = getattr(event, "self_device_time_total", 0) or 0
         if device_us <= 0 or event.device_type != torch.autograd.DeviceType.CUDA:
             continue
-        stage = next((name for name, pattern in STAGES if re.search(pattern, event.key)),
-                     "other GPU (elementwise, activations, loss terms)")
-        per_stage[stage] += device_us / 1e3 / args.steps
+        per_stage[stage_of(event.key)] += device_us / 1e3 / args.steps
     gpu_ms = sum(per_stage.values())
     print(f"step {trainer.step}, {len(trainer.g)} Gaussians, {torch.cuda.get_device_name()}: "
           f"{wall_ms:.2f} ms/step wall, {gpu_ms:.2f} ms/step GPU busy")
