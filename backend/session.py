@@ -30,7 +30,7 @@ from .files import write_atomic
 from .points import POINTS_FILE, read_points, write_points
 from .gaussians import Gaussians
 from .ply import encode_ply, read_ply
-from .render import render
+from .render import camera_tensors, render
 from .train import TrainConfig, Trainer, load_checkpoint
 
 SESSION_FORMAT = 2  # 2: initial points as points3d.ply (backend/points.py); checkpoints of format 2
@@ -507,9 +507,11 @@ class Engine:
         """Queue the frame's rendering and its copy to the host while holding the model lock only that long;
         GPU stream order keeps the next training step's updates after this frame's reads. The planes: RGBA8,
         then with `depth` the alpha-normalised view depth (float32)."""
+        # Before taking the lock: the copy to the device waits for the GPU work already queued (a training step).
+        view = camera_tensors(camera, self.device)
         with self.model_lock, torch.no_grad():
             g, sh_degree, background, step = self._shown_model()
-            out = render(g, camera, sh_degree, background, self.rasterizer)
+            out = render(g, camera, sh_degree, background, self.rasterizer, view)
             rgba = (torch.cat([out.image, out.alpha[..., None]], dim=-1).clamp(0, 1) * 255 + 0.5).to(torch.uint8)
             planes = [rgba]
             if depth:
