@@ -165,11 +165,13 @@ def _composite_tiles(proj: Projected, tid, gid, t0: int, t1: int, tiles_x: int, 
     py_local, px_local = torch.meshgrid(offsets, offsets, indexing="ij")
     px = (tid % tiles_x * TILE).to(dtype)[:, None] + px_local.reshape(-1)
     py = (tid // tiles_x * TILE).to(dtype)[:, None] + py_local.reshape(-1)
-    dx = px - proj.means2d[gid, 0, None]
-    dy = py - proj.means2d[gid, 1, None]
-    conic = proj.conics[gid]
+    # index_select, not t[gid]: its backward (index_add) sums in a fixed order on the CPU, so training repeats.
+    means2d = proj.means2d.index_select(0, gid)
+    dx = px - means2d[:, 0, None]
+    dy = py - means2d[:, 1, None]
+    conic = proj.conics.index_select(0, gid)
     power = -0.5 * (conic[:, 0, None] * dx * dx + conic[:, 2, None] * dy * dy) - conic[:, 1, None] * dx * dy
-    alpha = torch.clamp_max(opacities[gid, None] * torch.exp(power), ALPHA_MAX)
+    alpha = torch.clamp_max(opacities.index_select(0, gid)[:, None] * torch.exp(power), ALPHA_MAX)
     alpha = torch.where((power > 0) | (alpha < ALPHA_MIN), torch.zeros_like(alpha), alpha)
 
     # Inclusive cumulative log-transmittance along each tile's list; float64 keeps the running sum
@@ -179,14 +181,14 @@ def _composite_tiles(proj: Projected, tid, gid, t0: int, t1: int, tiles_x: int, 
     is_first = torch.ones_like(tid, dtype=torch.bool)
     is_first[1:] = tid[1:] != tid[:-1]
     first_index = torch.cummax(torch.where(is_first, torch.arange(len(tid), device=device), 0), 0).values
-    base = cum[first_index] - log_t[first_index]
+    base = cum.index_select(0, first_index) - log_t.index_select(0, first_index)
     t_incl = torch.exp(cum - base)
     t_before = torch.exp(cum - log_t - base).to(dtype)
     contributes = t_incl >= T_STOP  # monotone along a tile's list, so this means "before the stop"
     weight = torch.where(contributes, alpha * t_before, torch.zeros_like(alpha))
 
-    values = torch.cat([weight[..., None] * proj.colors[gid, None, :], weight[..., None],
-                        (weight * proj.depths[gid, None])[..., None]], dim=-1)
+    values = torch.cat([weight[..., None] * proj.colors.index_select(0, gid)[:, None, :], weight[..., None],
+                        (weight * proj.depths.index_select(0, gid)[:, None])[..., None]], dim=-1)
     return acc.index_add(0, tid - t0, values)
 
 
