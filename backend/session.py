@@ -506,7 +506,7 @@ class Engine:
               depth: bool) -> tuple[dict, tuple[list[torch.Tensor], torch.cuda.Event | None]]:
         """Queue the frame's rendering and its copy to the host while holding the model lock only that long;
         GPU stream order keeps the next training step's updates after this frame's reads. The planes: RGBA8,
-        then with `depth` the alpha-normalised view depth (float32)."""
+        then with `depth` the alpha-normalised view depth (float32, rows bottom-up as the wire carries it)."""
         # Before taking the lock: the copy to the device waits for the GPU work already queued (a training step).
         view = camera_tensors(camera, self.device)
         with self.model_lock, torch.no_grad():
@@ -516,7 +516,7 @@ class Engine:
             planes = [rgba]
             if depth:
                 z = torch.where(out.alpha > 0, out.depth / out.alpha.clamp_min(1e-12), protocol.DEPTH_BACKGROUND)
-                planes.append(z.to(torch.float32))
+                planes.append(z.to(torch.float32).flip(0))
             copied = None
             if rgba.is_cuda:
                 planes = [p.to("cpu", non_blocking=True) for p in planes]
@@ -538,12 +538,13 @@ class Engine:
         if len(planes) == 1:
             return image
         fields["depth_offset"] = len(image)
-        return bytes(image) + np.ascontiguousarray(planes[1].numpy()[::-1], dtype="<f4").tobytes()
+        return b"".join((image, np.ascontiguousarray(planes[1].numpy(), dtype="<f4")))
 
     def export_ply(self) -> tuple[dict, bytes]:
-        with self.model_lock:
+        with self.model_lock:  # a snapshot only: encoding a large model must not hold up training or rendering
             g, _, _, step = self._shown_model()
-            data, trained = encode_ply(g), self.viewed is None
+            g, trained = g.detached(), self.viewed is None
+        data = encode_ply(g)
         path = ""
         if trained:  # the session's trained model is also kept beside its checkpoint; a viewed PLY is not
             path = str(self.session.folder / "splats.ply")
