@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .data import Dataset, load_cameras, load_split, parse_background
+from .data import Dataset, load_cameras, load_rgb, load_split, parse_background
 from .errors import SplatwrightError
 from .gaussians import Gaussians
 from .metrics import psnr
@@ -222,8 +222,7 @@ def blender_demo(args, out: Path) -> int:
     truth = load_split(info["dataset"], "test")  # Cycles' RGBA renders over white, as training saw them
     views = []
     for name, gt in zip(info["held_out"], truth.images):
-        novel = torch.from_numpy(np.asarray(Image.open(out / "novel" / f"{name}.png").convert("RGB"),
-                                            dtype=np.float32) / 255.0)
+        novel = torch.from_numpy(load_rgb(out / "novel" / f"{name}.png", (1.0, 1.0, 1.0)))
         views.append({"name": name, "psnr": round(psnr(novel, gt), 2)})
     mean = round(float(np.mean([v["psnr"] for v in views])), 2)
     metrics = {**info, "novel_views": views, "mean_psnr": mean}
@@ -258,10 +257,8 @@ def scene_demo(args, data: Path, out: Path) -> int:
     """Train on a scene end to end: the GPU at full size, or the CPU reference path at about 100 px."""
     device, rasterizer = resolve_device(args.device)
     out.mkdir(parents=True, exist_ok=True)
-    if device == "cuda":
-        cfg, downscale = replace(PRESETS["fast"], rasterizer=rasterizer), 1.0
-    else:
-        cfg, downscale = cpu_config(600), None
+    cfg = make_config(device, rasterizer, preset="fast", iterations=None if device == "cuda" else 600)
+    downscale = 1.0 if device == "cuda" else None
     print(f"demo: {data} on {device_name(device)}, output in {out}", file=sys.stderr)
     if downscale is None:  # CPU: about 100 px wide
         probe, _ = load_cameras(data / "transforms_train.json")

@@ -75,7 +75,7 @@ def load_transforms(path: Path, background=(1.0, 1.0, 1.0), downscale: float = 1
     for i, frame in enumerate(frames):
         what = f"{path.name} frame {i}"
         image_path = _find_image(path.parent, frame.get("file_path"), what)
-        rgb = _load_rgb(image_path, bg)
+        rgb = load_rgb(image_path, bg)
         h, w = rgb.shape[:2]
         if size is None:
             size = (w, h)
@@ -151,7 +151,7 @@ def over_background(image: np.ndarray, background) -> np.ndarray:
     return image
 
 
-def _load_rgb(path: Path, background) -> np.ndarray:
+def load_rgb(path: Path, background) -> np.ndarray:
     """8-bit image as float RGB in [0, 1], over `background`."""
     try:
         with Image.open(path) as im:

@@ -111,9 +111,10 @@ def _nearest_neighbour_distance(points: torch.Tensor, k: int = 3, budget: int = 
     k = min(k, n - 1)
     chunk = max(1, budget // n)
     out = torch.empty(n, device=device)
+    all_rows = torch.arange(min(chunk, n), device=device)
     for start in range(0, n, chunk):
         d = torch.cdist(points[start:start + chunk], points)
-        rows = torch.arange(d.shape[0], device=device)
+        rows = all_rows[:d.shape[0]]
         d[rows, rows + start] = float("inf")  # not its own neighbour
         out[start:start + chunk] = d.topk(k, largest=False).values.square().mean(dim=1).sqrt()
     return out

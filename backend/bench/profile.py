@@ -13,8 +13,7 @@ from dataclasses import replace
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from ..commands import LEGO
-from ..commands import PRESETS
+from ..commands import LEGO, PRESETS
 from ..data import load_split
 from ..train import Trainer
 
@@ -58,7 +57,8 @@ def main(argv: list[str]) -> int:
         wall_ms = (time.perf_counter() - start) * 1e3 / args.steps
 
     per_stage = {name: 0.0 for name, _ in STAGES} | {OTHER: 0.0}
-    for event in prof.key_averages():
+    averages = prof.key_averages()
+    for event in averages:
         device_us = getattr(event, "self_device_time_total", 0) or 0
         if device_us <= 0 or event.device_type != torch.autograd.DeviceType.CUDA:
             continue
@@ -72,7 +72,7 @@ def main(argv: list[str]) -> int:
         print(f"| {name} | {ms:.3f} | {100 * ms / wall_ms:.1f}% |")
     overhead = max(0.0, wall_ms - gpu_ms)
     print(f"| host overhead (Python, launches, syncs) | {overhead:.3f} | {100 * overhead / wall_ms:.1f}% |")
-    host_table(prof, args.steps)
+    host_table(averages, args.steps)
     tile_balance(trainer)
     return 0
 
@@ -96,10 +96,10 @@ def tile_balance(trainer: Trainer) -> None:
           f"{counts.mean():.0f}, busiest tile {busiest.mean():.0f} (max/mean {float((busiest / counts.mean(dim=1)).mean()):.1f})")
 
 
-def host_table(prof, steps: int, rows: int = 15) -> None:
+def host_table(averages, steps: int, rows: int = 15) -> None:
     """The host side: kernel launches per step, time blocked waiting for the GPU, and the operators with the
     most CPU time of their own (Python and dispatch included)."""
-    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CPU]
+    events = [e for e in averages if e.device_type == torch.autograd.DeviceType.CPU]
     launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cudaLaunchKernelExC"))
     waiting = sum(e.self_cpu_time_total for e in events if re.search(r"Synchronize|cudaMemcpy", e.key))
     print(f"\nhost: {launches / steps:.0f} kernel launches per step; {waiting / 1e3 / steps:.3f} ms/step blocked "

@@ -197,14 +197,15 @@ def main(argv: list[str]) -> int:
         stop.set()
         viewer.join()
 
-    print(f"render round trip, paused:   p50 {percentiles(idle)['p50_ms']:8.2f} ms  "
-          f"p95 {percentiles(idle)['p95_ms']:8.2f} ms  ({len(idle)} frames)")
-    print(f"render round trip, training: p50 {percentiles(frames)['p50_ms']:8.2f} ms  "
-          f"p95 {percentiles(frames)['p95_ms']:8.2f} ms  ({len(frames)} frames, "
+    idle_ms, training_ms = percentiles(idle), percentiles(frames)
+    print(f"render round trip, paused:   p50 {idle_ms['p50_ms']:8.2f} ms  "
+          f"p95 {idle_ms['p95_ms']:8.2f} ms  ({len(idle)} frames)")
+    print(f"render round trip, training: p50 {training_ms['p50_ms']:8.2f} ms  "
+          f"p95 {training_ms['p95_ms']:8.2f} ms  ({len(frames)} frames, "
           f"{len(frames) / seconds:.1f} of {args.fps:g} fps)")
     print(f"training: {alone:.2f} it/s alone, {with_client:.2f} it/s with the client "
           f"({100 * (1 - with_client / alone) if alone else 0:.0f}% slower)")
-    bench.result(render_idle=percentiles(idle), render_while_training=percentiles(frames),
+    bench.result(render_idle=idle_ms, render_while_training=training_ms,
                  train_its=round(alone, 2), train_its_with_client=round(with_client, 2),
                  client_fps_asked=args.fps, client_fps_got=round(len(frames) / seconds, 1))
     return 0

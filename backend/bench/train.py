@@ -14,8 +14,7 @@ from pathlib import Path
 
 import torch
 
-from ..commands import LEGO
-from ..commands import PRESETS
+from ..commands import LEGO, PRESETS
 from ..data import Dataset, camera_extent, load_split, scene_bounds
 from ..gaussians import Gaussians
 from ..metrics import photometric_loss

@@ -60,10 +60,10 @@ def main(argv: list[str]) -> int:
         training = latency.measure(bench.width, bench.height, bench.seconds)
         latency.stream.close()
         frame_format = client.frame_format
-    for label, times in (("paused", idle), ("training", training)):
-        r = percentiles(times)
+    idle_ms, training_ms = percentiles(idle), percentiles(training)
+    for label, r in (("paused", idle_ms), ("training", training_ms)):
         print(f"camera change -> frame ready for upload, {label + ':':9s} p50 {r['p50_ms']:8.2f} ms  "
               f"p95 {r['p95_ms']:8.2f} ms  ({r['frames']} frames)")
-    bench.result(frame_format=frame_format, camera_to_upload_ready_idle=percentiles(idle),
-                 camera_to_upload_ready_training=percentiles(training))
+    bench.result(frame_format=frame_format, camera_to_upload_ready_idle=idle_ms,
+                 camera_to_upload_ready_training=training_ms)
     return 0
