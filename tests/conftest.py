@@ -15,7 +15,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from backend.cameras import BLENDER_TO_OPENCV, Camera, intrinsics_from_fov_x, look_at  # noqa: E402
-from backend.commands import LEGO  # noqa: E402,F401 (tests import it from here)
 from backend.gaussians import Gaussians  # noqa: E402
 from backend.render import render  # noqa: E402
 

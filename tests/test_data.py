@@ -7,7 +7,8 @@ from PIL import Image
 
 from backend.data import load_cameras, load_split, parse_background, scene_bounds
 from backend.errors import SplatwrightError
-from conftest import LEGO, orbit_cameras
+from backend.commands import LEGO
+from conftest import orbit_cameras
 
 
 def test_loads_splits_composited_over_the_background(tiny_scene):

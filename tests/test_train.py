@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from backend.commands import cpu_config
+from backend.commands import LEGO, cpu_config
 from backend.data import Dataset, load_split
 from backend.errors import SplatwrightError
 from backend.gaussians import Gaussians
@@ -17,7 +17,7 @@ from backend.ply import read_ply
 from backend.points import POINTS_FILE, write_points
 from backend.strategy import edit_rows
 from backend.train import Trainer, evaluate, load_checkpoint
-from conftest import LEGO, ROOT, orbit_cameras, random_gaussians, write_scene
+from conftest import ROOT, orbit_cameras, random_gaussians, write_scene
 
 
 def small_config(iterations: int):
