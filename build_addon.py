@@ -14,6 +14,8 @@ import tomllib
 import zipfile
 from pathlib import Path
 
+from backend.files import replacing
+
 ROOT = Path(__file__).resolve().parent
 ADDON = ROOT / "blender_addon"
 SHARED = ["cameras.py", "errors.py", "protocol.py", "client.py", "points.py", "files.py"]  # relative imports among themselves
@@ -48,13 +50,11 @@ def build(out_dir: Path) -> Path:
     defaults = {"version": v, "backend_root": str(ROOT), "python": str(ROOT / ".venv" / "bin" / "python")}
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / f"{PACKAGE}-{v}.zip"
-    tmp = target.with_name(target.name + ".tmp")
-    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+    with replacing(target) as tmp, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
         for name, path in files.items():
             z.write(path, name)
         z.writestr(f"{PACKAGE}/core/__init__.py", '"""Modules shared with the backend (copied by build_addon.py)."""\n')
         z.writestr(f"{PACKAGE}/core/defaults.json", json.dumps(defaults, indent=2) + "\n")
-    tmp.replace(target)
     return target
 
 

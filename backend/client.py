@@ -183,14 +183,15 @@ class Client:
     def stop(self) -> dict:
         return self.request("stop").fields
 
-    def submit_render(self, camera: dict, format: str = "rgba8", depth: bool = False,
+    def submit_render(self, camera: dict, format: str | None = None, depth: bool = False,
                       on_done: Callable[[PendingReply], None] | None = None) -> PendingReply:
-        """Ask for a frame without waiting; a newer request supersedes this one if it has not started
-        (its result() then raises RemoteError with code 'superseded'). Decode with decode_frame and, with
-        `depth`, decode_depth."""
-        return self.submit("render", {"camera": camera, "format": format, "depth": depth}, on_done=on_done)
+        """Ask for a frame without waiting (in `format`, by default this connection's frame_format); a newer
+        request supersedes this one if it has not started (its result() then raises RemoteError with code
+        'superseded'). Decode with decode_frame and, with `depth`, decode_depth."""
+        fields = {"camera": camera, "format": format or self.frame_format, "depth": depth}
+        return self.submit("render", fields, on_done=on_done)
 
-    def render(self, camera: dict, format: str = "rgba8", timeout: float | None = None) -> np.ndarray:
+    def render(self, camera: dict, format: str | None = None, timeout: float | None = None) -> np.ndarray:
         """The (H, W, 4) uint8 frame, rows bottom-up (ready for a GPU texture; np.flipud for top-down)."""
         return decode_frame(self.submit_render(camera, format).result(self.timeout if timeout is None else timeout))
 
@@ -342,11 +343,10 @@ class FrameStream:
             self._cond.notify_all()
 
     def close(self) -> None:
+        """Without waiting (it is called from Blender's drawing): the thread ends when it next looks."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout=5)
 
     def _run(self) -> None:
         while True:
@@ -369,7 +369,7 @@ class FrameStream:
         self._sent += 1
         seq = self._sent
         try:
-            client.submit_render(camera, client.frame_format, on_done=lambda p: self._answered(seq, tag, p))
+            client.submit_render(camera, on_done=lambda p: self._answered(seq, tag, p))
         except (ConnectionError, ValueError) as e:
             self.error = str(e)
 

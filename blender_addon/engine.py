@@ -16,12 +16,12 @@ from gpu_extras.presets import draw_texture_2d
 
 from . import live
 from .core import protocol
-from .core.cameras import Camera, from_blender_view
+from .core.cameras import Camera
 from .core.client import RemoteError, decode_depth, decode_frame, linear_pixels, srgb_to_linear
 from .core.errors import SplatwrightError
 from .operators import nothing_to_show
 from .preferences import prefs
-from .scene_io import camera_of
+from .scene_io import camera_of, region_camera
 
 MOVING_SCALE = 0.5  # frame size while the view moves
 REST_SECONDS = 0.2  # a view that stayed put this long gets full-size frames
@@ -78,8 +78,7 @@ class LiveView:
         return self.texture
 
     def close(self) -> None:
-        if live.backend is not None:
-            live.backend.close_stream(self.stream)
+        self.stream.close()
 
 
 def frame_texture(pixels: np.ndarray, width: int, height: int):
@@ -93,7 +92,7 @@ def frame_texture(pixels: np.ndarray, width: int, height: int):
 def _watch() -> float | None:
     """Timer: redraw the viewports when a frame arrived or a resting view is due a full-size one."""
     if any(view.stale() for view in list(_views)):
-        live.redraw()
+        live.redraw({"VIEW_3D"})  # frames are shown only there
     return WATCH_INTERVAL if _views else None
 
 
@@ -138,10 +137,9 @@ class SPLATWRIGHT_RE_engine(bpy.types.RenderEngine):
         draw_seconds.append(time.perf_counter() - start)
 
     def draw_view(self, context) -> None:
-        region, rv3d = context.region, context.region_data
+        region = context.region
         try:
-            cam = from_blender_view(np.array(rv3d.view_matrix), np.array(rv3d.window_matrix),
-                                    region.width, region.height)
+            cam = region_camera(region, context.region_data)
         except SplatwrightError as e:
             self.close_view()
             draw_message(region, "Splatwright: " + str(e).split(";")[0] + " (numpad 5 for perspective)")
@@ -206,7 +204,7 @@ class SPLATWRIGHT_RE_engine(bpy.types.RenderEngine):
             if not client.status()["gaussians"] and session:  # a fresh backend: show the scene's session
                 client.open_session(session, create=False)
                 client.load_checkpoint()
-            return client.submit_render(wire_camera, client.frame_format, depth=True).result(RENDER_TIMEOUT)
+            return client.submit_render(wire_camera, depth=True).result(RENDER_TIMEOUT)
         self.update_stats("Splatwright", f"rendering {cam.width}x{cam.height} on the backend")
         return backend.wait("render", render, RENDER_TIMEOUT, self.test_break)
 

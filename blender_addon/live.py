@@ -33,10 +33,10 @@ def poll() -> float:
     return BUSY_INTERVAL if busy or setup_running else IDLE_INTERVAL
 
 
-def redraw() -> None:
+def redraw(area_types=REDRAW_AREAS) -> None:
     for window in bpy.context.window_manager.windows:
         for area in window.screen.areas:
-            if area.type in REDRAW_AREAS:
+            if area.type in area_types:
                 area.tag_redraw()
 
 

@@ -262,13 +262,13 @@ class SPLATWRIGHT_OT_send_views(Guarded, Operator):
         name = folder.name  # a capture's session is named after its folder
 
         def send(client):
-            have = client.open_session(name)["views"]
-            for view_name, cam, image in views[have:]:
+            missing = views[client.open_session(name)["views"]:]
+            for view_name, cam, image in missing:
                 client.add_view(protocol.camera_to_wire(cam.c2w, cam.K, cam.width, cam.height), image.read_bytes(),
                                 view_name)
             if points.is_file():
                 client.set_points(*read_points(points))
-            return len(views) - min(have, len(views)), client.status()
+            return len(missing), client.status()
 
         def sent(result) -> str:
             count, status = result

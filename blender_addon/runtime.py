@@ -176,7 +176,6 @@ class Backend:
         self.in_flight: Counter = Counter()  # job label -> count
         self.last_error = ""
         self.revision = 0  # counts news from the backend that may have changed the model shown
-        self._streams: list[wire.FrameStream] = []
         self._generation = 0  # connection number; events of older connections are ignored
         self._closing = False  # a stop or kill was asked for, so a closed connection is not 'lost'
         self._worker = threading.Thread(target=self._work, name="splatwright-worker", daemon=True)
@@ -186,11 +185,7 @@ class Backend:
 
     def call(self, label: str, fn: Callable[[wire.Client], object], then: Callable | None = None) -> None:
         """Run fn(client) on the worker; `then(result)` runs on the main thread in drain()."""
-        def job():
-            if self._client is None:
-                raise SplatwrightError("the backend is not connected; start it in the Splats panel")
-            return fn(self._client)
-        self._submit(label, job, then)
+        self._submit(label, lambda: fn(self._connected_client()), then)
 
     def wait(self, label: str, fn: Callable[[wire.Client], object], timeout: float,
              cancelled: Callable[[], bool]) -> object:
@@ -200,11 +195,8 @@ class Backend:
         future = Future()
 
         def job():  # the waiting caller reports what fails, so the worker does not report it again
-            if self._client is None:
-                future.set_exception(SplatwrightError("the backend is not connected; start it in the Splats panel"))
-                return
             try:
-                future.set_result(fn(self._client))
+                future.set_result(fn(self._connected_client()))
             except BaseException as e:
                 future.set_exception(e)
         self._submit(label, job)
@@ -220,14 +212,7 @@ class Backend:
 
     def frame_stream(self) -> wire.FrameStream:
         """Frames of a live view over this backend's connection (whichever is current)."""
-        stream = wire.FrameStream(lambda: self._client)
-        self._streams.append(stream)
-        return stream
-
-    def close_stream(self, stream: wire.FrameStream) -> None:
-        stream.close()
-        if stream in self._streams:
-            self._streams.remove(stream)
+        return wire.FrameStream(lambda: self._client)
 
     def connect(self, settings: ConnectSettings) -> None:
         self.connection, self.detail, self._closing = "connecting", "", False
@@ -250,14 +235,17 @@ class Backend:
     def close(self) -> None:
         """At unregister or exit: end the worker, ask a local backend to stop (SIGTERM: it checkpoints)."""
         self._jobs.put(None)
-        for stream in self._streams:
-            stream.close()
         if self.server is not None and self.server.alive:
             self.server.proc.terminate()
         client = self._client
         if client is not None:
             client.close()
         self._worker.join(timeout=1.0)
+
+    def _connected_client(self) -> wire.Client:  # on the worker
+        if self._client is None:
+            raise SplatwrightError("the backend is not connected; start it in the Splats panel")
+        return self._client
 
     def _submit(self, label: str, job: Callable, then: Callable | None = None) -> None:
         self.in_flight[label] += 1

@@ -37,9 +37,13 @@ def viewport_camera(context) -> Camera | None:
         region = next((r for r in area.regions if r.type == "WINDOW"), None)
         rv3d = area.spaces.active.region_3d
         if region is not None and rv3d is not None:
-            return from_blender_view(np.array(rv3d.view_matrix), np.array(rv3d.window_matrix),
-                                     region.width, region.height)
+            return region_camera(region, rv3d)
     return None
+
+
+def region_camera(region, rv3d) -> Camera:
+    """The camera of a 3D viewport's window region."""
+    return from_blender_view(np.array(rv3d.view_matrix), np.array(rv3d.window_matrix), region.width, region.height)
 
 
 def visible_geometry(scene, view_layer) -> list:
