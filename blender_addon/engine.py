@@ -57,7 +57,9 @@ class LiveView:
         if want != self.asked:
             self.asked = want
             shown = cam.scaled(scale)
-            self.stream.ask(protocol.camera_to_wire(shown.c2w, shown.K, shown.width, shown.height))
+            self.stream.ask(protocol.camera_to_wire(shown.c2w, shown.K, shown.width, shown.height), tag=want)
+            if not bpy.app.timers.is_registered(_watch):  # it stops when no view waits for anything
+                bpy.app.timers.register(_watch, first_interval=WATCH_INTERVAL)
 
     def stale(self) -> bool:
         """A newer frame waits to be shown, or the view has rested long enough for a full-size one."""
@@ -65,6 +67,13 @@ class LiveView:
         if frame is not None and frame.seq != self.texture_seq:
             return True
         return self.asked is not None and self.asked[1] < 1.0 and time.monotonic() - self.moved_at >= REST_SECONDS
+
+    def waiting(self) -> bool:
+        """The newest request is not answered yet, or a full-size frame is still to come once the view rests."""
+        if self.asked is None:
+            return False
+        frame = self.stream.frame
+        return frame is None or frame.tag != self.asked or self.asked[1] < 1.0
 
     def texture_of_newest(self):
         """The newest frame as a texture, uploaded here when it is new: the stream's thread already made
@@ -90,10 +99,13 @@ def frame_texture(pixels: np.ndarray, width: int, height: int):
 
 
 def _watch() -> float | None:
-    """Timer: redraw the viewports when a frame arrived or a resting view is due a full-size one."""
-    if any(view.stale() for view in list(_views)):
+    """Timer: redraw the viewports when a frame arrived or a resting view is due a full-size one. It ends
+    when no view waits for anything; LiveView.update starts it again with its next request."""
+    views = list(_views)
+    stale = [view.stale() for view in views]
+    if any(stale):
         live.redraw({"VIEW_3D"})  # frames are shown only there
-    return WATCH_INTERVAL if _views else None
+    return WATCH_INTERVAL if any(stale) or any(view.waiting() for view in views) else None
 
 
 def draw_message(region, text: str) -> None:
@@ -152,8 +164,6 @@ class SPLATWRIGHT_RE_engine(bpy.types.RenderEngine):
         if self.view is None:
             self.view = LiveView()
             _views.add(self.view)
-            if not bpy.app.timers.is_registered(_watch):
-                bpy.app.timers.register(_watch, first_interval=WATCH_INTERVAL)
         self.view.update(cam)
         texture = self.view.texture_of_newest()
         if texture is not None:
