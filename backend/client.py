@@ -12,6 +12,9 @@ import itertools
 import queue
 import socket
 import threading
+import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Callable
 
@@ -41,6 +44,9 @@ class PendingReply:
         self._reply: Message | None = None
         self._error: Exception | None = None
 
+    def done(self) -> bool:
+        return self._done.is_set()
+
     def result(self, timeout: float | None = None) -> Message:
         if not self._done.wait(timeout):
             raise TimeoutError(f"no reply to {self.type} within {timeout} s")
@@ -53,6 +59,22 @@ class PendingReply:
         self._done.set()
         if self._on_done is not None:
             self._on_done(self)
+
+
+def wait_done(task: Future | PendingReply, label: str, timeout: float, cancelled: Callable[[], bool]):
+    """The task's result once it is done, polled 10 times a second; InterruptedError once `cancelled()` says
+    so, TimeoutError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return task.result(0.1)
+        except (FutureTimeout, TimeoutError):  # distinct classes before Python 3.11
+            if task.done():  # the task itself failed with a timeout
+                raise
+            if cancelled():
+                raise InterruptedError(f"{label} cancelled") from None
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no answer to {label} within {timeout:.0f} s") from None
 
 
 class Client:

@@ -17,7 +17,7 @@ from gpu_extras.presets import draw_texture_2d
 from . import live
 from .core import protocol
 from .core.cameras import Camera
-from .core.client import RemoteError, decode_depth, decode_frame, linear_pixels, srgb_to_linear
+from .core.client import RemoteError, decode_depth, decode_frame, linear_pixels, srgb_to_linear, wait_done
 from .core.errors import SplatwrightError
 from .operators import nothing_to_show
 from .preferences import prefs
@@ -210,13 +210,14 @@ class SPLATWRIGHT_RE_engine(bpy.types.RenderEngine):
         if bpy.app.background and backend.connection == "disconnected":  # nobody pressed Start: -b -a
             backend.connect(prefs(bpy.context).connect_settings())
 
-        def render(client):
+        def submit(client):  # on the worker, which the render then no longer holds up
             if not client.status()["gaussians"] and session:  # a fresh backend: show the scene's session
                 client.open_session(session, create=False)
                 client.load_checkpoint()
-            return client.submit_render(wire_camera, depth=True).result(RENDER_TIMEOUT)
+            return client.submit_render(wire_camera, depth=True)
         self.update_stats("Splatwright", f"rendering {cam.width}x{cam.height} on the backend")
-        return backend.wait("render", render, RENDER_TIMEOUT, self.test_break)
+        pending = backend.wait("render", submit, RENDER_TIMEOUT, self.test_break)
+        return wait_done(pending, "render", RENDER_TIMEOUT, self.test_break)
 
 
 def set_pass(render_pass, values: np.ndarray) -> None:

@@ -18,7 +18,6 @@ import threading
 import time
 import traceback
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout  # the builtin TimeoutError only from Python 3.11
 from collections import Counter, deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -200,15 +199,7 @@ class Backend:
             except BaseException as e:
                 future.set_exception(e)
         self._submit(label, job)
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                return future.result(0.1)
-            except FutureTimeout:
-                if cancelled():
-                    raise InterruptedError(f"{label} cancelled") from None
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"no answer to {label} within {timeout:.0f} s") from None
+        return wire.wait_done(future, label, timeout, cancelled)
 
     def frame_stream(self) -> wire.FrameStream:
         """Frames of a live view over this backend's connection (whichever is current)."""

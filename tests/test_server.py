@@ -23,7 +23,7 @@ import torch
 from PIL import Image
 
 from backend import protocol
-from backend.client import Client, RemoteError, decode_depth, decode_frame
+from backend.client import Client, PendingReply, RemoteError, decode_depth, decode_frame, wait_done
 from backend.ply import read_ply, write_ply
 from backend.protocol import REQUESTS, SERVER_MESSAGES
 from backend.render import render
@@ -507,3 +507,21 @@ def test_server_stops_when_the_process_that_started_it_dies(tmp_path):
     if _running(server_pid):
         os.kill(server_pid, signal.SIGKILL)
         pytest.fail("the orphaned server kept running")
+
+
+def test_waiting_for_a_reply_gives_up_when_cancelled_and_passes_on_its_errors():
+    """An F12 render waits on its reply this way: cancelling (Esc) must not wait for the reply."""
+    pending = PendingReply("render")
+    start = time.monotonic()
+    with pytest.raises(InterruptedError):
+        wait_done(pending, "render", 60, cancelled=lambda: True)
+    assert time.monotonic() - start < 1
+    with pytest.raises(TimeoutError, match="within 0 s"):
+        wait_done(pending, "render", 0.2, cancelled=lambda: False)
+    failed = PendingReply("render")
+    failed._finish(error=TimeoutError("the backend's own timeout"))
+    with pytest.raises(TimeoutError, match="own timeout"):
+        wait_done(failed, "render", 60, cancelled=lambda: False)
+    answered = PendingReply("render")
+    answered._finish(reply="frame")
+    assert wait_done(answered, "render", 60, cancelled=lambda: False) == "frame"
