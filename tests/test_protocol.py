@@ -42,8 +42,8 @@ def test_stdlib_and_numpy_only():
                     for alias in node.names}
         imported |= {node.module.split(".")[0] for node in ast.walk(tree)
                      if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
-        assert imported <= {"__future__", "itertools", "json", "queue", "re", "socket", "struct", "threading",
-                            "zlib", "dataclasses", "ipaddress", "typing", "numpy"}, (name, imported)
+        assert imported <= {"__future__", "concurrent", "itertools", "json", "queue", "re", "socket", "struct",
+                            "threading", "time", "zlib", "dataclasses", "ipaddress", "typing", "numpy"}, (name, imported)
 
 
 def test_request_round_trip_with_payload_and_defaults():
