@@ -267,6 +267,7 @@ class Engine:
             self.session, self.trainer, self.viewed = session, None, None
         with self.cond:
             self.state = "idle"
+        self._emit_state()  # the model shown changed (a state event says so, as training's progress does)
         return self.status()
 
     def _require_session(self) -> Session:
@@ -569,6 +570,7 @@ class Engine:
         with self.cond:
             if self.state in ("idle", "failed", "finished"):
                 self.state = "stopped"
+        self._emit_state()
         return self.status()
 
     def load_ply(self, data: bytes, background) -> dict:
@@ -578,6 +580,7 @@ class Engine:
         g = read_ply(data, "the uploaded PLY").to(self.device)
         with self.model_lock:
             self.viewed = (g, tuple(background))
+        self._emit_state()
         return {"gaussians": len(g), "sh_degree": g.max_sh_degree}
 
     def close(self) -> None:

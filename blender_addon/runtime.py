@@ -174,7 +174,7 @@ class Backend:
         self.progress: dict = {}  # the latest progress event
         self.in_flight: Counter = Counter()  # job label -> count
         self.last_error = ""
-        self.revision = 0  # counts news from the backend that may have changed the model shown
+        self.revision = 0  # counts what may change the model shown: connections, progress and state events
         self._generation = 0  # connection number; events of older connections are ignored
         self._closing = False  # a stop or kill was asked for, so a closed connection is not 'lost'
         self._worker = threading.Thread(target=self._work, name="splatwright-worker", daemon=True)
@@ -253,8 +253,6 @@ class Backend:
             except queue.Empty:
                 return changed, reports
             changed = True
-            if out.kind in ("done", "event"):
-                self.revision += 1
             if out.kind in ("done", "error"):
                 self.in_flight[out.label] -= 1
                 if self.in_flight[out.label] <= 0:
@@ -280,11 +278,14 @@ class Backend:
     def _connected(self, reply: dict) -> str:
         self.connection, self.detail = "connected", ""
         self.capabilities, self.status, self.progress = reply["capabilities"], reply["status"], {}
+        self.revision += 1
         caps = self.capabilities
         return f"backend ready: {caps.get('gpu') or caps.get('device')}, torch {caps.get('torch')}"
 
     def _apply_event(self, event: dict) -> list[tuple[str, str]]:
         kind = event.get("event")
+        if kind in ("progress", "state"):  # the backend sends one after every change of the model shown
+            self.revision += 1
         if kind == "progress":
             self.progress = event
             self.status.update({k: event[k] for k in ("state", "step", "iterations", "gaussians", "views")
