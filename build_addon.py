@@ -1,7 +1,7 @@
 """Build the installable Blender add-on: python build_addon.py  ->  dist/splatwright-<version>.zip
 
-The zip holds the package splatwright/: the contents of blender_addon/, and under splatwright/core/ the
-backend modules the add-on shares (stdlib + numpy only) plus defaults.json, which records where this
+The zip holds the package splatwright/: the files of blender_addon/ as they are in the tree (core/ among
+them, the modules the add-on shares with the backend), plus core/defaults.json, which records where this
 checkout's backend and its .venv (made by ./run) live.
 """
 from __future__ import annotations
@@ -14,11 +14,10 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-from backend.files import replacing
+from blender_addon.core.files import replacing
 
 ROOT = Path(__file__).resolve().parent
 ADDON = ROOT / "blender_addon"
-SHARED = ["cameras.py", "errors.py", "protocol.py", "client.py", "points.py", "files.py"]  # relative imports among themselves
 PACKAGE = "splatwright"
 
 
@@ -43,7 +42,6 @@ def build(out_dir: Path) -> Path:
     v = version()
     files = {PACKAGE + "/" + p.relative_to(ADDON).as_posix(): p for p in sorted(ADDON.rglob("*"))
              if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"}
-    files.update({f"{PACKAGE}/core/{name}": ROOT / "backend" / name for name in SHARED})
     heavy = [name for name, p in files.items() if p.suffix == ".py" and torch_imports(p)]
     if heavy:
         raise SystemExit(f"the add-on must not import torch, but these do: {', '.join(heavy)}")
@@ -53,7 +51,6 @@ def build(out_dir: Path) -> Path:
     with replacing(target) as tmp, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
         for name, path in files.items():
             z.write(path, name)
-        z.writestr(f"{PACKAGE}/core/__init__.py", '"""Modules shared with the backend (copied by build_addon.py)."""\n')
         z.writestr(f"{PACKAGE}/core/defaults.json", json.dumps(defaults, indent=2) + "\n")
     return target
 

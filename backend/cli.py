@@ -4,7 +4,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .errors import SplatwrightError
+from blender_addon.core.errors import SplatwrightError
+from blender_addon.core.schema import Float, Str
+from blender_addon.core.settings import TRAINING
+from .data import parse_background
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,9 +59,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench":
             from . import bench
             return bench.main(args.rest)
+        if args.command == "demo":
+            from . import demo
+            return demo.demo(args)
         from . import commands
-        command = {"train": commands.train, "render": commands.render_views, "info": commands.info,
-                   "demo": commands.demo}[args.command]
+        command = {"train": commands.train, "render": commands.render_views, "info": commands.info}[args.command]
         return command(args)
     except SplatwrightError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -69,15 +74,29 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def add_training_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="quality", choices=["quality", "fast"],
-                   help="GPU schedule: quality (30k steps) or fast (5k steps)")
-    p.add_argument("--iters", type=int, default=None,
-                   help="training steps (default: the preset's on GPU, a short schedule on the CPU reference path)")
+    """--device, --downscale and every training setting of the one table (settings.TRAINING) but the progress
+    interval (the CLI draws a progress bar), with its default, range and help; --iters is --iterations."""
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--downscale", type=float, default=1.0, help="divide image sizes by this factor")
-    p.add_argument("--background", default="white", help="white, black or r,g,b in [0, 1]")
-    p.add_argument("--sh-degree", type=int, default=3, choices=[0, 1, 2, 3])
-    p.add_argument("--init-points", type=int, default=None, help="how many random initial Gaussians (without a points3d.ply)")
-    p.add_argument("--max-gaussians", type=int, default=None, help="cap on the Gaussian count (0: none)")
-    p.add_argument("--checkpoint-every", type=int, default=1000, help="steps between checkpoints (0: only at the end)")
-    p.add_argument("--seed", type=int, default=0)
+    for name, field in TRAINING.fields.items():
+        if name == "progress_interval":
+            continue
+        flags = ["--" + name.replace("_", "-")] + (["--iters"] if name == "iterations" else [])
+        if isinstance(field.kind, Str):
+            p.add_argument(*flags, dest=name, default=field.default, choices=field.kind.choices, help=field.help)
+        else:
+            p.add_argument(*flags, dest=name, default=field.default, type=setting_parser(name, field.kind),
+                           help=f"{field.help} (default: {field.default})" if field.default is not None else field.help)
+
+
+def setting_parser(name: str, kind):
+    """The argparse type of a setting: the text parsed, then checked against the setting's range."""
+    def parse(text: str):
+        try:
+            value = parse_background(text) if name == "background" else float(text) if isinstance(
+                kind, Float) else int(text)
+            return kind.check(list(value) if name == "background" else value)
+        except (ValueError, SplatwrightError) as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    parse.__name__ = name  # argparse names the setting in its message
+    return parse

@@ -9,8 +9,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .cameras import Camera, from_blender_c2w, intrinsics, intrinsics_from_fov_x
-from .errors import SplatwrightError
+from blender_addon.core.cameras import Camera, from_blender_c2w, intrinsics, intrinsics_from_fov_x
+from blender_addon.core.errors import SplatwrightError
 
 
 @dataclass
@@ -24,6 +24,11 @@ class Dataset:
 
     def to(self, device) -> "Dataset":
         return Dataset(self.cameras, self.images.to(device), self.names)
+
+
+# NeRF-synthetic lego where the project's shared data sits beside the checkout: the demo's fallback scene and
+# the benchmarks' and tests' scene.
+LEGO = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "lego"
 
 
 def parse_background(text: str) -> tuple[float, float, float]:

@@ -125,10 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     dataset = out / "dataset" / s.session
     log(f"captured {args.views} views at {size}x{size} with Cycles in {capture_seconds:.0f} s into {dataset}")
 
-    if gpu and args.steps is None:
-        s.schedule = "FAST"
-    else:
-        s.schedule, s.iterations = "CUSTOM", args.steps or 800
+    s.preset = "FAST"
+    if not gpu or args.steps is not None:
+        s.custom_steps, s.iterations = True, args.steps or 800
     s.sh_degree, s.max_gaussians = (3, 0) if gpu else (1, 6000)
     start = time.monotonic()
     bpy.ops.splatwright.train_start()

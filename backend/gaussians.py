@@ -6,7 +6,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
-SH_C0 = 0.28209479177387814
+from .sh import SH_C0
 
 
 def sh_coeff_count(degree: int) -> int:

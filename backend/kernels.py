@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import SplatwrightError
+from blender_addon.core.errors import SplatwrightError
 
 CUDA_DIR = Path(__file__).resolve().parents[1] / "cuda"
 SOURCES = ("bindings.cpp", "projection_fwd.cu", "projection_bwd.cu", "binning.cu", "rasterize_fwd.cu",

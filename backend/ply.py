@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from plyfile import PlyData, PlyElement
 
-from .errors import SplatwrightError
-from .files import write_atomic
+from blender_addon.core.errors import SplatwrightError
+from blender_addon.core.files import write_atomic
 from .gaussians import Gaussians
 
 _REQUIRED = ["x", "y", "z", "f_dc_0", "f_dc_1", "f_dc_2", "opacity",

@@ -2,7 +2,7 @@
 
 TCP on loopback by default (anywhere else only with a token), one client at a time. Each connection has a
 reader (this module: frames in, requests dispatched) and a writer thread (frames out from a queue), so
-neither training nor a slow client ever blocks reading the socket. The Engine (session.py) owns the model.
+neither training nor a slow client ever blocks reading the socket. The Engine (engine.py) owns the model.
 """
 from __future__ import annotations
 
@@ -19,11 +19,12 @@ from pathlib import Path
 
 import torch
 
-from . import protocol
-from .commands import resolve_device
-from .errors import SplatwrightError
-from .protocol import REQUESTS, SERVER_MESSAGES, Message, ProtocolError
-from .session import Engine, RenderJob, camera_from_fields, decode_upload, log
+from blender_addon.core import codecs, protocol
+from blender_addon.core.errors import SplatwrightError
+from blender_addon.core.protocol import REQUESTS, SERVER_MESSAGES, Message, ProtocolError
+from .engine import Engine, RenderJob, log
+from .frames import decode_upload
+from .policy import resolve_device
 
 HELLO_TIMEOUT = 10.0  # seconds a new connection has to authenticate
 BUSY_WAIT = 1.0  # a reconnecting client may arrive before its previous connection is torn down
@@ -46,8 +47,9 @@ class Connection:
         self.writer = threading.Thread(target=self._write_loop, name=f"write {self.address}", daemon=True)
         self.writer.start()
 
-    def reply(self, request_id: int, fields: dict, payload: bytes | memoryview = b"") -> None:
-        self._send("reply", request_id, fields, payload)
+    def reply(self, request: Message, fields: dict, payload: bytes | memoryview = b"") -> None:
+        if not self.closed:
+            self.outbox.put(protocol.encode_reply(request.type, request.id, fields, payload))
 
     def error(self, request_id: int, code: str, message: str) -> None:
         self._send("error", request_id, {"code": code, "message": message[:protocol.MAX_TEXT_CHARS]})
@@ -56,9 +58,9 @@ class Connection:
         if self.outbox.qsize() < MAX_QUEUED_EVENTS:
             self._send("event", 0, fields)
 
-    def _send(self, type: str, request_id: int, fields: dict, payload: bytes | memoryview = b"") -> None:
+    def _send(self, type: str, request_id: int, fields: dict) -> None:
         if not self.closed:
-            self.outbox.put(protocol.encode_message(SERVER_MESSAGES, type, request_id, fields, payload))
+            self.outbox.put(protocol.encode_message(SERVER_MESSAGES, type, request_id, fields))
 
     def _write_loop(self) -> None:
         broken = False
@@ -191,8 +193,8 @@ class Server:
             return False
         conn.sock.settimeout(None)
         log(f"{conn.address}: {message.fields['client'] or 'a client'} connected")
-        conn.reply(message.id, {"protocol": protocol.PROTOCOL_VERSION, "server": "splatwright",
-                                **self.engine.status()})
+        conn.reply(message, {"protocol": protocol.PROTOCOL_VERSION, "server": "splatwright",
+                             **self.engine.status()})
         self.engine.emit = conn.event
         return True
 
@@ -210,7 +212,7 @@ class Server:
                 continue
             if message.type == "shutdown":
                 self.engine.stop()
-                conn.reply(message.id, self.engine.status())
+                conn.reply(message, self.engine.status())
                 self.stop()
                 return
             if message.type == "render":
@@ -221,6 +223,7 @@ class Server:
     def _dispatch(self, conn: Connection, message: Message) -> None:
         try:
             fields, payload = self.handlers[message.type](message)
+            conn.reply(message, fields, payload)  # checks the fields against protocol.REPLIES
         except SplatwrightError as e:
             conn.error(message.id, protocol.REJECTED, str(e))
         except torch.cuda.OutOfMemoryError:
@@ -230,18 +233,11 @@ class Server:
         except Exception as e:  # a bug; report it and keep serving
             traceback.print_exc()
             conn.error(message.id, protocol.INTERNAL, f"{message.type} failed: {e!r}; see the backend's log")
-        else:
-            conn.reply(message.id, fields, payload)
 
     def _submit_render(self, conn: Connection, message: Message) -> None:
-        try:
-            camera = camera_from_fields(message.fields["camera"])
-        except SplatwrightError as e:
-            conn.error(message.id, protocol.REJECTED, str(e))
-            return
         self.engine.submit_render(RenderJob(
-            camera, message.fields["format"], message.fields["depth"],
-            done=lambda fields, payload: conn.reply(message.id, fields, payload),
+            message.fields["camera"], message.fields["format"], message.fields["depth"],
+            done=lambda fields, payload: conn.reply(message, fields, payload),
             fail=lambda code, text: conn.error(message.id, code, text)))
 
     # ---- handlers that decode payloads ----
@@ -250,13 +246,13 @@ class Server:
         raise SplatwrightError("this connection is already authenticated; send hello only once")
 
     def _add_view(self, message: Message):
-        camera = camera_from_fields(message.fields["camera"])
+        camera = message.fields["camera"]
         image = decode_upload(message.fields["format"], message.payload, camera.width, camera.height)
         return self.engine.add_view(camera, image, message.fields["name"]), b""
 
     def _set_points(self, message: Message):
         try:
-            xyz, rgb = protocol.points_from_wire(message.payload, message.fields["count"])
+            xyz, rgb = codecs.points_from_wire(message.payload, message.fields["count"])
         except ValueError as e:
             raise SplatwrightError(str(e)) from None
         return self.engine.set_points(xyz, rgb), b""

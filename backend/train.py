@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
-from .errors import SplatwrightError
-from .files import replacing
-from .cameras import Camera
+from blender_addon.core.errors import SplatwrightError
+from blender_addon.core.files import replacing
+from blender_addon.core.cameras import Camera
 from .data import Dataset, camera_extent, scene_bounds
 from .gaussians import Gaussians
 from .metrics import photometric_loss, psnr, ssim

@@ -11,16 +11,21 @@ bl_info = {
     "category": "Render",
 }
 
-from . import engine, live, operators, panels, preferences, properties  # noqa: E402
 
-_MODULES = (live, preferences, properties, operators, panels, engine)
+
+def _modules():
+    """The modules that need bpy, in registration order. Imported here rather than at the top so that the
+    package and its bpy-free modules (core/, dataset, colors, frames, training, runtime) import without
+    Blender, as the backend and the tests import them."""
+    from . import engine, live, operators, panels, preferences, properties
+    return (live, preferences, properties, operators, panels, engine)
 
 
 def register():
-    for module in _MODULES:
+    for module in _modules():
         module.register()
 
 
 def unregister():
-    for module in reversed(_MODULES):
+    for module in reversed(_modules()):
         module.unregister()

@@ -11,7 +11,6 @@ import bpy
 import numpy as np
 from mathutils import Matrix
 
-from .core import protocol
 from .core.errors import SplatwrightError
 from .core.points import POINTS_FILE, write_points
 from .dataset import DatasetWriter, fitting_distance, orbit_poses, split_of
@@ -52,7 +51,7 @@ class Capture:
                 write_points(self.folder / POINTS_FILE, xyz, rgb)
             if backend is not None:
                 name = s.session = self.session
-                backend.call("open_session", lambda c: c.open_session(name), self._status)
+                backend.call("open_session", lambda c: c.call("open_session", name=name), self._status)
                 if s.initial_points:
                     backend.call("set_points", lambda c: c.set_points(xyz, rgb))
         except BaseException:
@@ -85,8 +84,7 @@ class Capture:
             raise SplatwrightError(f"the render of {view.name} was not written to {path}")
         self.writer.add(view.split, view.name, cam)
         if self.backend is not None and view.split == "train":
-            wire_camera = protocol.camera_to_wire(cam.c2w, cam.K, cam.width, cam.height)
-            self.backend.call("add_view", lambda c: c.add_view(wire_camera, path.read_bytes(), view.name),
+            self.backend.call("add_view", lambda c: c.add_view(cam, path.read_bytes(), view.name),
                               self._views_added)
         self.done += 1
 

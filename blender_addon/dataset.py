@@ -100,10 +100,3 @@ def sample_surface(triangles: np.ndarray, colors: np.ndarray, count: int, seed: 
     r1, r2 = np.sqrt(rng.random(count))[:, None], rng.random(count)[:, None]  # uniform over each triangle
     xyz = (1 - r1) * a[pick] + r1 * (1 - r2) * b[pick] + r1 * r2 * c[pick]
     return xyz.astype(np.float32), colors[pick]
-
-
-def linear_to_srgb8(rgb: np.ndarray) -> np.ndarray:
-    """Scene-linear colours to 8-bit sRGB, the display-referred values the renders hold."""
-    x = np.clip(np.asarray(rgb, dtype=np.float64), 0.0, 1.0)
-    srgb = np.where(x <= 0.0031308, 12.92 * x, 1.055 * np.power(x, 1 / 2.4) - 0.055)
-    return (srgb * 255.0 + 0.5).astype(np.uint8)

@@ -15,10 +15,11 @@ import numpy as np
 from gpu_extras.presets import draw_texture_2d
 
 from . import live
-from .core import protocol
 from .core.cameras import Camera
-from .core.client import RemoteError, decode_depth, decode_frame, linear_pixels, srgb_to_linear, wait_done
+from .colors import combined_pass
+from .core.client import RemoteError, decode_depth, decode_frame, wait_done
 from .core.errors import SplatwrightError
+from .frames import border_rect
 from .operators import nothing_to_show
 from .preferences import prefs
 from .scene_io import camera_of, region_camera
@@ -56,8 +57,7 @@ class LiveView:
         want = (key, scale, live.backend.revision)
         if want != self.asked:
             self.asked = want
-            shown = cam.scaled(scale)
-            self.stream.ask(protocol.camera_to_wire(shown.c2w, shown.K, shown.width, shown.height), tag=want)
+            self.stream.ask(cam.scaled(scale), tag=want)
             if not bpy.app.timers.is_registered(_watch):  # it stops when no view waits for anything
                 bpy.app.timers.register(_watch, first_interval=WATCH_INTERVAL)
 
@@ -205,16 +205,15 @@ class SPLATWRIGHT_RE_engine(bpy.types.RenderEngine):
         cam = camera_of(scene.camera, scene)
         x, y, width, height = border_rect(scene.render, cam.width, cam.height)
         cam = cam.cropped(x, cam.height - y - height, width, height)  # Blender counts rows from the bottom
-        wire_camera = protocol.camera_to_wire(cam.c2w, cam.K, cam.width, cam.height)
         backend, session = live.backend, scene.splatwright.session
         if bpy.app.background and backend.connection == "disconnected":  # nobody pressed Start: -b -a
             backend.connect(prefs(bpy.context).connect_settings())
 
         def submit(client):  # on the worker, which the render then no longer holds up
-            if not client.status()["gaussians"] and session:  # a fresh backend: show the scene's session
-                client.open_session(session, create=False)
-                client.load_checkpoint()
-            return client.submit_render(wire_camera, depth=True)
+            if not client.call("status")["gaussians"] and session:  # a fresh backend: show the scene's session
+                client.call("open_session", name=session, create=False)
+                client.call("load_checkpoint")
+            return client.submit_render(cam, depth=True)
         self.update_stats("Splatwright", f"rendering {cam.width}x{cam.height} on the backend")
         pending = backend.wait("render", submit, RENDER_TIMEOUT, self.test_break)
         return wait_done(pending, "render", RENDER_TIMEOUT, self.test_break)
@@ -228,31 +227,6 @@ def set_pass(render_pass, values: np.ndarray) -> None:
         rect.foreach_set(values)
     except TypeError:
         rect.foreach_set(values.reshape(len(rect), -1))
-
-
-def border_rect(render, width: int, height: int) -> tuple[int, int, int, int]:
-    """The part of a width x height frame Blender renders: (x, y from the bottom-left, width, height) of the
-    render border, truncated to pixels as Blender does, or the whole frame without one."""
-    if not render.use_border:
-        return 0, 0, width, height
-    x0, x1 = int(render.border_min_x * width), int(render.border_max_x * width)
-    y0, y1 = int(render.border_min_y * height), int(render.border_max_y * height)
-    return x0, y0, max(1, x1 - x0), max(1, y1 - y0)
-
-
-def combined_pass(rgba: np.ndarray, background, transparent: bool) -> np.ndarray:
-    """The Combined pass (H * W * 4,) float32 of a bottom-up RGBA8 frame: scene-linear RGB, which the
-    Standard view transform shows as the frame's display values. With a transparent film the background the
-    frame was composited over is taken out again and RGB is premultiplied, as Blender's engines give it."""
-    pixels = linear_pixels(rgba).reshape(-1, 4)
-    if not transparent:
-        pixels[:, 3] = 1.0
-        return pixels.reshape(-1)
-    alpha = pixels[:, 3:]
-    display = rgba.reshape(-1, 4)[:, :3] / np.float32(255.0)
-    straight = (display - np.asarray(background, np.float32) * (1.0 - alpha)) / np.maximum(alpha, 1e-6)
-    pixels[:, :3] = srgb_to_linear(straight) * alpha
-    return pixels.reshape(-1)
 
 
 def compatible_panels():

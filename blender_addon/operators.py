@@ -9,17 +9,17 @@ from bpy.types import Operator
 from bpy_extras.io_utils import ExportHelper, ImportHelper
 
 from . import live
+from .colors import display_pixels
 from .capture import Capture
 from .core import protocol
-from .core.client import display_pixels
 from .core.errors import SplatwrightError
 from .core.points import POINTS_FILE, read_points
 from .dataset import training_views
 from .preferences import prefs
 from .runtime import Setup
 from .scene_io import camera_of, viewport_camera
+from .training import background_rgb, training_fields
 
-RUNNING = ("training", "paused", "stopping")
 PREVIEW_IMAGE = "Splatwright Preview"
 PREVIEW_MAX_SIDE = 512
 
@@ -117,7 +117,7 @@ class SPLATWRIGHT_OT_backend_check(Guarded, Operator):
         if b.connection != "connected":
             b.connect(prefs(context).connect_settings())  # connecting fetches the capabilities
         else:
-            b.call("check", lambda c: c.capabilities(), self.show)
+            b.call("check", lambda c: c.call("capabilities"), self.show)
         return {"FINISHED"}
 
     @staticmethod
@@ -171,7 +171,7 @@ class SPLATWRIGHT_OT_capture(Guarded, Operator):
     def blocked(cls, context):
         if live.capture is not None:
             return "A capture is running (ESC cancels it)"
-        return "Stop training before capturing new views" if training_state() in RUNNING else ""
+        return "Stop training before capturing new views" if training_state() in protocol.RUNNING else ""
 
     def begin(self, context) -> Capture | None:
         backend = live.backend if live.backend.connection == "connected" else None
@@ -246,7 +246,7 @@ class SPLATWRIGHT_OT_send_views(Guarded, Operator):
     def blocked(cls, context):
         if reason := not_connected():
             return reason
-        if live.capture is not None or training_state() in RUNNING:
+        if live.capture is not None or training_state() in protocol.RUNNING:
             return "Wait for the capture or training to end"
         return "" if context.scene.splatwright.capture_folder else "Capture views first"
 
@@ -262,13 +262,12 @@ class SPLATWRIGHT_OT_send_views(Guarded, Operator):
         name = folder.name  # a capture's session is named after its folder
 
         def send(client):
-            missing = views[client.open_session(name)["views"]:]
+            missing = views[client.call("open_session", name=name)["views"]:]
             for view_name, cam, image in missing:
-                client.add_view(protocol.camera_to_wire(cam.c2w, cam.K, cam.width, cam.height), image.read_bytes(),
-                                view_name)
+                client.add_view(cam, image.read_bytes(), view_name)
             if points.is_file():
                 client.set_points(*read_points(points))
-            return len(missing), client.status()
+            return len(missing), client.call("status")
 
         def sent(result) -> str:
             count, status = result
@@ -290,14 +289,14 @@ class SPLATWRIGHT_OT_train_start(Guarded, Operator):
     def blocked(cls, context):
         if reason := not_connected():
             return reason
-        if training_state() in RUNNING:
+        if training_state() in protocol.RUNNING:
             return "Training is running"
         return "" if live.backend.status.get("views") else "Capture views first (or send the last capture)"
 
     def execute(self, context):
-        fields = context.scene.splatwright.training_fields()
+        fields = training_fields(context.scene.splatwright)
         live.backend.progress = {}
-        live.backend.call("start_training", lambda c: c.start_training(**fields), set_status)
+        live.backend.call("start_training", lambda c: c.call("start_training", **fields), set_status)
         return {"FINISHED"}
 
 
@@ -313,7 +312,7 @@ class TrainingControl(Guarded):
 
     def execute(self, context):
         request = self.request
-        live.backend.call(request, lambda c: getattr(c, request)(), set_status)  # Client.pause, resume, stop
+        live.backend.call(request, lambda c: c.call(request), set_status)
         return {"FINISHED"}
 
 
@@ -364,8 +363,7 @@ class SPLATWRIGHT_OT_render_preview(Guarded, Operator):
             self.report({"ERROR"}, "no 3D viewport or scene camera to render from")
             return {"CANCELLED"}
         cam = cam.scaled(min(1.0, PREVIEW_MAX_SIDE / max(cam.width, cam.height)))
-        wire_camera = protocol.camera_to_wire(cam.c2w, cam.K, cam.width, cam.height)
-        live.backend.call("render", lambda c: c.render(wire_camera), show_preview)
+        live.backend.call("render", lambda c: c.render(cam), show_preview)
         return {"FINISHED"}
 
 
@@ -390,14 +388,15 @@ class SPLATWRIGHT_OT_load_ply(Guarded, Operator, ImportHelper):
 
     @classmethod
     def blocked(cls, context):
-        return not_connected() or ("Stop training before viewing a PLY" if training_state() in RUNNING else "")
+        return not_connected() or ("Stop training before viewing a PLY" if training_state() in protocol.RUNNING else "")
 
     def execute(self, context):
-        path, background = self.filepath, context.scene.splatwright.background_rgb()
+        s = context.scene.splatwright
+        path, background = self.filepath, background_rgb(s.background, s.background_color)
 
         def load(client):
             reply = client.load_ply(Path(path).read_bytes(), background)
-            return reply, client.status()
+            return reply, client.call("status")
 
         def loaded(result) -> str:
             reply, status = result

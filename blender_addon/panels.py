@@ -105,8 +105,9 @@ class SPLATWRIGHT_PT_train(SplatsPanel, bpy.types.Panel):
     def draw(self, context):
         layout, s, b = self.layout, context.scene.splatwright, live.backend
         col = layout.column()
-        col.prop(s, "schedule")
-        if s.schedule == "CUSTOM":
+        col.prop(s, "preset")
+        col.prop(s, "custom_steps")
+        if s.custom_steps:
             col.prop(s, "iterations")
         col.prop(s, "sh_degree")
         col.prop(s, "max_gaussians")

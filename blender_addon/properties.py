@@ -4,6 +4,9 @@ from __future__ import annotations
 import bpy
 from bpy.props import BoolProperty, EnumProperty, FloatProperty, FloatVectorProperty, IntProperty, StringProperty
 
+from .core.settings import PRESETS, TRAINING
+from .training import default
+
 
 class SPLATWRIGHT_PG_settings(bpy.types.PropertyGroup):
     # Capture
@@ -41,34 +44,21 @@ class SPLATWRIGHT_PG_settings(bpy.types.PropertyGroup):
     capture_folder: StringProperty(name="Last Capture", default="", subtype="DIR_PATH",
                                    description="The dataset folder of the last capture, which Send Views sends")
 
-    # Training
-    schedule: EnumProperty(name="Schedule", default="QUALITY", items=[
-        ("FAST", "Fast", "The backend's short GPU schedule"),
-        ("QUALITY", "Quality", "The backend's full GPU schedule"),
-        ("CUSTOM", "Custom", "A chosen number of steps")])
+    # Training (names and defaults as in the backend's table, core/settings.py)
+    preset: EnumProperty(name="Preset", default=default("preset").upper(), items=[
+        (name.upper(), name.capitalize(), f"The backend's {name} GPU schedule (the CPU runs a short one)")
+        for name in PRESETS])
+    custom_steps: BoolProperty(name="Custom Steps", description="Train for a chosen number of steps instead of "
+                               "the preset's")
     iterations: IntProperty(name="Steps", default=7000, min=1)
-    sh_degree: IntProperty(name="SH Degree", default=3, min=0, max=3,
-                           description="Spherical harmonics degree of the view-dependent colour")
+    sh_degree: IntProperty(name="SH Degree", default=default("sh_degree"), min=0, max=3,
+                           description=TRAINING.fields["sh_degree"].help.capitalize())
     max_gaussians: IntProperty(name="Gaussian Cap", default=0, min=0,
                                description="Most Gaussians densification may make (0: the schedule's default)")
     background: EnumProperty(name="Background", default="WHITE", items=[
         ("WHITE", "White", ""), ("BLACK", "Black", ""), ("CUSTOM", "Color", "")])
     background_color: FloatVectorProperty(name="Color", subtype="COLOR_GAMMA", size=3, min=0.0, max=1.0,
                                           default=(0.5, 0.5, 0.5))
-
-    def background_rgb(self) -> list[float]:
-        return {"WHITE": [1.0, 1.0, 1.0], "BLACK": [0.0, 0.0, 0.0]}.get(self.background) or list(self.background_color)
-
-    def training_fields(self) -> dict:
-        """start_training fields (protocol.REQUESTS)."""
-        fields = {"sh_degree": self.sh_degree, "background": self.background_rgb(), "fresh": True}
-        if self.schedule == "CUSTOM":
-            fields["iterations"] = self.iterations
-        else:
-            fields["preset"] = self.schedule.lower()
-        if self.max_gaussians:
-            fields["max_gaussians"] = self.max_gaussians
-        return fields
 
 
 def register():

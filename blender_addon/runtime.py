@@ -3,7 +3,7 @@
 One worker thread runs jobs (every request, start and stop) one after another; a second thread per connection
 forwards the server's events. Both only post Outcomes to a queue. The main thread submits jobs and, from a
 bpy.app.timers poller, calls Backend.drain(), which alone updates the state the panels show. Live views have
-their own FrameStream threads (client.py) on the same connection, so a slow job never holds a frame back.
+their own FrameStream threads (frames.py) on the same connection, so a slow job never holds a frame back.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from typing import Callable
 
 from .core import client as wire
 from .core.errors import SplatwrightError
+from .frames import FrameStream
 
 READY_TIMEOUT = 180.0  # the backend's first start imports torch and may build the CUDA rasterizer
 REQUEST_TIMEOUT = 300.0
@@ -201,9 +202,9 @@ class Backend:
         self._submit(label, job)
         return wire.wait_done(future, label, timeout, cancelled)
 
-    def frame_stream(self) -> wire.FrameStream:
+    def frame_stream(self) -> FrameStream:
         """Frames of a live view over this backend's connection (whichever is current)."""
-        return wire.FrameStream(lambda: self._client)
+        return FrameStream(lambda: self._client)
 
     def connect(self, settings: ConnectSettings) -> None:
         self.connection, self.detail, self._closing = "connecting", "", False
@@ -342,7 +343,7 @@ class Backend:
         self._client, self._client_is_local = client, s.mode == "LOCAL"
         threading.Thread(target=self._forward_events, args=(client, generation), name="splatwright-events",
                          daemon=True).start()
-        return {"capabilities": client.capabilities(), "status": client.status()}
+        return {"capabilities": client.call("capabilities"), "status": client.call("status")}
 
     def _forward_events(self, client: wire.Client, generation: int) -> None:
         for event in client.events():
@@ -352,7 +353,7 @@ class Backend:
     def _shutdown(self) -> None:
         if self._client is not None and self._client_is_local:
             try:
-                self._client.shutdown()
+                self._client.call("shutdown")
             except (wire.RemoteError, OSError, TimeoutError):
                 pass  # already gone: the kill below makes sure
             try:

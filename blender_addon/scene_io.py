@@ -5,7 +5,8 @@ import numpy as np
 
 from .core.cameras import BlenderLens, Camera, RenderSize, from_blender_camera, from_blender_view
 from .core.errors import SplatwrightError
-from .dataset import linear_to_srgb8, sample_surface
+from .colors import linear_to_srgb8
+from .dataset import sample_surface
 
 GEOMETRY = {"MESH", "CURVE", "SURFACE", "META", "FONT", "VOLUME", "POINTCLOUD", "CURVES"}
 NO_MATERIAL = (0.8, 0.8, 0.8)  # Blender's default surface colour

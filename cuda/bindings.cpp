@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "constants.h"
+#include "sh.cuh"
 #include "splatwright.h"
 
 namespace sw = splatwright;
@@ -110,7 +111,7 @@ std::vector<torch::Tensor> project_backward(const torch::Tensor& means, const to
 // Returns, all int32 but the last: tile ranges (n_tiles, 2) and the sorted Gaussian id of each entry
 // (n_entries,), which the forward reads; batch offsets (n_tiles + 1,) and batch tiles (max_tile_batches,), which
 // both passes read; and for the backward the sorted entries' emit positions (n_entries,) and each Gaussian's
-// entry end (N,) int64.
+// entry end (N,) int64. backend/render/cuda.py's TileBins names them.
 std::vector<torch::Tensor> bin_tiles(const torch::Tensor& means2d, const torch::Tensor& radii,
                                      const torch::Tensor& depths, int64_t width, int64_t height) {
   const c10::cuda::CUDAGuard guard(means2d.device());
@@ -341,6 +342,21 @@ void accumulate_grad_stats(const torch::Tensor& grad_means2d, const torch::Tenso
         "gradient statistics");
 }
 
+// The kernels' compile-time constants, which tests/test_kernel_constants.py checks against the Python ones.
+pybind11::dict constants() {
+  pybind11::dict c;
+  c["TILE"] = sw::TILE;
+  c["DILATION"] = sw::DILATION;
+  c["ALPHA_MAX"] = sw::ALPHA_MAX;
+  c["ALPHA_MIN"] = sw::ALPHA_MIN;
+  c["T_STOP"] = sw::T_STOP;
+  c["NEAR_PLANE"] = sw::NEAR_PLANE;
+  c["RADIUS_SIGMAS"] = sw::RADIUS_SIGMAS;
+  c["FOV_CLAMP_MARGIN"] = sw::FOV_CLAMP_MARGIN;
+  c["SH_C0"] = sw::SH_C0;
+  return c;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -354,4 +370,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("adam_step", &adam_step);
   m.def("accumulate_grad_stats", &accumulate_grad_stats);
   m.def("set_poison_outputs", &set_poison_outputs);
+  m.def("constants", &constants);
 }

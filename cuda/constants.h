@@ -1,4 +1,4 @@
-// Rasterizer constants; mirrors backend/render/constants.py (keep the two in step).
+// Rasterizer constants, equal to backend/render/constants.py's: checked by tests/test_kernel_constants.py.
 #pragma once
 
 namespace splatwright {

@@ -1,4 +1,5 @@
-// Real spherical harmonics up to degree 3 (backend/sh.py's basis and signs) and their backward.
+// Real spherical harmonics up to degree 3 (backend/sh.py's basis and signs) and their backward. The
+// coefficients equal backend/sh.py's: checked by tests/test_kernel_constants.py.
 #pragma once
 
 #include "projection.cuh"

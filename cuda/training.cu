@@ -38,6 +38,19 @@ __device__ __forceinline__ void blur_pixel(const float* __restrict__ src, int wi
   }
 }
 
+// blur_pixel of this thread's pixel (col, row); false, with nothing done, for a thread outside the image.
+template <int N, bool VERTICAL>
+__device__ __forceinline__ bool blur_own_pixel(const float* __restrict__ src, int width, int height, int& col,
+                                               int& row, float* acc) {
+  float w[2 * SSIM_RADIUS + 1];
+  window_weights(w);
+  col = blockIdx.x * blockDim.x + threadIdx.x;
+  row = blockIdx.y * blockDim.y + threadIdx.y;
+  if (col >= width || row >= height) return false;
+  blur_pixel<N, VERTICAL>(src, width, height, col, row, w, acc);
+  return true;
+}
+
 // Horizontal pass of the SSIM statistics: rows[p][c*5 + s] = sum_k w_k f_s(x, y)[p + (k, 0)], channel c.
 __global__ void ssim_stats_rows_kernel(const float* __restrict__ x, const float* __restrict__ y, int width,
                                        int height, float* __restrict__ rows) {
@@ -136,12 +149,9 @@ __global__ void loss_finalize_kernel(const float* __restrict__ block_sums, int n
 // the same blur with zero padding).
 __global__ void ssim_grad_rows_kernel(const float* __restrict__ partials, int width, int height,
                                       float* __restrict__ rows) {
-  float w[2 * SSIM_RADIUS + 1];
-  window_weights(w);
-  const int col = blockIdx.x * blockDim.x + threadIdx.x, row = blockIdx.y * blockDim.y + threadIdx.y;
-  if (col >= width || row >= height) return;
+  int col, row;
   float acc[N_PARTIALS];
-  blur_pixel<N_PARTIALS, false>(partials, width, height, col, row, w, acc);
+  if (!blur_own_pixel<N_PARTIALS, false>(partials, width, height, col, row, acc)) return;
   float* out = rows + (size_t)N_PARTIALS * (row * width + col);
   for (int s = 0; s < N_PARTIALS; ++s) out[s] = acc[s];
 }
@@ -151,12 +161,9 @@ __global__ void ssim_grad_rows_kernel(const float* __restrict__ partials, int wi
 __global__ void loss_grad_kernel(const float* __restrict__ x, const float* __restrict__ y,
                                  const float* __restrict__ rows, int width, int height, float inv_count,
                                  float ssim_weight, const float* __restrict__ grad_loss, float* __restrict__ grad_x) {
-  float w[2 * SSIM_RADIUS + 1];
-  window_weights(w);
-  const int col = blockIdx.x * blockDim.x + threadIdx.x, row = blockIdx.y * blockDim.y + threadIdx.y;
-  if (col >= width || row >= height) return;
+  int col, row;
   float acc[N_PARTIALS];
-  blur_pixel<N_PARTIALS, true>(rows, width, height, col, row, w, acc);
+  if (!blur_own_pixel<N_PARTIALS, true>(rows, width, height, col, row, acc)) return;
   const float g = *grad_loss * inv_count;
   const int p = row * width + col;
   for (int ch = 0; ch < 3; ++ch) {

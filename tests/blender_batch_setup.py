@@ -35,9 +35,9 @@ def main() -> None:
     scene.view_settings.view_transform = "Standard"
     scene.frame_start, scene.frame_end = 1, 2
     scene.splatwright.session = args["session"]
-    cam = sys.modules["splatwright"].scene_io.camera_of(scene.camera, scene)
-    (out / "setup.json").write_text(json.dumps({"c2w": cam.c2w.tolist(), "K": cam.K.tolist(),
-                                                "width": cam.width, "height": cam.height}))
+    addon = sys.modules["splatwright"]
+    cam = addon.scene_io.camera_of(scene.camera, scene)
+    (out / "setup.json").write_text(json.dumps(addon.core.codecs.camera_to_wire(cam)))
     bpy.ops.wm.save_as_mainfile(filepath=str(out / "scene.blend"))
 
 

@@ -72,7 +72,7 @@ def run(zip_path: Path, ply: Path, out: Path) -> dict:
         scene.render.filepath = str(out / f"border_crop{int(crop)}.png")
         bpy.ops.render.render(write_still=True)
     result = {"png": str(out / "f12.png"), "border": BORDER, "depth": str(out / "depth.npy"), "seconds": seconds,
-              "camera": {"c2w": cam.c2w.tolist(), "K": cam.K.tolist(), "width": cam.width, "height": cam.height},
+              "camera": addon().core.codecs.camera_to_wire(cam),
               "errors": live.backend.last_error}
     op("backend_stop")
     wait_for(lambda: live.backend.connection == "disconnected" and not live.backend.in_flight, "stop")

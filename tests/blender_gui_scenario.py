@@ -125,12 +125,11 @@ def scenario(args: dict, result: dict):
         bpy.ops.screen.screenshot(filepath=str(shot), check_existing=False)
     result.update({"screenshot": str(shot), "region": [region.x, region.y, region.width, region.height],
                    "window": [window.width, window.height],
-                   "camera": {"c2w": cam.c2w.tolist(), "K": cam.K.tolist(), "width": cam.width,
-                              "height": cam.height},
+                   "camera": addon.core.codecs.camera_to_wire(cam),
                    "draw_seconds": list(engine.draw_seconds), "upload_seconds": list(engine.upload_seconds)})
 
     # The upload the main thread does per frame, at 1920x1080, from the buffer the stream thread prepares.
-    pixels = addon.core.client.display_pixels(np.zeros((UPLOAD_SIZE[1], UPLOAD_SIZE[0], 4), np.uint8))
+    pixels = addon.colors.display_pixels(np.zeros((UPLOAD_SIZE[1], UPLOAD_SIZE[0], 4), np.uint8))
     timings = []
     for _ in range(5):
         t0 = time.perf_counter()

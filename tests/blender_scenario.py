@@ -210,7 +210,7 @@ def run(zip_path: Path, out: Path, foreign_ply: Path) -> dict:
     result["offline_frames"] = len(json.loads((offline / "transforms_train.json").read_text())["frames"])
 
     s.source, s.orbit_shape, s.orbit_count = "ORBIT", "HEMISPHERE", 10
-    s.schedule, s.iterations, s.sh_degree = "CUSTOM", 150, 1
+    s.custom_steps, s.iterations, s.sh_degree = True, 150, 1
     start = time.perf_counter()
     result["capture"] = list(bpy.ops.splatwright.capture())
     result["capture_seconds"] = time.perf_counter() - start

@@ -14,7 +14,7 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from backend.cameras import BLENDER_TO_OPENCV, Camera, intrinsics_from_fov_x, look_at  # noqa: E402
+from blender_addon.core.cameras import BLENDER_TO_OPENCV, Camera, intrinsics_from_fov_x, look_at  # noqa: E402
 from backend.gaussians import Gaussians  # noqa: E402
 from backend.render import render  # noqa: E402
 

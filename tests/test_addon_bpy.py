@@ -33,15 +33,16 @@ def addon_zip(tmp_path_factory) -> Path:
     return build_addon.build(tmp_path_factory.mktemp("dist"))
 
 
-def test_zip_holds_the_package_and_shared_core(addon_zip):
+def test_zip_holds_the_add_on_tree_as_it_is(addon_zip):
     with zipfile.ZipFile(addon_zip) as z:
         names = set(z.namelist())
         init = z.read("splatwright/__init__.py").decode()
         manifest = tomllib.loads(z.read("splatwright/blender_manifest.toml").decode())
         defaults = json.loads(z.read("splatwright/core/defaults.json"))
         sources = {n: z.read(n).decode() for n in names if n.endswith(".py")}
-    for name in ("cameras", "errors", "protocol", "client", "points", "files"):
-        assert sources[f"splatwright/core/{name}.py"] == (REPO / "backend" / f"{name}.py").read_text()
+    tree = {"splatwright/" + p.relative_to(REPO / "blender_addon").as_posix(): p.read_text()
+            for p in (REPO / "blender_addon").rglob("*.py")}
+    assert sources == tree  # the add-on's files, the shared core among them, and nothing else
     assert '"blender": (3, 4, 0)' in init and "bl_info" in init
     assert manifest["id"] == "splatwright" and manifest["type"] == "add-on"
     assert set(manifest["permissions"]) == {"files", "network"}
@@ -204,11 +205,10 @@ def test_f12_render_is_the_backends_frame_with_a_depth_pass(f12):
     import torch
     from PIL import Image
 
-    from backend.cameras import Camera
+    from blender_addon.core.codecs import camera_from_wire
     from backend.metrics import psnr
     from backend.render import render
-    c = f12["camera"]
-    cam = Camera(np.array(c["c2w"]), np.array(c["K"]), c["width"], c["height"])
+    cam = camera_from_wire(f12["camera"])
     assert (cam.width, cam.height) == (80, 60)  # the scene's output size
     with torch.no_grad():
         expected = render(f12["model"], cam, 1, (1.0, 1.0, 1.0))
@@ -255,7 +255,7 @@ def test_command_line_animation_render_reopens_the_session(scenario, addon_zip, 
     import torch
     from PIL import Image
 
-    from backend.cameras import Camera
+    from blender_addon.core.codecs import camera_from_wire
     from backend.metrics import psnr
     from backend.render import render
     if shutil.which("blender") is None:
@@ -272,8 +272,7 @@ def test_command_line_animation_render_reopens_the_session(scenario, addon_zip, 
                          text=True, timeout=180)
     frames = sorted(tmp_path.glob("frame_*.png"))
     assert run.returncode == 0 and len(frames) == 2, run.stdout[-3000:] + run.stderr[-3000:]
-    c = json.loads((tmp_path / "setup.json").read_text())
-    cam = Camera(np.array(c["c2w"]), np.array(c["K"]), c["width"], c["height"])
+    cam = camera_from_wire(json.loads((tmp_path / "setup.json").read_text()))
     with torch.no_grad():
         expected = render(read_ply(scenario["exported"]), cam, 1, (1.0, 1.0, 1.0)).image.clamp(0, 1)
     for frame in frames:

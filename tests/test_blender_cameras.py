@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from backend.cameras import BlenderLens, RenderSize, from_blender_camera, from_blender_view
-from backend.errors import SplatwrightError
+from blender_addon.core.cameras import BlenderLens, RenderSize, from_blender_camera, from_blender_view
+from blender_addon.core.errors import SplatwrightError
 
 bpy = pytest.importorskip("bpy", reason="the bpy module (pip install bpy==4.5.*) is not installed")
 from bpy_extras.object_utils import world_to_camera_view  # noqa: E402

@@ -3,9 +3,9 @@ import math
 import numpy as np
 import pytest
 
-from backend.cameras import (BLENDER_TO_OPENCV, Camera, check_rigid, from_blender_c2w, intrinsics,
+from blender_addon.core.cameras import (BLENDER_TO_OPENCV, Camera, check_rigid, from_blender_c2w, intrinsics,
                              intrinsics_from_fov_x, look_at)
-from backend.errors import SplatwrightError
+from blender_addon.core.errors import SplatwrightError
 
 
 def test_blender_camera_looking_at_origin_projects_it_to_the_principal_point():

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from backend.commands import make_config
+from backend.policy import make_config
 from backend.data import load_split
 from backend.gaussians import Gaussians
 from backend.metrics import photometric_loss, torch_photometric_loss

@@ -6,8 +6,8 @@ import torch
 from PIL import Image
 
 from backend.data import load_cameras, load_split, parse_background, scene_bounds
-from backend.errors import SplatwrightError
-from backend.commands import LEGO
+from blender_addon.core.errors import SplatwrightError
+from backend.data import LEGO
 from conftest import orbit_cameras
 
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 from plyfile import PlyData, PlyElement
 
-from backend.errors import SplatwrightError
+from blender_addon.core.errors import SplatwrightError
 from backend.ply import read_ply, write_ply
 from backend.render import render
 from conftest import DONUT, orbit_cameras, random_gaussians

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from backend.errors import SplatwrightError
-from backend.points import POINTS_FILE, read_points, write_points
+from blender_addon.core.errors import SplatwrightError
+from blender_addon.core.points import POINTS_FILE, read_points, write_points
 
 
 def test_round_trip_is_exact(tmp_path):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from backend.cameras import Camera, intrinsics, look_at
+from blender_addon.core.cameras import Camera, intrinsics, look_at
 from backend.render import camera_tensors, reference
 from backend.render.constants import ALPHA_MAX, ALPHA_MIN, T_STOP, TILE
 from conftest import orbit_cameras, random_gaussians
@@ -101,7 +101,7 @@ def test_opacity_bounded_footprints_leave_the_image_unchanged():
                   for proj in (tight, full)]
     assert (tight.radii < full.radii).sum() > 50 and (tight.radii <= full.radii).all()
     assert ((tight.radii == 0) & (full.radii > 0)).any()  # below the floor everywhere: culled
-    assert len(reference.bin_tiles(tight, w, h)[0]) < len(reference.bin_tiles(full, w, h)[0])
+    assert len(reference.bin_tiles(tight, w, h).tile_ids) < len(reference.bin_tiles(full, w, h).tile_ids)
     torch.testing.assert_close(images[0], images[1], rtol=0, atol=1e-12)
 
 

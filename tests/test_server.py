@@ -22,13 +22,14 @@ import pytest
 import torch
 from PIL import Image
 
-from backend import protocol
-from backend.client import Client, PendingReply, RemoteError, decode_depth, decode_frame, wait_done
+from blender_addon.core import codecs, protocol
+from blender_addon.core.cameras import Camera
+from blender_addon.core.client import Client, PendingReply, RemoteError, decode_depth, decode_frame, wait_done
+from blender_addon.core.protocol import REQUESTS, SERVER_MESSAGES
+from backend.engine import Engine
 from backend.ply import read_ply, write_ply
-from backend.protocol import REQUESTS, SERVER_MESSAGES
 from backend.render import render
 from backend.server import Server
-from backend.session import Engine
 from backend.train import Trainer, load_checkpoint
 from conftest import ROOT, orbit_cameras, random_gaussians
 
@@ -85,10 +86,6 @@ def scene():
     return model, cameras, images
 
 
-def wire(cam) -> dict:
-    return protocol.camera_to_wire(cam.c2w, cam.K, cam.width, cam.height)
-
-
 def png_bytes(image: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(image).save(buffer, format="PNG")
@@ -115,7 +112,7 @@ def wait_for(client: Client, predicate, timeout: float = 30.0) -> dict:
 def add_scene_views(client: Client, scene, count: int = 4) -> None:
     _, cameras, images = scene
     for cam, image in list(zip(cameras, images))[:count]:
-        client.add_view(wire(cam), png_bytes(image))
+        client.add_view(cam, png_bytes(image))
 
 
 def test_session_end_to_end(tmp_path, start_server, scene):
@@ -134,58 +131,58 @@ def test_session_end_to_end(tmp_path, start_server, scene):
         server.client(token)
     assert e.value.code == "busy"
 
-    caps = client.capabilities()
+    caps = client.call("capabilities")
     assert caps["device"] == "cpu" and caps["rasterizer"] == "reference" and caps["torch"] == torch.__version__
 
     with pytest.raises(RemoteError, match="no session is open"):
-        client.add_view(wire(cameras[0]), png_bytes(images[0]))
-    assert client.open_session("scene")["views"] == 0
+        client.add_view(cameras[0], png_bytes(images[0]))
+    assert client.call("open_session", name="scene")["views"] == 0
     # The same views through every upload format: PNG, RGB8 and RGBA16F (raw rows bottom-up).
-    client.add_view(wire(cameras[0]), png_bytes(images[0]))
-    client.add_view(wire(cameras[1]), images[1][::-1])
+    client.add_view(cameras[0], png_bytes(images[0]))
+    client.add_view(cameras[1], images[1][::-1])
     rgba16 = np.concatenate([images[2], np.full((SIZE, SIZE, 1), 255, np.uint8)], axis=-1) / 255.0
-    assert client.add_view(wire(cameras[2]), rgba16[::-1].astype(np.float16))["views"] == 3
+    assert client.add_view(cameras[2], rgba16[::-1].astype(np.float16))["views"] == 3
 
     with pytest.raises(RemoteError, match="share one size"):
         small = cameras[3].scaled(0.5)
-        client.add_view(wire(small), png_bytes(np.zeros((small.height, small.width, 3), np.uint8)))
+        client.add_view(small, png_bytes(np.zeros((small.height, small.width, 3), np.uint8)))
     with pytest.raises(RemoteError, match="camera is 32x32"):
-        client.add_view(wire(cameras[3]), png_bytes(np.zeros((8, 8, 3), np.uint8)))
-    sheared = wire(cameras[3])
-    sheared["c2w"][0][1] += 0.5
-    with pytest.raises(RemoteError, match="proper rotation"):
-        client.add_view(sheared, png_bytes(images[3]))
+        client.add_view(cameras[3], png_bytes(np.zeros((8, 8, 3), np.uint8)))
+    sheared = cameras[3].c2w.copy()
+    sheared[0][1] += 0.5
+    with pytest.raises(ValueError, match="proper rotation"):  # the client checks it as the server does
+        client.add_view(Camera(sheared, cameras[3].K, SIZE, SIZE), png_bytes(images[3]))
     with pytest.raises(RemoteError, match="nothing to render"):
-        client.render(wire(cameras[0]))
+        client.render(cameras[0])
 
     colors = (torch.sigmoid(model.sh_dc[:, 0]) * 255).to(torch.uint8).numpy()
     assert client.set_points(model.means.numpy(), colors)["points"] == 300
-    started = client.start_training(iterations=20_000, checkpoint_every=25, progress_interval=0.1,
+    started = client.call("start_training", iterations=20_000, checkpoint_every=25, progress_interval=0.1,
                                     max_gaussians=600, sh_degree=1)
     assert started["state"] == "training" and started["continued"] is False and started["gaussians"] == 300
     with pytest.raises(RemoteError, match="already running"):
-        client.start_training()
+        client.call("start_training")
 
     progress = wait_for(client, lambda e: e["event"] == "progress" and e["loss"] is not None)
     assert progress["gaussians"] > 0 and progress["its_per_s"] > 0 and progress["psnr"] > 0
     # A view added while training joins the running trainer.
-    client.add_view(wire(cameras[3]), png_bytes(images[3]))
+    client.add_view(cameras[3], png_bytes(images[3]))
     wait_for(client, lambda e: e["event"] == "progress" and e["views"] == 4)
-    frame = client.render(wire(cameras[0]))
+    frame = client.render(cameras[0])
     assert frame.shape == (SIZE, SIZE, 4) and frame.dtype == np.uint8
 
-    paused = client.pause()
+    paused = client.call("pause")
     assert paused["state"] == "paused"
     time.sleep(0.3)
     with pytest.raises(RemoteError, match="stop it before loading"):
         client.load_ply(b"ply\n")
     # While paused the model is fixed: raw and PNG frames agree with each other and with a local render of
     # the exported PLY at the SH degree the server reports.
-    reply = client.request("render", {"camera": wire(cameras[4])})
+    reply = client.request("render", {"camera": cameras[4]})
     assert reply.fields["step"] == paused["step"]
-    raw = client.render(wire(cameras[4]))
-    assert np.array_equal(raw, client.render(wire(cameras[4]), format="png"))
-    ply = client.export_ply()
+    raw = client.render(cameras[4])
+    assert np.array_equal(raw, client.render(cameras[4], format="png"))
+    ply = client.request("export_ply").payload
     (tmp_path / "export.ply").write_bytes(ply)
     exported = read_ply(tmp_path / "export.ply")
     assert len(exported) == paused["gaussians"]
@@ -193,7 +190,7 @@ def test_session_end_to_end(tmp_path, start_server, scene):
     assert np.abs(raw.astype(int) - expected).max() <= 1
     # With depth: the same frame, then the alpha-normalised view depth, rows bottom-up like the frame.
     for format in ("rgba8", "png"):
-        reply = client.submit_render(wire(cameras[4]), format, depth=True).result(30)
+        reply = client.submit_render(cameras[4], format, depth=True).result(30)
         assert reply.fields["background"] == [1.0, 1.0, 1.0]
         assert np.array_equal(decode_frame(reply), raw)
         with torch.no_grad():
@@ -203,40 +200,40 @@ def test_session_end_to_end(tmp_path, start_server, scene):
         assert depth.shape == (SIZE, SIZE) and (alpha > 0.5).any() and (alpha == 0).any()
         view_depth = (out.depth / out.alpha.clamp_min(1e-12)).numpy()[::-1]
         assert np.allclose(depth[alpha > 0], view_depth[alpha > 0], rtol=1e-4)
-        assert np.all(depth[alpha == 0] == protocol.DEPTH_BACKGROUND)
+        assert np.all(depth[alpha == 0] == codecs.DEPTH_BACKGROUND)
 
     # A newer render request supersedes one that is still queued behind a slow render.
     big = cameras[0].scaled(24)
-    slow = client.submit_render(wire(big))
+    slow = client.submit_render(big)
     time.sleep(0.05)
-    queued = client.submit_render(wire(cameras[1]))
-    newest = client.submit_render(wire(cameras[2]))
+    queued = client.submit_render(cameras[1])
+    newest = client.submit_render(cameras[2])
     assert slow.result(60).fields["width"] == big.width
     with pytest.raises(RemoteError) as e:
         queued.result(30)
     assert e.value.code == "superseded"
     assert newest.result(30).fields["width"] == SIZE
 
-    saved = client.save_checkpoint()
+    saved = client.call("save_checkpoint")
     assert saved["step"] == paused["step"]
-    assert client.resume()["state"] == "training"
+    assert client.call("resume")["state"] == "training"
     wait_for(client, lambda e: e["event"] == "progress" and e["step"] > paused["step"])
-    stopped = client.stop()
+    stopped = client.call("stop")
     assert stopped["state"] == "stopped" and stopped["checkpoint"]
     checkpoint = load_checkpoint(tmp_path / "work" / "scene" / "checkpoint.pt")
     assert checkpoint["step"] == stopped["step"]
-    assert client.load_checkpoint()["step"] == stopped["step"]
+    assert client.call("load_checkpoint")["step"] == stopped["step"]
 
     # A PLY loaded to view, without training, over a black background.
     write_ply(tmp_path / "model.ply", model)
     loaded = client.load_ply((tmp_path / "model.ply").read_bytes(), background=(0.0, 0.0, 0.0))
     assert loaded == {"gaussians": 300, "sh_degree": 1}
-    frame = client.render(wire(cameras[5]))
+    frame = client.render(cameras[5])
     assert np.abs(frame.astype(int) - expected_frame(model, cameras[5], 1, (0.0, 0.0, 0.0))).max() <= 1
     with pytest.raises(RemoteError, match="unreadable PLY|not a PLY"):
         client.load_ply(b"ply\nformat nonsense\n")
 
-    assert client.shutdown()["state"] == "stopped"
+    assert client.call("shutdown")["state"] == "stopped"
     assert server.proc.wait(30) == 0
     client.close()
 
@@ -284,14 +281,14 @@ def test_handshake_errors(tmp_path, start_server):
     with raw_connect(server.port) as sock:  # a client vanishing mid-frame
         sock.sendall(b"".join(bytes(p) for p in protocol.encode_message(REQUESTS, "capabilities", 2))[:9])
     with server.client() as client:  # empty token accepted on loopback without --token-file
-        assert client.capabilities()["protocol"] == protocol.PROTOCOL_VERSION
+        assert client.call("capabilities")["protocol"] == protocol.PROTOCOL_VERSION
 
 
 # ---- fuzzing ----
 
 FUZZ_FRAMES = 10_000
 FUZZ_SECONDS = 60
-FUZZ_CAMERA = protocol.camera_to_wire(np.eye(4), [[40.0, 0, 4], [0, 40.0, 4], [0, 0, 1]], 8, 8)
+FUZZ_CAMERA = codecs.camera_to_wire(Camera(np.eye(4), np.array([[40.0, 0, 4], [0, 40.0, 4], [0, 0, 1]]), 8, 8))
 
 
 def fuzz_templates() -> list[tuple[str, dict, bytes]]:
@@ -393,7 +390,7 @@ def test_fuzz_frames_then_server_still_works(tmp_path, start_server, scene):
     with server.client() as client:
         assert client.hello["protocol"] == protocol.PROTOCOL_VERSION
         client.load_ply((tmp_path / "model.ply").read_bytes())
-        frame = client.render(wire(cameras[0]))
+        frame = client.render(cameras[0])
     assert np.abs(frame.astype(int) - expected_frame(model, cameras[0], 1, (1.0, 1.0, 1.0))).max() <= 1
 
 
@@ -404,9 +401,9 @@ def test_kill_during_training_then_resume(tmp_path, start_server, scene):
     server = start_server(workdir)
     every = 20
     with server.client() as client:
-        client.open_session("durable")
+        client.call("open_session", name="durable")
         add_scene_views(client, scene)
-        client.start_training(iterations=100_000, checkpoint_every=every, progress_interval=0.05,
+        client.call("start_training", iterations=100_000, checkpoint_every=every, progress_interval=0.05,
                               init_points=200, max_gaussians=400)
         last_seen = wait_for(client, lambda e: e["event"] == "progress" and e["step"] >= 3 * every)["step"]
         os.kill(server.proc.pid, signal.SIGKILL)
@@ -418,16 +415,52 @@ def test_kill_during_training_then_resume(tmp_path, start_server, scene):
 
     server = start_server(workdir)
     with server.client() as client:
-        reopened = client.open_session("durable", create=False)
+        reopened = client.call("open_session", name="durable", create=False)
         assert reopened["views"] == 4 and reopened["checkpoint"] and reopened["state"] == "idle"
-        started = client.start_training(checkpoint_every=every, progress_interval=0.05)
+        started = client.call("start_training", checkpoint_every=every, progress_interval=0.05)
         assert started["continued"] and started["step"] >= saved
         event = wait_for(client, lambda e: e["event"] == "progress")
         assert event["step"] > saved  # continued from the checkpoint, not restarted from 0
         assert event["iterations"] == 100_000  # the checkpoint's configuration
-        client.shutdown()
+        client.call("shutdown")
     assert server.proc.wait(30) == 0
     assert load_checkpoint(workdir / "durable" / "checkpoint.pt")["step"] > saved
+
+
+def test_resume_after_a_restart_keeps_the_sessions_cadence(tmp_path, start_server, scene):
+    """The whole training settings are saved with the session: a resume after a crash checkpoints and reports
+    as the run did before, not at the defaults."""
+    workdir = tmp_path / "work"
+    every, interval = 7, 0.07
+    assert every != REQUESTS["start_training"].fields.fields["checkpoint_every"].default
+    server = start_server(workdir)
+    with server.client() as client:
+        client.call("open_session", name="cadence")
+        add_scene_views(client, scene)
+        started = client.call("start_training", iterations=100_000, checkpoint_every=every, progress_interval=interval,
+                                        init_points=200, max_gaussians=400)
+        assert started["settings"]["checkpoint_every"] == every
+        wait_for(client, lambda e: e["event"] == "progress" and e["step"] >= 2 * every)
+        os.kill(server.proc.pid, signal.SIGKILL)
+        server.proc.wait(10)
+    saved = load_checkpoint(workdir / "cadence" / "checkpoint.pt")["step"]
+
+    server = start_server(workdir)
+    with server.client() as client:
+        reopened = client.call("open_session", name="cadence", create=False)
+        assert reopened["settings"]["checkpoint_every"] == every
+        assert reopened["settings"]["progress_interval"] == interval
+        client.call("resume")
+        checkpoints = set()
+        deadline = time.monotonic() + 60
+        while len(checkpoints) < 2 and time.monotonic() < deadline:
+            step = load_checkpoint(workdir / "cadence" / "checkpoint.pt")["step"]
+            if step > saved:
+                checkpoints.add(step)
+            time.sleep(0.05)
+        assert len(checkpoints) == 2 and all(step % every == 0 for step in checkpoints), checkpoints
+        client.call("shutdown")
+    assert server.proc.wait(30) == 0
 
 
 # ---- failures inside training and rendering (server in this process to inject them) ----
@@ -453,34 +486,34 @@ def test_nan_loss_and_out_of_memory_are_reported_and_survived(local_server, scen
     monkeypatch.setattr(Trainer, "train_step", failing_step)
 
     with Client("127.0.0.1", local_server.port) as client:
-        client.open_session("failing")
+        client.call("open_session", name="failing")
         add_scene_views(client, scene)
         failure.append(FloatingPointError("loss became nan at step 31"))
-        client.start_training(iterations=1000, checkpoint_every=10, progress_interval=0.05, init_points=200)
+        client.call("start_training", iterations=1000, checkpoint_every=10, progress_interval=0.05, init_points=200)
         error = wait_for(client, lambda e: e["event"] == "error")
         assert error["code"] == "diverged" and "loss became nan" in error["message"]
         assert "last checkpoint, step 30" in error["message"]
         assert wait_for(client, lambda e: e["event"] == "state")["state"] == "failed"
-        assert client.status()["step"] == 30  # back at the checkpoint, still serving
+        assert client.call("status")["step"] == 30  # back at the checkpoint, still serving
 
         failure[0] = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        client.resume()
+        client.call("resume")
         error = wait_for(client, lambda e: e["event"] == "error")
         assert error["code"] == "out_of_memory" and "max_gaussians" in error["message"]
 
         failure.clear()
-        client.resume()
+        client.call("resume")
         assert wait_for(client, lambda e: e["event"] == "progress" and e["step"] > 35)["state"] == "training"
 
         def render_out_of_memory(*args, **kwargs):
             raise torch.cuda.OutOfMemoryError("CUDA out of memory")
         with monkeypatch.context() as m:
-            m.setattr("backend.session.render", render_out_of_memory)
+            m.setattr("backend.frames.render", render_out_of_memory)
             with pytest.raises(RemoteError) as e:
-                client.render(wire(scene[1][0]))
+                client.render(scene[1][0])
         assert e.value.code == "out_of_memory"
-        assert client.render(wire(scene[1][0])).shape == (SIZE, SIZE, 4)
-        client.stop()
+        assert client.render(scene[1][0]).shape == (SIZE, SIZE, 4)
+        client.call("stop")
 
 
 def _running(pid: int) -> bool:

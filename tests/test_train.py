@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from backend.commands import LEGO, cpu_config
+from backend.data import LEGO
+from backend.policy import cpu_config
 from backend.data import Dataset, load_split
-from backend.errors import SplatwrightError
+from blender_addon.core.errors import SplatwrightError
 from backend.gaussians import Gaussians
 from backend.optim import Adam
 from backend.ply import read_ply
-from backend.points import POINTS_FILE, write_points
+from blender_addon.core.points import POINTS_FILE, write_points
 from backend.strategy import edit_rows
 from backend.train import Trainer, evaluate, load_checkpoint
 from conftest import ROOT, orbit_cameras, random_gaussians, write_scene

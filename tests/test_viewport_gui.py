@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 import build_addon
-from backend.cameras import Camera
+from blender_addon.core.codecs import camera_from_wire
 from backend.metrics import psnr
 from backend.render import render
 from conftest import ROOT, viewing_model
@@ -69,8 +69,7 @@ def viewport(xvfb, tmp_path_factory) -> dict:
 
 
 def test_viewport_shows_the_backends_render_of_the_view(viewport):
-    c = viewport["camera"]
-    cam = Camera(np.array(c["c2w"]), np.array(c["K"]), c["width"], c["height"])
+    cam = camera_from_wire(viewport["camera"])
     with torch.no_grad():
         expected = render(viewport["model"], cam, 1, (1.0, 1.0, 1.0)).image.clamp(0, 1)
     shot = np.asarray(Image.open(viewport["screenshot"]).convert("RGB"), dtype=np.float32) / 255.0

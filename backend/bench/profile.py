@@ -13,7 +13,8 @@ from dataclasses import replace
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from ..commands import LEGO, PRESETS
+from ..data import LEGO
+from ..policy import PRESETS
 from ..data import load_split
 from ..train import Trainer
 
@@ -80,15 +81,13 @@ def main(argv: list[str]) -> int:
 def tile_balance(trainer: Trainer) -> None:
     """Tile entries per 16x16 tile over the training views. Every tile of a small image runs at once, so the
     most loaded tiles, not the total, set the rasterizer's time."""
-    from ..kernels import extension
-    g, ext = trainer.g, extension()
+    from ..render.cuda import project_and_bin
+    g = trainer.g
     per_view = []
     with torch.no_grad():
         for cam, (viewmat, K) in zip(trainer.data.cameras, trainer.views):
-            means2d, _, depths, radii, _ = ext.project_forward(
-                g.means, g.quats, torch.exp(g.log_scales), g.opacities.contiguous(), g.sh.contiguous(), viewmat, K,
-                cam.width, cam.height, trainer.sh_degree)
-            ranges = ext.bin_tiles(means2d, radii, depths, cam.width, cam.height)[0]
+            ranges = project_and_bin(g.means, g.quats, torch.exp(g.log_scales), g.opacities.contiguous(),
+                                     g.sh.contiguous(), viewmat, K, cam.width, cam.height, trainer.sh_degree).ranges
             per_view.append((ranges[:, 1] - ranges[:, 0]).float())
     counts = torch.stack(per_view)
     busiest = counts.max(dim=1).values

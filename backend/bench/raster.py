@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from ..render.constants import DILATION, NEAR_PLANE, TILE
 from . import RESULTS, git_commit
 
 # name, Gaussians, width, height, mean footprint sigma in pixels (denser scenes get smaller splats)
@@ -26,7 +27,6 @@ SIZES = {
     "3M@1920x1080": (3_000_000, 1920, 1080, 1.0),
 }
 SH_DEGREE = 3
-NEAR_PLANE = 0.01
 
 
 def make_scene(n: int, width: int, height: int, sigma_px: float, seed: int, device) -> dict:
@@ -71,8 +71,8 @@ def peer(scene: dict, width: int, height: int):
     import gsplat
     image, _, meta = gsplat.rasterization(
         scene["means"], scene["quats"], scene["scales"], scene["opacities"], scene["sh"], scene["viewmat"][None],
-        scene["K"][None], width, height, near_plane=NEAR_PLANE, radius_clip=0.0, eps2d=0.3, sh_degree=SH_DEGREE,
-        packed=False, tile_size=16, backgrounds=scene["background"][None], render_mode="RGB",
+        scene["K"][None], width, height, near_plane=NEAR_PLANE, radius_clip=0.0, eps2d=DILATION, sh_degree=SH_DEGREE,
+        packed=False, tile_size=TILE, backgrounds=scene["background"][None], render_mode="RGB",
         rasterize_mode="classic")
     means2d = meta["means2d"]
     if means2d.requires_grad:
@@ -169,11 +169,9 @@ def main(argv: list[str]) -> int:
         with torch.no_grad():
             out = cuda.rasterize(scene["means"], scene["quats"], scene["scales"], scene["opacities"], scene["sh"],
                                  scene["viewmat"], scene["K"], width, height, SH_DEGREE, scene["background"])
-            ext = extension()
-            means2d, _, depths, radii, _ = ext.project_forward(
-                scene["means"], scene["quats"], scene["scales"], scene["opacities"], scene["sh"], scene["viewmat"],
-                scene["K"], width, height, SH_DEGREE)
-            entries = len(ext.bin_tiles(means2d, radii, depths, width, height)[1])
+            bins = cuda.project_and_bin(scene["means"], scene["quats"], scene["scales"], scene["opacities"],
+                                        scene["sh"], scene["viewmat"], scene["K"], width, height, SH_DEGREE)
+            entries = len(bins.gauss_ids)
         row = {"scene": name, "gaussians": n, "width": width, "height": height, "tile_entries": entries,
                "visible": int((out.radii > 0).sum())}
         print(f"[{name}] {row['visible']:,} visible, {entries:,} tile entries; timing ours ...", flush=True)

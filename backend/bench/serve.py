@@ -24,10 +24,9 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from .. import protocol
-from ..cameras import Camera, intrinsics_from_fov_x, look_at
-from ..client import Client
-from ..commands import device_name, resolve_device
+from blender_addon.core.cameras import Camera, intrinsics_from_fov_x, look_at
+from blender_addon.core.client import Client
+from ..policy import device_name, resolve_device
 from ..gaussians import Gaussians
 from ..render import render
 from . import ROOT, git_commit
@@ -37,10 +36,6 @@ from . import ROOT, git_commit
 def orbit_camera(angle: float, width: int, height: int, radius: float = 3.0) -> Camera:
     eye = [radius * math.cos(angle), radius * math.sin(angle), 0.6 * radius]
     return Camera(look_at(eye, [0.0, 0.0, 0.0]), intrinsics_from_fov_x(0.8, width, height), width, height)
-
-
-def wire(cam: Camera) -> dict:
-    return protocol.camera_to_wire(cam.c2w, cam.K, cam.width, cam.height)
 
 
 def make_scene(n: int, views: int, width: int, height: int, device: str, rasterizer: str, seed: int = 0):
@@ -75,7 +70,7 @@ def render_round_trips(client: Client, width: int, height: int, seconds: float, 
     times, deadline, i = [], time.monotonic() + seconds, 0
     while time.monotonic() < deadline and not (stop and stop.is_set()):
         start = time.perf_counter()
-        client.render(wire(orbit_camera(0.3 + 0.01 * i, width, height)))
+        client.render(orbit_camera(0.3 + 0.01 * i, width, height))
         elapsed = time.perf_counter() - start
         times.append(1000 * elapsed)
         i += 1
@@ -86,9 +81,9 @@ def render_round_trips(client: Client, width: int, height: int, seconds: float, 
 
 def training_rate(client: Client, seconds: float) -> float:
     """Training steps per second over `seconds`, read from the server's step count."""
-    step0, t0 = client.status()["step"], time.monotonic()
+    step0, t0 = client.call("status")["step"], time.monotonic()
     time.sleep(seconds)
-    return (client.status()["step"] - step0) / (time.monotonic() - t0)
+    return (client.call("status")["step"] - step0) / (time.monotonic() - t0)
 
 
 def percentiles(times: list[float]) -> dict:
@@ -142,16 +137,16 @@ class LiveBench:
             proc, port = start_backend(workdir, self.device)
             try:
                 with Client("127.0.0.1", port, timeout=600) as client:
-                    client.open_session("bench")
+                    client.call("open_session", name="bench")
                     for cam, image in zip(cameras, images):
-                        client.add_view(wire(cam), image)
+                        client.add_view(cam, image)
                     client.set_points(xyz, rgb)
-                    client.start_training(iterations=10_000_000, sh_degree=0, max_gaussians=self.gaussians,
+                    client.call("start_training", iterations=10_000_000, sh_degree=0, max_gaussians=self.gaussians,
                                           checkpoint_every=0)
-                    client.pause()
+                    client.call("pause")
                     yield client
-                    client.stop()
-                    client.shutdown()
+                    client.call("stop")
+                    client.call("shutdown")
             except BaseException:
                 proc.kill()  # a failed benchmark leaves no backend behind
                 raise
@@ -183,9 +178,9 @@ def main(argv: list[str]) -> int:
 
     with bench.paused_training() as client:
         for _ in range(3):  # warm-up
-            client.render(wire(orbit_camera(0.3, width, height)))
+            client.render(orbit_camera(0.3, width, height))
         idle = render_round_trips(client, width, height, seconds, fps=None)
-        client.resume()
+        client.call("resume")
         training_rate(client, min(2.0, seconds))  # warm-up
         alone = training_rate(client, seconds)
         stop = threading.Event()

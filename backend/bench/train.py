@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from ..commands import LEGO, PRESETS
+from ..data import LEGO
+from ..policy import PRESETS
 from ..data import Dataset, camera_extent, load_split, scene_bounds
 from ..gaussians import Gaussians
 from ..metrics import photometric_loss

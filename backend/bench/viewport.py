@@ -1,6 +1,6 @@
 """Viewport latency benchmark: from a camera change to the new frame ready for the GPU texture upload (the
 bytes received and turned into the float buffer the texture takes), through the add-on's own client code
-(client.FrameStream, as the render engine uses it) on the real socket. p50/p95 with training paused and
+(frames.FrameStream, as the render engine uses it) on the real socket. p50/p95 with training paused and
 while training.
 
 Default size: 1M Gaussians at 1920x1080 on a GPU, 2000 Gaussians at 64x48 on the CPU reference rasterizer.
@@ -12,8 +12,9 @@ import argparse
 import threading
 import time
 
-from ..client import Client, Frame, FrameStream
-from .serve import LiveBench, add_live_arguments, orbit_camera, percentiles, wire
+from blender_addon.core.client import Client
+from blender_addon.frames import Frame, FrameStream
+from .serve import LiveBench, add_live_arguments, orbit_camera, percentiles
 
 FRAME_TIMEOUT = 120.0
 
@@ -39,7 +40,7 @@ class Latency:
             self.asked += 1
             tag = self.asked
             start = time.perf_counter()
-            self.stream.ask(wire(orbit_camera(0.3 + 0.01 * tag, width, height)), tag)
+            self.stream.ask(orbit_camera(0.3 + 0.01 * tag, width, height), tag)
             with self.ready:
                 if not self.ready.wait_for(lambda: self.frame is not None and self.frame.tag == tag, FRAME_TIMEOUT):
                     raise TimeoutError(f"no frame within {FRAME_TIMEOUT} s: {self.stream.error or 'no error'}")
@@ -55,7 +56,7 @@ def main(argv: list[str]) -> int:
         latency = Latency(client)
         latency.measure(bench.width, bench.height, min(1.0, bench.seconds))  # warm-up
         idle = latency.measure(bench.width, bench.height, bench.seconds)
-        client.resume()
+        client.call("resume")
         latency.measure(bench.width, bench.height, min(1.0, bench.seconds))
         training = latency.measure(bench.width, bench.height, bench.seconds)
         latency.stream.close()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..cameras import Camera
+from blender_addon.core.cameras import Camera
 from ..gaussians import Gaussians
 from . import reference
 from .reference import RasterOutput

@@ -1,4 +1,5 @@
-"""Rasterizer constants shared by the reference renderer and the CUDA kernels (cuda/constants.h mirrors them)."""
+"""Rasterizer constants of the reference renderer; the CUDA kernels' cuda/constants.h holds the same values,
+checked equal by tests/test_kernel_constants.py."""
 
 TILE = 16  # tiles are TILE x TILE pixels
 DILATION = 0.3  # added to the 2D covariance's diagonal (anti-aliasing low-pass)

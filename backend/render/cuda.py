@@ -7,11 +7,38 @@ carries no gradient.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
-from ..errors import SplatwrightError
+from blender_addon.core.errors import SplatwrightError
 from ..kernels import extension
 from .reference import RasterOutput
+
+
+class TileBins(NamedTuple):
+    """The extension's bin_tiles outputs, in its order (which rasterize_backward takes them in); int32 but
+    entry_ends. The forward reads the first four, the backward all six."""
+    ranges: torch.Tensor  # (n_tiles, 2) [start, end) of each tile's entries in gauss_ids
+    gauss_ids: torch.Tensor  # (n_entries,) Gaussian of each entry, sorted by (tile, depth)
+    batch_offsets: torch.Tensor  # (n_tiles + 1,) each tile's first batch of BLOCK_SIZE entries; last: the count
+    batch_tiles: torch.Tensor  # (max_tile_batches,) the tile of each batch
+    positions: torch.Tensor  # (n_entries,) each sorted entry's position in emit order
+    entry_ends: torch.Tensor  # (N,) int64, Gaussian i's entries end there in emit order
+
+
+def bin_tiles(means2d, radii, depths, width: int, height: int) -> TileBins:
+    """Sorted (tile, Gaussian) entries of projected Gaussians, and the tiles' batches."""
+    return TileBins(*extension().bin_tiles(means2d, radii, depths, width, height))
+
+
+def project_and_bin(means, quats, scales, opacities, sh, viewmat, K, width: int, height: int,
+                    sh_degree: int) -> TileBins:
+    """The tile bins a render of these Gaussians composites, without autograd; inputs as project_forward takes
+    them (contiguous float32 CUDA tensors, opacities (N,))."""
+    means2d, _, depths, radii, _ = extension().project_forward(
+        means, quats, scales, opacities, sh, viewmat, K, width, height, sh_degree)
+    return bin_tiles(means2d, radii, depths, width, height)
 
 
 class _Project(torch.autograd.Function):
@@ -38,13 +65,11 @@ class _Project(torch.autograd.Function):
 class _Rasterize(torch.autograd.Function):
     @staticmethod
     def forward(ctx, means2d, conics, colors, opacities, depths, radii, background, width, height):
-        ext = extension()
-        # ranges, ids, batch offsets and tiles (the forward's), sorted entries' emit positions and the Gaussians'
-        # entry ends (the backward's)
-        bins = ext.bin_tiles(means2d, radii, depths, width, height)
+        bins = bin_tiles(means2d, radii, depths, width, height)
         record_states = any(ctx.needs_input_grad[:4])  # what the backward starts each batch from
-        image, alpha, depth, final_t, n_contrib, batch_states = ext.rasterize_forward(
-            *bins[:4], means2d, conics, colors, opacities, depths, background, width, height, record_states)
+        image, alpha, depth, final_t, n_contrib, batch_states = extension().rasterize_forward(
+            bins.ranges, bins.gauss_ids, bins.batch_offsets, bins.batch_tiles, means2d, conics, colors, opacities,
+            depths, background, width, height, record_states)
         ctx.save_for_backward(*bins, batch_states, means2d, conics, colors, opacities, background, final_t, n_contrib)
         ctx.size = (width, height)
         ctx.mark_non_differentiable(depth)

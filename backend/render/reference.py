@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -39,6 +40,12 @@ class Projected:
     depths: torch.Tensor  # (N,)
     radii: torch.Tensor  # (N,) int32, 0 where culled
     colors: torch.Tensor  # (N, 3)
+
+
+class TileEntries(NamedTuple):
+    """The (tile, Gaussian) entries of a view, sorted by (tile, depth, Gaussian index)."""
+    tile_ids: torch.Tensor  # (n_entries,) row-major tile index
+    gauss_ids: torch.Tensor  # (n_entries,) Gaussian index
 
 
 def quat_to_rotmat(quats: torch.Tensor) -> torch.Tensor:
@@ -115,9 +122,9 @@ def tile_rect(means2d, radii, width: int, height: int):
     return x_lo, x_hi, y_lo, y_hi
 
 
-def bin_tiles(proj: Projected, width: int, height: int) -> tuple[torch.Tensor, torch.Tensor]:
+def bin_tiles(proj: Projected, width: int, height: int) -> TileEntries:
     """Tile entries sorted by (tile, depth, Gaussian index), as the kernels' radix sort on
-    (tile << 32 | float bits of depth) orders them. Returns (tile id, Gaussian id) per entry."""
+    (tile << 32 | float bits of depth) orders them."""
     tiles_x = (width + TILE - 1) // TILE
     x_lo, x_hi, y_lo, y_hi = tile_rect(proj.means2d.detach(), proj.radii, width, height)
     visible = proj.radii > 0
@@ -132,7 +139,7 @@ def bin_tiles(proj: Projected, width: int, height: int) -> tuple[torch.Tensor, t
     depth_bits = proj.depths.detach().float().view(torch.int32).long()[gauss]
     order = torch.argsort(depth_bits, stable=True)
     order = order[torch.argsort(tile[order], stable=True)]
-    return tile[order], gauss[order]
+    return TileEntries(tile[order], gauss[order])
 
 
 def composite(proj: Projected, tile_ids, gauss_ids, opacities, width: int, height: int):

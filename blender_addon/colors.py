@@ -1,0 +1,55 @@
+"""Colour conversions between the backend's display-referred sRGB values and Blender's scene-linear buffers:
+the one definition of the sRGB curve in the add-on (bpy-free)."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def srgb_to_linear(x: np.ndarray) -> np.ndarray:
+    """Display-referred sRGB values in [0, 1] to scene-linear ones (float32), what Blender's viewport and
+    render results hold; its Standard view transform shows them as the display values again."""
+    x = np.clip(np.asarray(x, dtype=np.float32), 0.0, 1.0)
+    return np.where(x <= 0.04045, x / 12.92, ((x + 0.055) / 1.055) ** 2.4).astype(np.float32)
+
+
+def linear_to_srgb(x: np.ndarray) -> np.ndarray:
+    """The inverse of srgb_to_linear (float64 in [0, 1])."""
+    x = np.clip(np.asarray(x, dtype=np.float64), 0.0, 1.0)
+    return np.where(x <= 0.0031308, 12.92 * x, 1.055 * np.power(x, 1 / 2.4) - 0.055)
+
+
+def linear_to_srgb8(rgb: np.ndarray) -> np.ndarray:
+    """Scene-linear colours to 8-bit sRGB, the display-referred values the renders hold."""
+    return (linear_to_srgb(rgb) * 255.0 + 0.5).astype(np.uint8)
+
+
+_LINEAR_OF_BYTE = srgb_to_linear(np.arange(256) / 255.0)
+
+
+def display_pixels(rgba: np.ndarray) -> np.ndarray:
+    """An (H, W, 4) uint8 frame as flat float32 in [0, 1], still sRGB-encoded: what an sRGB texture takes
+    (one multiply per value; the GPU decodes to scene-linear when it samples)."""
+    return np.multiply(rgba.reshape(-1), np.float32(1.0 / 255.0), dtype=np.float32)
+
+
+def linear_pixels(rgba: np.ndarray) -> np.ndarray:
+    """An (H, W, 4) uint8 frame as flat float32 scene-linear RGB with alpha in [0, 1] (render results)."""
+    flat = rgba.reshape(-1)
+    pixels = _LINEAR_OF_BYTE[flat]
+    pixels[3::4] = flat[3::4] * np.float32(1.0 / 255.0)
+    return pixels
+
+
+def combined_pass(rgba: np.ndarray, background, transparent: bool) -> np.ndarray:
+    """The Combined pass (H * W * 4,) float32 of a bottom-up RGBA8 frame: scene-linear RGB, which the
+    Standard view transform shows as the frame's display values. With a transparent film the background the
+    frame was composited over is taken out again and RGB is premultiplied, as Blender's engines give it."""
+    pixels = linear_pixels(rgba).reshape(-1, 4)
+    if not transparent:
+        pixels[:, 3] = 1.0
+        return pixels.reshape(-1)
+    alpha = pixels[:, 3:]
+    display = rgba.reshape(-1, 4)[:, :3] / np.float32(255.0)
+    straight = (display - np.asarray(background, np.float32) * (1.0 - alpha)) / np.maximum(alpha, 1e-6)
+    pixels[:, :3] = srgb_to_linear(straight) * alpha
+    return pixels.reshape(-1)

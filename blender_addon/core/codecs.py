@@ -1,0 +1,175 @@
+"""Wire encodings of cameras, images and points, with their caps. Standard library + numpy only.
+
+- Cameras: {"c2w": 4x4, "K": 3x3, "width": int, "height": int} as JSON numbers, the backend's OpenCV
+  convention (cameras.py); the CAMERA kind encodes a Camera and decodes to one, checked to be usable.
+- Raw images ("rgb8", "rgba8", "rgb16f", "rgba16f"): rows bottom-up (Blender's pixel buffers and GPU
+  textures), pixels interleaved, values display-referred in [0, 1] (8-bit: 0..255), little-endian.
+  "png" payloads are ordinary PNG files, rows top-down as PNG defines them.
+- Points: xyz as float32 (N, 3) little-endian, then rgb as uint8 (N, 3).
+"""
+from __future__ import annotations
+
+import struct
+import zlib
+
+import numpy as np
+
+from .cameras import Camera, check_rigid
+from .errors import SplatwrightError
+from .schema import Fields, Int, Kind, Numbers
+
+MAX_IMAGE_SIDE = 8192
+MAX_POINTS = 10_000_000
+
+# Raw image formats: channels and numpy dtype. "png" is the one compressed format.
+RAW_IMAGE_FORMATS = {"rgb8": (3, np.dtype("u1")), "rgba8": (4, np.dtype("u1")),
+                     "rgb16f": (3, np.dtype("<f2")), "rgba16f": (4, np.dtype("<f2"))}
+UPLOAD_FORMATS = ("png",) + tuple(RAW_IMAGE_FORMATS)
+FRAME_FORMATS = ("rgba8", "png")
+MAX_IMAGE_BYTES = MAX_IMAGE_SIDE * MAX_IMAGE_SIDE * 4 * 2
+DEPTH_BACKGROUND = 1e10  # depth of pixels the model does not cover, as Blender's Depth pass has it
+
+
+# ---- cameras ----
+
+_CAMERA_FIELDS = Fields(c2w=Numbers((4, 4)), K=Numbers((3, 3)),
+                        width=Int(1, MAX_IMAGE_SIDE), height=Int(1, MAX_IMAGE_SIDE))
+
+
+def camera_to_wire(camera: Camera) -> dict:
+    return {"c2w": np.asarray(camera.c2w, dtype=np.float64).reshape(4, 4).tolist(),
+            "K": np.asarray(camera.K, dtype=np.float64).reshape(3, 3).tolist(),
+            "width": int(camera.width), "height": int(camera.height)}
+
+
+def camera_from_wire(value) -> Camera:
+    """The Camera of a wire camera; ValueError unless it is one the renderer can use (positive focal
+    lengths, a rigid camera-to-world)."""
+    fields = _CAMERA_FIELDS.check(value)
+    K = np.array(fields["K"], dtype=np.float64)
+    if not (K[0, 0] > 0 and K[1, 1] > 0 and np.allclose(K[2], [0.0, 0.0, 1.0])):
+        raise ValueError("camera K must be [[fx, s, cx], [0, fy, cy], [0, 0, 1]] with fx, fy > 0")
+    try:
+        c2w = check_rigid(np.array(fields["c2w"], dtype=np.float64), "camera c2w")
+    except SplatwrightError as e:
+        raise ValueError(str(e)) from None
+    return Camera(c2w, K, fields["width"], fields["height"])
+
+
+class CameraKind(Kind):
+    def check(self, value) -> Camera:
+        return camera_from_wire(value)
+
+    def encode(self, value):
+        return camera_to_wire(value) if isinstance(value, Camera) else value
+
+
+CAMERA = CameraKind()
+
+
+# ---- images ----
+
+def image_to_wire(image: np.ndarray) -> tuple[str, memoryview]:
+    """(format, payload) of an (H, W, 3 or 4) uint8 or float16 array whose rows are already bottom-up."""
+    image = np.asarray(image)
+    for name, (channels, dtype) in RAW_IMAGE_FORMATS.items():
+        if image.ndim == 3 and image.shape[2] == channels and image.dtype == dtype:
+            return name, memoryview(np.ascontiguousarray(image)).cast("B")
+    raise ValueError(f"image must be (H, W, 3 or 4) uint8 or float16, got {image.shape} {image.dtype}")
+
+
+def image_from_wire(format: str, payload: bytes, width: int, height: int) -> np.ndarray:
+    """The (H, W, C) array of a raw image payload, rows bottom-up as sent."""
+    channels, dtype = RAW_IMAGE_FORMATS[format]
+    expected = width * height * channels * dtype.itemsize
+    if len(payload) != expected:
+        raise ValueError(f"{format} image of {width}x{height} needs {expected} payload bytes, got {len(payload)}")
+    return np.frombuffer(payload, dtype=dtype).reshape(height, width, channels)
+
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def encode_png(rgba: np.ndarray, level: int = 1) -> bytes:
+    """A PNG of an (H, W, 4) uint8 array with rows top-down; every row uses the 'Up' filter."""
+    h, w, _ = rgba.shape
+    rows = rgba.reshape(h, w * 4)
+    up = np.empty((h, w * 4 + 1), dtype=np.uint8)
+    up[:, 0] = 2
+    up[0, 1:] = rows[0]
+    up[1:, 1:] = rows[1:] - rows[:-1]  # uint8 arithmetic wraps modulo 256 as PNG requires
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    ihdr = struct.pack(">IIBBBBB", w, h, 8, 6, 0, 0, 0)
+    return (_PNG_SIGNATURE + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(up.tobytes(), level))
+            + chunk(b"IEND", b""))
+
+
+def decode_png(data: bytes, max_pixels: int = MAX_IMAGE_SIDE * MAX_IMAGE_SIDE) -> np.ndarray:
+    """(H, W, 4) uint8, rows top-down, of an 8-bit RGBA non-interlaced PNG using filters None, Sub or Up
+    (what encode_png writes). Other PNGs raise ValueError; the backend reads uploads with Pillow."""
+    if not data.startswith(_PNG_SIGNATURE):
+        raise ValueError("not a PNG (bad signature)")
+    pos, ihdr, idat = len(_PNG_SIGNATURE), None, []
+    while pos + 8 <= len(data):
+        size, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + size]
+        if len(body) != size:
+            raise ValueError("truncated PNG chunk")
+        if kind == b"IHDR":
+            ihdr = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat.append(body)
+        elif kind == b"IEND":
+            break
+        pos += 12 + size
+    if ihdr is None:
+        raise ValueError("PNG has no IHDR chunk")
+    w, h, depth, color, _, _, interlace = ihdr
+    if (depth, color, interlace) != (8, 6, 0):
+        raise ValueError("only 8-bit RGBA non-interlaced PNGs are supported here")
+    if not (0 < w and 0 < h and w * h <= max_pixels):
+        raise ValueError(f"PNG size {w}x{h} is empty or over the cap of {max_pixels} pixels")
+    stride = w * 4 + 1
+    inflater = zlib.decompressobj()
+    raw = inflater.decompress(b"".join(idat), h * stride + 1)  # bounded: a zip bomb cannot grow past this
+    if len(raw) != h * stride:
+        raise ValueError(f"PNG image data is {len(raw)} bytes, expected {h * stride}")
+    rows = np.frombuffer(raw, dtype=np.uint8).reshape(h, stride)
+    out = np.empty((h, w * 4), dtype=np.uint8)
+    previous = np.zeros(w * 4, dtype=np.uint8)
+    for y in range(h):
+        kind, line = rows[y, 0], rows[y, 1:]
+        if kind == 0:
+            out[y] = line
+        elif kind == 1:
+            out[y] = np.cumsum(line.reshape(w, 4), axis=0, dtype=np.uint8).reshape(-1)
+        elif kind == 2:
+            out[y] = line + previous
+        else:
+            raise ValueError(f"PNG filter type {kind} is not supported here (only None, Sub, Up)")
+        previous = out[y]
+    return out.reshape(h, w, 4)
+
+
+# ---- points ----
+
+def points_to_wire(xyz: np.ndarray, rgb: np.ndarray) -> bytes:
+    """Payload of N points: float32 xyz (N, 3) then uint8 rgb (N, 3)."""
+    xyz = np.ascontiguousarray(xyz, dtype="<f4")
+    rgb = np.ascontiguousarray(rgb, dtype=np.uint8)
+    if xyz.ndim != 2 or xyz.shape[1] != 3 or rgb.shape != xyz.shape:
+        raise ValueError(f"points need xyz (N, 3) and rgb (N, 3), got {xyz.shape} and {rgb.shape}")
+    return xyz.tobytes() + rgb.tobytes()
+
+
+def points_from_wire(payload: bytes, count: int) -> tuple[np.ndarray, np.ndarray]:
+    if len(payload) != count * 15:
+        raise ValueError(f"{count} points need {count * 15} payload bytes (12 xyz + 3 rgb each), "
+                         f"got {len(payload)}")
+    xyz = np.frombuffer(payload, dtype="<f4", count=count * 3).reshape(count, 3)
+    if not np.all(np.isfinite(xyz)):
+        raise ValueError("point positions contain NaN or infinity")
+    rgb = np.frombuffer(payload, dtype=np.uint8, offset=count * 12).reshape(count, 3)
+    return xyz, rgb

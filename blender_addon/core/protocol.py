@@ -1,0 +1,281 @@
+"""The Splatwright wire protocol: the messages both sides validate against (requests, their replies and the
+server's events, each declared once below) and the framing. Standard library + numpy only.
+
+A frame is
+
+    MAGIC (4 bytes) | header length (uint32, big-endian) | header (UTF-8 JSON) | payload (raw bytes)
+
+where the header is {"type": str, "id": int, "payload_size": int, "fields": {...}}. Requests carry an id
+(>= 1) chosen by the client; the server answers each with a "reply" (fields as REPLIES declares for the
+request) or an "error" of the same id. Events (EVENTS) and errors that answer no request carry id 0. Every
+size and field is capped; nothing but JSON and raw numbers ever crosses the wire. Cameras, images and points
+travel in the encodings of codecs.py; training settings are those of settings.py.
+"""
+from __future__ import annotations
+
+import ipaddress
+import json
+import socket
+import struct
+from dataclasses import dataclass
+
+from .codecs import CAMERA, FRAME_FORMATS, MAX_IMAGE_BYTES, MAX_IMAGE_SIDE, MAX_POINTS, UPLOAD_FORMATS
+from .schema import MAX_TEXT_CHARS, AnyObject, Bool, Fields, Float, Int, Kind, Maybe, MessageSpec, Str, optional
+from .settings import BACKGROUND, TRAINING
+
+PROTOCOL_VERSION = 2  # 2: replies and events declared and checked by the client; start_training takes seed
+MAGIC = b"SPW\x00"
+PREFIX = struct.Struct(">4sI")  # magic, header length
+
+MAX_HEADER_BYTES = 64 * 1024
+MAX_PAYLOAD_BYTES = 1 << 30
+MAX_ID = 2**53  # JSON numbers stay exact below this
+MAX_TOKEN_CHARS = 4096
+SESSION_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
+
+# Error codes of "error" messages and "error" events.
+BAD_FRAME = "bad_frame"  # the byte stream is not a frame; the connection is closed
+TOO_LARGE = "too_large"  # a size is over its cap; the connection is closed
+BAD_REQUEST = "bad_request"  # unknown type or invalid fields; the connection stays open
+AUTH = "auth"  # missing hello or wrong token
+VERSION = "version"  # protocol versions differ
+BUSY = "busy"  # another client is connected
+REJECTED = "rejected"  # a valid request that cannot be done now or with these values
+SUPERSEDED = "superseded"  # a newer render request replaced this one before it started
+OUT_OF_MEMORY = "out_of_memory"
+DIVERGED = "diverged"  # the training loss became NaN or infinite
+INTERNAL = "internal"  # a bug; the server log has the traceback
+
+# A session's training states; in the RUNNING ones its model belongs to the training thread.
+STATES = ("idle", "training", "paused", "stopping", "stopped", "finished", "failed")
+RUNNING = frozenset({"training", "paused", "stopping"})
+
+
+class ProtocolError(Exception):
+    """A message that breaks the protocol. `fatal`: the stream is out of step and must be closed.
+    `request_id`: the id of the offending request when it could be read, else 0."""
+
+    def __init__(self, code: str, message: str, fatal: bool = False, request_id: int = 0):
+        super().__init__(message)
+        self.code, self.message, self.fatal, self.request_id = code, message, fatal, request_id
+
+
+class ConnectionClosed(Exception):
+    """The peer closed the connection cleanly between frames."""
+
+
+# ---- the messages ----
+
+COUNT = Int(0, 2**53)
+NUMBER = Float(-1e300, 1e300)
+
+REQUESTS: dict[str, MessageSpec] = {
+    "hello": MessageSpec(Fields(token=Str(MAX_TOKEN_CHARS), protocol=Int(0, 2**31),
+                                client=optional(Str(200), ""))),
+    "capabilities": MessageSpec(),
+    "status": MessageSpec(),
+    "open_session": MessageSpec(Fields(name=Str(64, pattern=SESSION_NAME), create=optional(Bool(), True))),
+    "add_view": MessageSpec(Fields(camera=CAMERA, format=Str(choices=UPLOAD_FORMATS),
+                                   name=optional(Str(200), "")), MAX_IMAGE_BYTES),
+    "set_points": MessageSpec(Fields(count=Int(1, MAX_POINTS)), MAX_POINTS * 15),
+    "start_training": MessageSpec(TRAINING.extended(
+        fresh=optional(Bool(), False, "ignore the session's checkpoint and start over"))),
+    "pause": MessageSpec(),
+    "resume": MessageSpec(),
+    "stop": MessageSpec(),
+    "render": MessageSpec(Fields(camera=CAMERA, format=optional(Str(choices=FRAME_FORMATS), "rgba8"),
+                                 depth=optional(Bool(), False))),
+    "export_ply": MessageSpec(),
+    "save_checkpoint": MessageSpec(),
+    "load_checkpoint": MessageSpec(),
+    "load_ply": MessageSpec(Fields(background=optional(BACKGROUND, [1.0, 1.0, 1.0])), MAX_PAYLOAD_BYTES),
+    "shutdown": MessageSpec(),
+}
+
+# What a session is doing; `settings` are the training settings it runs (or last ran) with, null before.
+STATUS = Fields(session=Maybe(Str(64)), state=Str(choices=STATES), views=COUNT, step=COUNT, iterations=COUNT,
+                gaussians=COUNT, checkpoint=Bool(), settings=Maybe(TRAINING))
+
+# The fields of each request's reply; the payloads are named in comments.
+REPLIES: dict[str, Fields] = {
+    "hello": STATUS.extended(protocol=Int(0, 2**31), server=Str(64)),
+    "capabilities": Fields(python=Str(64), torch=Str(64), numpy=Str(64), protocol=Int(0, 2**31), device=Str(16),
+                           rasterizer=Str(16), cuda_available=Bool(), torch_cuda=Maybe(Str(64)),
+                           gpu=Maybe(Str(200)), gpu_memory_gb=Maybe(NUMBER), cuda_rasterizer=Bool(),
+                           cuda_rasterizer_detail=Str()),
+    "status": STATUS, "open_session": STATUS, "pause": STATUS, "resume": STATUS, "stop": STATUS,
+    "load_checkpoint": STATUS, "shutdown": STATUS,
+    "start_training": STATUS.extended(continued=Bool()),  # whether it went on from earlier steps
+    "add_view": Fields(index=COUNT, views=COUNT),
+    "set_points": Fields(points=COUNT, note=Str()),
+    # Payload: the frame (RGBA8 rows bottom-up, or PNG); with depth, a float32 plane of the alpha-normalised
+    # view depth (rows bottom-up, codecs.DEPTH_BACKGROUND where nothing is drawn) follows at depth_offset.
+    "render": Fields(width=Int(1, MAX_IMAGE_SIDE), height=Int(1, MAX_IMAGE_SIDE), format=Str(choices=FRAME_FORMATS),
+                     step=COUNT, sh_degree=Int(0, 3), background=BACKGROUND,  # what the frame is composited over
+                     depth_offset=optional(Maybe(COUNT))),
+    # Payload: the PLY file. `path`: where the session keeps its trained model (empty for a viewed PLY).
+    "export_ply": Fields(path=Str(), gaussians=COUNT, step=COUNT),
+    "save_checkpoint": Fields(step=COUNT, path=Str()),
+    "load_ply": Fields(gaussians=COUNT, sh_degree=Int(0, 3)),
+}
+assert set(REPLIES) == set(REQUESTS)
+
+ERROR = Fields(code=Str(40), message=Str(MAX_TEXT_CHARS))
+EVENTS: dict[str, Fields] = {
+    "progress": Fields(state=Str(choices=STATES), step=COUNT, iterations=COUNT, loss=Maybe(NUMBER),
+                       psnr=Maybe(NUMBER), gaussians=COUNT, views=COUNT, its_per_s=NUMBER,
+                       gpu_memory_mb=Maybe(NUMBER)),  # loss and psnr are null until measured
+    "state": STATUS,
+    "error": ERROR,
+}
+
+
+class Event(Kind):
+    """{"event": kind, ...fields of EVENTS[kind]}."""
+
+    def check(self, value):
+        if not isinstance(value, dict) or value.get("event") not in EVENTS:
+            raise ValueError(f"expected an event, one of {', '.join(EVENTS)}")
+        fields = dict(value)
+        kind = fields.pop("event")
+        return {"event": kind, **EVENTS[kind].check(fields)}
+
+
+SERVER_MESSAGES: dict[str, MessageSpec] = {
+    "reply": MessageSpec(AnyObject(), MAX_PAYLOAD_BYTES),  # checked against REPLIES by the one who asked
+    "error": MessageSpec(ERROR),
+    "event": MessageSpec(Event()),
+}
+
+
+@dataclass
+class Message:
+    type: str
+    id: int
+    fields: dict
+    payload: bytes = b""
+
+
+# ---- framing ----
+
+def encode_message(specs: dict[str, MessageSpec], type: str, id: int, fields: dict | None = None,
+                   payload: bytes | memoryview = b"") -> list[bytes | memoryview]:
+    """The frame's parts (prefix + header, payload), checked against `specs` as the receiver will."""
+    spec = specs.get(type)
+    if spec is None:
+        raise ValueError(f"unknown message type {type!r}")
+    wire = spec.fields.encode({} if fields is None else fields)
+    spec.fields.check(wire)
+    if len(payload) > spec.max_payload:
+        raise ValueError(f"{type}: payload of {len(payload)} bytes exceeds its cap of {spec.max_payload}")
+    return [encode_header(type, id, wire, len(payload)), payload]
+
+
+def encode_reply(request_type: str, id: int, fields: dict, payload: bytes | memoryview = b"") -> list:
+    """The frame of a reply to a `request_type` request, its fields checked against REPLIES."""
+    spec = REPLIES[request_type]
+    wire = spec.encode(fields)
+    try:
+        spec.check(wire)
+    except ValueError as e:
+        raise ValueError(f"reply to {request_type}: {e}") from None
+    return encode_message(SERVER_MESSAGES, "reply", id, wire, payload)
+
+
+def check_reply(request_type: str, message: "Message") -> "Message":
+    """`message` with its fields checked against REPLIES[request_type] (defaults filled in)."""
+    try:
+        fields = REPLIES[request_type].check(message.fields)
+    except ValueError as e:
+        raise ProtocolError(BAD_FRAME, f"reply to {request_type}: {e}") from None
+    return Message(message.type, message.id, fields, message.payload)
+
+
+def encode_header(type: str, id: int, fields: dict, payload_size: int) -> bytes:
+    """Prefix + JSON header with no checks of the fields (the fuzz tests use it to build bad frames)."""
+    header = json.dumps({"type": type, "id": id, "payload_size": payload_size, "fields": fields},
+                        separators=(",", ":"), allow_nan=False).encode("utf-8")
+    if len(header) > MAX_HEADER_BYTES:
+        raise ValueError(f"{type}: header of {len(header)} bytes exceeds the cap of {MAX_HEADER_BYTES}")
+    return PREFIX.pack(MAGIC, len(header)) + header
+
+
+def send_message(sock: socket.socket, parts: list[bytes | memoryview]) -> None:
+    for part in parts:
+        if len(part):
+            sock.sendall(part)
+
+
+def recv_exact(sock: socket.socket, n: int, at_boundary: bool = False) -> bytearray:
+    """Exactly `n` bytes. A peer that closes before the first byte at a frame boundary raises
+    ConnectionClosed; one that closes anywhere else left a frame unfinished."""
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            if at_boundary and got == 0:
+                raise ConnectionClosed("peer closed the connection")
+            raise ProtocolError(BAD_FRAME, f"connection closed mid-frame ({got} of {n} bytes received)",
+                                fatal=True)
+        got += k
+    return buf
+
+
+def read_message(sock: socket.socket, specs: dict[str, MessageSpec]) -> Message:
+    """Read and validate one frame. Raises ConnectionClosed at a clean end of stream and ProtocolError
+    for a bad frame (fatal when the stream can no longer be followed)."""
+    magic, header_size = PREFIX.unpack(recv_exact(sock, PREFIX.size, at_boundary=True))
+    if magic != MAGIC:
+        raise ProtocolError(BAD_FRAME, f"frame does not start with {MAGIC!r} (got {bytes(magic)!r}); "
+                            "is the peer a Splatwright client or server of this protocol?", fatal=True)
+    if header_size > MAX_HEADER_BYTES:
+        raise ProtocolError(TOO_LARGE, f"header of {header_size} bytes exceeds the cap of {MAX_HEADER_BYTES}",
+                            fatal=True)
+    type, request_id, payload_size, fields = parse_header(recv_exact(sock, header_size))
+    spec = specs.get(type)
+    max_payload = spec.max_payload if spec else 0
+    if payload_size > max_payload:
+        raise ProtocolError(TOO_LARGE, f"{type[:40]!r}: payload of {payload_size} bytes exceeds its cap of "
+                            f"{max_payload}", fatal=True, request_id=request_id)
+    payload = bytes(recv_exact(sock, payload_size)) if payload_size else b""
+    if spec is None:
+        raise ProtocolError(BAD_REQUEST, f"unknown message type {type[:40]!r}; known: {', '.join(specs)}",
+                            request_id=request_id)
+    try:
+        fields = spec.fields.check(fields)
+    except ValueError as e:
+        raise ProtocolError(BAD_REQUEST, f"{type}: {e}", request_id=request_id) from None
+    return Message(type, request_id, fields, payload)
+
+
+def parse_header(data: bytes | bytearray) -> tuple[str, int, int, object]:
+    """(type, id, payload size, raw fields) of a header; any fault here is fatal because the payload size
+    cannot be trusted."""
+    try:
+        header = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as e:  # bad UTF-8 or JSON, absurd nesting or integer sizes
+        raise ProtocolError(BAD_FRAME, f"header is not valid UTF-8 JSON ({str(e)[:200]})", fatal=True) from None
+    if not isinstance(header, dict) or set(header) != {"type", "id", "payload_size", "fields"}:
+        raise ProtocolError(BAD_FRAME, "header must be an object with exactly type, id, payload_size, fields",
+                            fatal=True)
+    type, request_id, payload_size = header["type"], header["id"], header["payload_size"]
+    try:
+        Str(64).check(type)
+        Int(0, MAX_ID).check(request_id)
+        Int(0, MAX_PAYLOAD_BYTES).check(payload_size)
+    except ValueError as e:
+        raise ProtocolError(BAD_FRAME, f"bad header: {e}", fatal=True) from None
+    return type, request_id, payload_size, header["fields"]
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: treat as reachable from elsewhere
+        return False
+
+

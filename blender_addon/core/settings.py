@@ -1,0 +1,30 @@
+"""The training settings: one table of names, ranges, defaults and meanings, read by the backend's CLI, the
+protocol's start_training request and the add-on's panel. A value of None leaves the choice to the
+schedule the backend picks for its device (backend/policy.py)."""
+from __future__ import annotations
+
+from .schema import Fields, Float, Int, Maybe, Numbers, Str, optional
+
+PRESETS = ("quality", "fast")  # GPU schedules; the CPU reference path runs a short schedule of its own
+BACKGROUND = Numbers((3,), 0.0, 1.0)
+
+TRAINING = Fields(
+    preset=optional(Str(choices=PRESETS), "quality",
+                    "GPU schedule: quality (30k steps) or fast (5k steps); the CPU runs a short one"),
+    iterations=optional(Maybe(Int(1, 10_000_000)), None,
+                        "training steps (default: the preset's on the GPU, the short schedule's on the CPU)"),
+    sh_degree=optional(Int(0, 3), 3, "spherical harmonics degree of the view-dependent colour"),
+    max_gaussians=optional(Maybe(Int(0, 100_000_000)), None,
+                           "most Gaussians densification may make (0: no cap; default: the schedule's)"),
+    init_points=optional(Maybe(Int(1, 10_000_000)), None,
+                         "random initial Gaussians when there are no initial points (default: the schedule's)"),
+    background=optional(BACKGROUND, [1.0, 1.0, 1.0], "colour the views are composited over, r,g,b in [0, 1]"),
+    checkpoint_every=optional(Int(0, 10_000_000), 500, "steps between checkpoints (0: only at stop and finish)"),
+    progress_interval=optional(Float(0.05, 3600.0), 0.5, "seconds between progress reports"),
+    seed=optional(Int(0, 2**31 - 1), 0, "random seed of the initialisation"),
+)
+
+
+def training_settings(**chosen) -> dict:
+    """The whole settings dict: `chosen` checked against the table, every other setting at its default."""
+    return TRAINING.check(TRAINING.encode(chosen))

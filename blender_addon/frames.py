@@ -1,0 +1,120 @@
+"""Frames from the backend for the add-on's views (bpy-free): the live view's frame stream, and the part of a
+frame a render border keeps."""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .colors import display_pixels
+from .core import protocol
+from .core.cameras import Camera
+from .core.client import Client, PendingReply, RemoteError, decode_frame
+from .core.protocol import Message
+
+
+def border_rect(render, width: int, height: int) -> tuple[int, int, int, int]:
+    """The part of a width x height frame Blender renders: (x, y from the bottom-left, width, height) of the
+    render border (`render`: use_border, border_min_x ... as bpy.types.RenderSettings has them), truncated
+    to pixels as Blender does, or the whole frame without one."""
+    if not render.use_border:
+        return 0, 0, width, height
+    x0, x1 = int(render.border_min_x * width), int(render.border_max_x * width)
+    y0, y1 = int(render.border_min_y * height), int(render.border_max_y * height)
+    return x0, y0, max(1, x1 - x0), max(1, y1 - y0)
+
+
+@dataclass(frozen=True)
+class Frame:
+    seq: int  # a higher number was asked for later
+    tag: object  # what the asker attached to its request
+    fields: dict  # the render reply's: width, height, step, ...
+    pixels: np.ndarray  # display_pixels of the frame, rows bottom-up
+
+
+class FrameStream:
+    """Frames for a live view. ask() never waits: its thread sends the newest camera at once (the server
+    supersedes a request still waiting behind a render) and turns the newest reply into the float buffer a
+    texture upload takes, so the viewer's thread has nothing left to do but upload it.
+
+    `client_of()` gives the connected Client or None; frames use its frame_format. `on_frame(frame)` is
+    called on the stream's thread when a frame is ready."""
+
+    def __init__(self, client_of: Callable[[], "Client | None"], on_frame: Callable[[Frame], None] | None = None):
+        self._client_of, self._on_frame = client_of, on_frame
+        self._cond = threading.Condition()
+        self._wanted: tuple[Camera, object] | None = None
+        self._reply: tuple[int, object, Message] | None = None
+        self._sent = 0  # requests sent
+        self._newest = 0  # the newest request answered with a frame
+        self._closed = False
+        self.frame: Frame | None = None
+        self.error = ""  # why the last request failed; cleared by the next frame
+        self._thread = threading.Thread(target=self._run, name="splatwright-frames", daemon=True)
+        self._thread.start()
+
+    def ask(self, camera: Camera, tag: object = None) -> None:
+        """Request a frame of `camera`; replaces one not sent yet."""
+        with self._cond:
+            self._wanted = (camera, tag)
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Without waiting (it is called from Blender's drawing): the thread ends when it next looks."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._wanted or self._reply or self._closed)
+                if self._closed:
+                    return
+                wanted, self._wanted = self._wanted, None
+                reply, self._reply = self._reply, None
+            if wanted is not None:
+                self._send(*wanted)
+            if reply is not None:
+                self._prepare(*reply)
+
+    def _send(self, camera: Camera, tag: object) -> None:
+        client = self._client_of()
+        if client is None:
+            self.error = "the backend is not connected"
+            return
+        self._sent += 1
+        seq = self._sent
+        try:
+            client.submit_render(camera, on_done=lambda p: self._answered(seq, tag, p))
+        except (ConnectionError, ValueError) as e:
+            self.error = str(e)
+
+    def _answered(self, seq: int, tag: object, pending: PendingReply) -> None:
+        """On the client's reader thread: keep the reply if it is the newest, for _run to prepare."""
+        try:
+            reply = pending.result(0)
+        except RemoteError as e:
+            if e.code != protocol.SUPERSEDED:
+                self.error = e.message
+            return
+        except ConnectionError as e:
+            self.error = str(e)
+            return
+        with self._cond:
+            if seq > self._newest:
+                self._newest = seq
+                self._reply = (seq, tag, reply)
+                self._cond.notify_all()
+
+    def _prepare(self, seq: int, tag: object, reply: Message) -> None:
+        try:
+            pixels = display_pixels(decode_frame(reply))
+        except ValueError as e:
+            self.error = f"bad frame from the backend: {e}"
+            return
+        self.frame, self.error = Frame(seq, tag, reply.fields, pixels), ""
+        if self._on_frame is not None:
+            self._on_frame(self.frame)

@@ -1,0 +1,28 @@
+"""The panel's training settings (Scene.splatwright) as start_training fields (bpy-free); names, ranges and
+defaults come from the one table, core/settings.py."""
+from __future__ import annotations
+
+from .core.settings import TRAINING
+
+BACKGROUNDS = {"WHITE": [1.0, 1.0, 1.0], "BLACK": [0.0, 0.0, 0.0]}  # the rest: the chosen colour
+
+
+def default(name: str):
+    """A training setting's default, as the backend fills it in."""
+    return TRAINING.fields[name].default
+
+
+def background_rgb(choice: str, color) -> list[float]:
+    return list(BACKGROUNDS.get(choice) or [float(c) for c in color])
+
+
+def training_fields(s, fresh: bool = True) -> dict:
+    """start_training fields of the panel's settings `s` (preset, custom_steps, iterations, sh_degree,
+    max_gaussians, background, background_color); what the panel leaves to the schedule is not sent."""
+    fields = {"preset": s.preset.lower(), "sh_degree": s.sh_degree,
+              "background": background_rgb(s.background, s.background_color), "fresh": fresh}
+    if s.custom_steps:
+        fields["iterations"] = s.iterations
+    if s.max_gaussians:
+        fields["max_gaussians"] = s.max_gaussians
+    return fields

@@ -1,0 +1,262 @@
+"""The add-on's bpy-free logic, imported from the checkout as Blender imports it from the zip (no bpy here)."""
+from __future__ import annotations
+
+import ast
+import json
+import math
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from blender_addon import colors, dataset, frames, training
+from blender_addon.core import protocol
+from blender_addon.core.settings import TRAINING, training_settings
+from blender_addon.core.cameras import Camera, intrinsics
+from blender_addon.core.client import PendingReply, RemoteError
+from blender_addon.core.errors import SplatwrightError
+from blender_addon.core.protocol import REQUESTS, Message
+
+ADDON = Path(__file__).resolve().parent.parent / "blender_addon"
+# The add-on's modules that need Blender; every other module must import without it.
+NEEDS_BPY = {"capture", "engine", "live", "operators", "panels", "preferences", "properties", "scene_io"}
+
+
+def module_names() -> list[str]:
+    return sorted(p.relative_to(ADDON).with_suffix("").as_posix().replace("/", ".") for p in ADDON.rglob("*.py")
+                  if p.name != "__init__.py")
+
+
+def imported_modules(path: Path) -> tuple[set[str], set[str]]:
+    """(absolute top-level names, modules of the package imported relatively) of a source file."""
+    absolute, relative = set(), set()
+    package = path.relative_to(ADDON).parent.parts
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            absolute |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            absolute.add(node.module.split(".")[0])
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1]
+            if node.module:
+                relative.add(".".join(base + tuple(node.module.split("."))))
+            else:
+                relative |= {".".join(base + (alias.name,)) for alias in node.names}
+    return absolute, relative
+
+
+def test_bpy_free_modules_use_the_standard_library_and_numpy_only():
+    allowed = set(sys.stdlib_module_names) | {"numpy"}
+    free = [name for name in module_names() if name not in NEEDS_BPY]
+    assert {"colors", "dataset", "frames", "runtime", "training", "core.protocol", "core.client"} <= set(free)
+    for name in free:
+        absolute, relative = imported_modules(ADDON / (name.replace(".", "/") + ".py"))
+        assert absolute <= allowed, (name, absolute - allowed)
+        assert not relative & NEEDS_BPY, (name, relative & NEEDS_BPY)
+    # And they import so, in a process of their own (other tests here may have imported bpy).
+    script = "; ".join([f"import blender_addon.{name}" for name in free] + ["import sys", "assert 'bpy' not in sys.modules"])
+    run = subprocess.run([sys.executable, "-c", script], cwd=ADDON.parent, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+
+
+def test_every_module_is_classified():
+    assert NEEDS_BPY <= set(module_names())
+
+
+# ---- capture geometry and the dataset ----
+
+@pytest.mark.parametrize("hemisphere", [False, True])
+def test_orbit_poses_look_at_the_centre_from_the_sphere(hemisphere):
+    center = np.array([1.0, -2.0, 0.5])
+    poses = dataset.orbit_poses(center, 3.0, 40, seed=4, hemisphere=hemisphere)
+    assert len(poses) == 40
+    eyes = np.array([p[:3, 3] for p in poses])
+    np.testing.assert_allclose(np.linalg.norm(eyes - center, axis=1), 3.0)
+    forward = np.array([-p[:3, 2] for p in poses])  # Blender cameras look down their -Z
+    np.testing.assert_allclose(forward, (center - eyes) / 3.0, atol=1e-9)
+    if hemisphere:
+        assert np.all(eyes[:, 2] >= center[2])
+    else:  # evenly spread: about as many below as above
+        assert abs(np.sum(eyes[:, 2] > center[2]) - 20) <= 1
+    assert not np.allclose(eyes, [p[:3, 3] for p in dataset.orbit_poses(center, 3.0, 40, 5, hemisphere)])
+
+
+def test_fitting_distance_keeps_the_bounds_in_view():
+    K = intrinsics(100.0, 100.0, 80.0, 60.0)
+    d = dataset.fitting_distance(2.0, K, 160, 120, margin=1.0)
+    half_fov = math.atan(60.0 / 100.0)  # the narrower (vertical) one
+    assert d * math.sin(half_fov) == pytest.approx(2.0)
+
+
+def test_split_of_holds_out_every_nth_view():
+    assert [dataset.split_of(i, 4) for i in range(8)] == ["train"] * 3 + ["test"] + ["train"] * 3 + ["test"]
+    assert {dataset.split_of(i, 0) for i in range(10)} == {"train"}
+
+
+def test_dataset_writer_and_training_views_round_trip(tmp_path):
+    writer = dataset.DatasetWriter(tmp_path)
+    cams = [Camera(p @ np.diag([1.0, -1.0, -1.0, 1.0]), intrinsics(50.0, 52.0, 16.0, 12.0), 32, 24)
+            for p in dataset.orbit_poses([0, 0, 0], 2.0, 3, 0, True)]
+    for i, cam in enumerate(cams):
+        writer.image_path("train", f"v{i}").write_bytes(b"png")
+        writer.add("train", f"v{i}", cam)
+    writer.write()
+    views = dataset.training_views(tmp_path)
+    assert [name for name, _, _ in views] == ["v0", "v1", "v2"]
+    for (_, cam, image), original in zip(views, cams):
+        np.testing.assert_allclose(cam.c2w, original.c2w, atol=1e-12)
+        np.testing.assert_array_equal(cam.K, original.K)
+        assert image.is_file()
+    (tmp_path / "train" / "v1.png").unlink()
+    with pytest.raises(SplatwrightError, match="v1.png is missing"):
+        dataset.training_views(tmp_path)
+
+
+def test_sample_surface_puts_points_on_the_triangles_in_their_colours():
+    triangles = np.array([[[0, 0, 0], [1, 0, 0], [0, 1, 0]], [[0, 0, 5], [4, 0, 5], [0, 4, 5]]], dtype=np.float64)
+    rgb = np.array([[255, 0, 0], [0, 0, 255]], dtype=np.uint8)
+    xyz, colours = dataset.sample_surface(triangles, rgb, 3400, seed=1)
+    assert xyz.shape == (3400, 3) and xyz.dtype == np.float32 and colours.shape == (3400, 3)
+    on_second = xyz[:, 2] == 5
+    assert np.all(on_second | (xyz[:, 2] == 0))
+    assert np.all(colours[on_second] == [0, 0, 255]) and np.all(colours[~on_second] == [255, 0, 0])
+    assert abs(on_second.mean() - 16 / 17) < 0.02  # by area: 8 against 0.5
+    assert np.all(xyz[:, :2] >= 0) and np.all(xyz[~on_second, :2].sum(1) <= 1 + 1e-6)
+    empty_xyz, empty_rgb = dataset.sample_surface(np.zeros((0, 3, 3)), np.zeros((0, 3), np.uint8), 10, 0)
+    assert empty_xyz.shape == (0, 3) and empty_rgb.shape == (0, 3)
+
+
+# ---- frames and colours ----
+
+def test_border_rect_truncates_to_pixels_as_blender_does():
+    render = SimpleNamespace(use_border=False, border_min_x=0.25, border_max_x=0.75, border_min_y=0.1,
+                             border_max_y=0.5)
+    assert frames.border_rect(render, 80, 60) == (0, 0, 80, 60)
+    render.use_border = True
+    assert frames.border_rect(render, 80, 60) == (20, 6, 40, 24)
+    render.border_min_x = render.border_max_x = 0.5
+    assert frames.border_rect(render, 80, 60)[2] == 1  # never empty
+
+
+def test_srgb_curve_round_trips_and_bytes_stay_bytes():
+    x = np.linspace(0, 1, 1001)
+    np.testing.assert_allclose(colors.srgb_to_linear(colors.linear_to_srgb(x)), x, atol=1e-6)
+    assert colors.srgb_to_linear(np.array([0.5]))[0] == pytest.approx(0.2140411, abs=1e-6)
+    levels = np.arange(256, dtype=np.uint8)
+    assert np.array_equal(colors.linear_to_srgb8(colors.srgb_to_linear(levels / 255.0)), levels)
+    rgba = np.stack([levels, levels[::-1], levels, np.full(256, 128, np.uint8)], -1).reshape(16, 16, 4)
+    np.testing.assert_allclose(colors.display_pixels(rgba), rgba.reshape(-1) / 255.0, rtol=1e-6)
+    linear = colors.linear_pixels(rgba).reshape(-1, 4)
+    np.testing.assert_allclose(linear[:, :3], colors.srgb_to_linear(rgba.reshape(-1, 4)[:, :3] / 255.0), atol=1e-7)
+    np.testing.assert_allclose(linear[:, 3], 128 / 255.0, rtol=1e-6)
+
+
+def test_combined_pass_takes_the_background_out_for_a_transparent_film():
+    background = [1.0, 1.0, 1.0]
+    straight, alpha = np.array([0.2, 0.4, 0.6]), 0.5
+    shown = straight * alpha + np.array(background) * (1 - alpha)  # as the backend composites
+    rgba = np.array([[[*np.round(shown * 255), round(alpha * 255)]]], dtype=np.uint8)
+    opaque = colors.combined_pass(rgba, background, transparent=False)
+    np.testing.assert_allclose(opaque[:3], colors.srgb_to_linear(rgba[0, 0, :3] / 255.0))
+    assert opaque[3] == 1.0
+    clear = colors.combined_pass(rgba, background, transparent=True)
+    a = rgba[0, 0, 3] / 255.0
+    np.testing.assert_allclose(clear[:3] / a, colors.srgb_to_linear(straight), atol=0.01)
+    assert clear[3] == pytest.approx(a)
+
+
+class FakeClient:
+    """submit_render as the real Client has it: replies arrive later, on another thread."""
+    frame_format = "rgba8"
+
+    def __init__(self):
+        self.asked: list[Camera] = []
+        self.pending: list[PendingReply] = []
+
+    def submit_render(self, camera, format=None, depth=False, on_done=None):
+        self.asked.append(camera)
+        pending = PendingReply("render", on_done)
+        self.pending.append(pending)
+        return pending
+
+    def answer(self, index: int, value: int = 0, error: RemoteError | None = None):
+        cam = self.asked[index]
+        fields = {"width": cam.width, "height": cam.height, "format": "rgba8", "step": index, "sh_degree": 0,
+                  "background": [1.0, 1.0, 1.0], "depth_offset": None}
+        payload = np.full((cam.height, cam.width, 4), value, np.uint8).tobytes()
+        threading.Thread(target=self.pending[index]._finish,
+                         args=(None if error else Message("reply", index + 1, fields, payload), error)).start()
+
+
+def wait_until(condition, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def test_frame_stream_shows_the_newest_answer_and_says_why_it_has_none():
+    client = FakeClient()
+    arrived = []
+    stream = frames.FrameStream(lambda: client, on_frame=arrived.append)
+    cams = [Camera(np.eye(4), intrinsics(10.0, 10.0, 2.0, 2.0), 4, 4 + i) for i in range(3)]
+    try:
+        stream.ask(cams[0], tag="a")
+        wait_until(lambda: len(client.asked) == 1)
+        stream.ask(cams[1], tag="b")
+        wait_until(lambda: len(client.asked) == 2)
+        client.answer(1, value=200)  # the newer answer first: the older one must not replace it
+        wait_until(lambda: stream.frame is not None)
+        client.answer(0, value=10)
+        time.sleep(0.05)
+        assert stream.frame.tag == "b" and stream.frame.fields["height"] == 5
+        np.testing.assert_allclose(stream.frame.pixels, 200 / 255.0, rtol=1e-6)
+        assert [f.tag for f in arrived] == ["b"]
+        stream.ask(cams[2], tag="c")
+        wait_until(lambda: len(client.asked) == 3)
+        client.answer(2, error=RemoteError(protocol.REJECTED, "nothing to render yet"))
+        wait_until(lambda: stream.error == "nothing to render yet")
+        assert stream.frame.tag == "b"  # the last good frame stays
+    finally:
+        stream.close()
+    gone = frames.FrameStream(lambda: None)
+    try:
+        gone.ask(cams[0])
+        wait_until(lambda: gone.error == "the backend is not connected")
+    finally:
+        gone.close()
+
+
+# ---- training settings ----
+
+def panel(**overrides):
+    values = dict(preset="QUALITY", custom_steps=False, iterations=7000, sh_degree=3, max_gaussians=0,
+                  background="WHITE", background_color=(0.5, 0.5, 0.5))
+    return SimpleNamespace(**{**values, **overrides})
+
+
+def test_training_fields_are_start_training_fields():
+    fields = training.training_fields(panel())
+    assert fields == {"preset": "quality", "sh_degree": 3, "background": [1.0, 1.0, 1.0], "fresh": True}
+    checked = REQUESTS["start_training"].fields.check(fields)
+    assert checked["iterations"] is None and checked["max_gaussians"] is None  # left to the schedule
+    fields = training.training_fields(panel(preset="FAST", custom_steps=True, iterations=150, max_gaussians=900,
+                                            background="CUSTOM", background_color=(0.1, 0.2, 0.3)), fresh=False)
+    checked = REQUESTS["start_training"].fields.check(fields)
+    assert (checked["preset"], checked["iterations"], checked["max_gaussians"]) == ("fast", 150, 900)
+    np.testing.assert_allclose(checked["background"], [0.1, 0.2, 0.3])
+    assert checked["fresh"] is False and checked["checkpoint_every"] == training.default("checkpoint_every")
+    assert training.background_rgb("BLACK", (0.5, 0.5, 0.5)) == [0.0, 0.0, 0.0]
+
+
+def test_training_settings_survive_json():
+    chosen = training_settings(iterations=9, checkpoint_every=7)
+    assert chosen["checkpoint_every"] == 7 and chosen["preset"] == training.default("preset")
+    assert TRAINING.check(json.loads(json.dumps(chosen))) == chosen
+    with pytest.raises(ValueError, match="checkpoint_every"):
+        training_settings(checkpoint_every=-1)
