@@ -1,13 +1,14 @@
 """Build the installable Blender add-on: python build_addon.py  ->  dist/splatwright-<version>.zip
 
 The zip holds the package splatwright/: the files of blender_addon/ as they are in the tree (core/ among
-them, the modules the add-on shares with the backend), plus core/defaults.json, which records where this
-checkout's backend and its .venv (made by ./run) live.
+them, the modules the add-on shares with the backend), and in splatwright/backend_src/ everything the backend
+needs to run from the zip alone: the backend/ package, the CUDA sources in cuda/, the blender_addon package's
+__init__.py and core/ (the backend imports them as blender_addon.core) and requirements.txt, the backend's
+requirements from pyproject.toml. Nothing in it names a path of the build machine.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 import tomllib
@@ -15,6 +16,7 @@ import zipfile
 from pathlib import Path
 
 from blender_addon.core.files import replacing
+from blender_addon.environment import REQUIREMENTS, SOURCES
 
 ROOT = Path(__file__).resolve().parent
 ADDON = ROOT / "blender_addon"
@@ -38,20 +40,34 @@ def torch_imports(path: Path) -> bool:
     return re.search(r"^\s*(import|from)\s+torch\b", path.read_text(), re.MULTILINE) is not None
 
 
+def requirements() -> str:
+    """The backend's requirements: the torch that ./run installs, then pyproject.toml's other dependencies."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    others = [r for r in pyproject["project"]["dependencies"] if not r.startswith("torch")]
+    torch = f"torch=={pyproject['tool']['splatwright']['torch']}"
+    return "# The backend's requirements, from pyproject.toml; torch is installed first, its build to match " \
+           "the machine\n" + "\n".join([torch, *others]) + "\n"
+
+
+def tree(folder: Path) -> list[Path]:
+    return [p for p in sorted(folder.rglob("*")) if p.is_file() and "__pycache__" not in p.parts
+            and p.suffix != ".pyc"]
+
+
 def build(out_dir: Path) -> Path:
     v = version()
-    files = {PACKAGE + "/" + p.relative_to(ADDON).as_posix(): p for p in sorted(ADDON.rglob("*"))
-             if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"}
+    files = {f"{PACKAGE}/{p.relative_to(ADDON).as_posix()}": p for p in tree(ADDON)}
     heavy = [name for name, p in files.items() if p.suffix == ".py" and torch_imports(p)]
     if heavy:
         raise SystemExit(f"the add-on must not import torch, but these do: {', '.join(heavy)}")
-    defaults = {"version": v, "backend_root": str(ROOT), "python": str(ROOT / ".venv" / "bin" / "python")}
+    backend = [*tree(ROOT / "backend"), *tree(ROOT / "cuda"), ADDON / "__init__.py", *tree(ADDON / "core")]
+    files.update({f"{PACKAGE}/{SOURCES}/{p.relative_to(ROOT).as_posix()}": p for p in backend})
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / f"{PACKAGE}-{v}.zip"
     with replacing(target) as tmp, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
         for name, path in files.items():
             z.write(path, name)
-        z.writestr(f"{PACKAGE}/core/defaults.json", json.dumps(defaults, indent=2) + "\n")
+        z.writestr(f"{PACKAGE}/{SOURCES}/{REQUIREMENTS}", requirements())
     return target
 
 

@@ -1,8 +1,9 @@
-"""Command line: python -m backend {train,render,info,demo,serve,bench} ..."""
+"""Command line: python -m backend {train,render,convert,info,demo,serve,bench} ..."""
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import fields
 
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.schema import Float, Str
@@ -10,8 +11,15 @@ from blender_addon.core.settings import TRAINING
 from .data import parse_background
 
 
+class Parser(argparse.ArgumentParser):
+    """Says what is wrong with the command line in one line, `error: ...`, and exits with 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {self.prog}: {message}\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m backend", description="Splatwright backend")
+    parser = Parser(prog="python -m backend", description="Splatwright backend")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train Gaussians on a transforms*.json scene")
@@ -21,14 +29,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--random-init", action="store_true",
                    help="start from random Gaussians even where the scene has a points3d.ply")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    p.add_argument("--init", default=None, metavar="FILE",
+                   help="start from the Gaussians of a splat file (.ply, .compressed.ply, .spz or .splat)")
 
-    p = sub.add_parser("render", help="render a PLY through the cameras of a transforms file")
-    p.add_argument("splats", help="3DGS PLY file")
-    p.add_argument("--cameras", required=True, help="transforms*.json with the cameras to render")
+    p = sub.add_parser("render", help="render a splat file through the cameras of a transforms file")
+    p.add_argument("splats", help="splat file: 3DGS PLY, compressed PLY, SPZ or .splat")
+    p.add_argument("--cameras", required=True, help="transforms*.json (or a COLMAP capture folder) with the cameras")
     p.add_argument("--out", required=True, help="output folder for the PNGs")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--background", default="white")
     p.add_argument("--downscale", type=float, default=1.0)
+
+    p = sub.add_parser("convert", help="convert a splat file to the format OUT's name gives")
+    p.add_argument("input", help="splat file: 3DGS PLY, PlayCanvas compressed PLY, SPZ or .splat (found by content)")
+    p.add_argument("output", help="file to write: *.ply (3DGS), *.compressed.ply, *.spz or *.splat")
+    p.add_argument("--sh-degree", type=int, choices=range(4), default=None, help="drop SH bands above this degree")
 
     sub.add_parser("info", help="report Python, torch, CUDA, the GPU and whether the CUDA rasterizer builds")
 
@@ -47,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--exit-with-parent", action="store_true",
                    help="stop (with a checkpoint) when the process that started the server exits")
+    from .engine import Limits
+    for limit in fields(Limits):
+        p.add_argument(Limits.flag(limit.name), type=positive_int, default=limit.default, metavar="N",
+                       help=f"most {limit.metadata['help']} (default: {limit.default:,})")
 
     p = sub.add_parser("bench", help="benchmarks (raster, train, serve, profile, viewport)", add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)
@@ -62,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "demo":
             from . import demo
             return demo.demo(args)
+        if args.command == "convert":
+            from . import convert
+            return convert.convert(args)
         from . import commands
         command = {"train": commands.train, "render": commands.render_views, "info": commands.info}[args.command]
         return command(args)
@@ -87,6 +109,16 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
         else:
             p.add_argument(*flags, dest=name, default=field.default, type=setting_parser(name, field.kind),
                            help=f"{field.help} (default: {field.default})" if field.default is not None else field.help)
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not positive")
+    return value
 
 
 def setting_parser(name: str, kind):

@@ -13,12 +13,14 @@ from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.points import POINTS_FILE, read_points
 from blender_addon.core.settings import TRAINING
 from .data import Dataset, load_cameras, load_split, parse_background
+from . import colmap
+from .formats import read_any, with_sh_degree
 from .gaussians import Gaussians
-from .ply import read_ply, write_ply
+from .ply import write_ply
 from .policy import CHECKPOINT, device_name, make_config, resolve_device, system_report
 from .progress import Progress
 from .render import render
-from .train import TrainConfig, Trainer, evaluate, load_checkpoint
+from .train import TrainConfig, Trainer, evaluate, load_latest_checkpoint, previous_checkpoint
 
 
 def training_config(args, device: str, rasterizer: str) -> TrainConfig:
@@ -27,15 +29,17 @@ def training_config(args, device: str, rasterizer: str) -> TrainConfig:
                                             if name != "progress_interval"})
 
 
-def run_training(trainer: Trainer, checkpoint: Path | None, checkpoint_every: int) -> None:
-    """Train to the configured step count with a progress bar; on Ctrl-C the last state is checkpointed first,
-    so nothing is lost (a diverged run keeps the last periodic checkpoint, not the diverged state)."""
+def run_training(trainer: Trainer, checkpoint: Path | None, checkpoint_every: int,
+                 checkpoint_seconds: float = 0.0) -> None:
+    """Train to the configured step count with a progress bar, checkpointing every `checkpoint_every` steps
+    and `checkpoint_seconds` of training; on Ctrl-C the last state is checkpointed first, so nothing is lost
+    (a diverged run keeps the last periodic checkpoint, not the diverged state)."""
     total = trainer.cfg.iterations
     bar = Progress(total, "train")
     try:
         while trainer.step < total:
             trainer.train_step()
-            if checkpoint and checkpoint_every and trainer.step % checkpoint_every == 0:
+            if checkpoint and trainer.checkpoint_due(checkpoint_every, checkpoint_seconds):
                 trainer.save_checkpoint(checkpoint)
             bar.update(trainer.step, loss=trainer.last["loss"], psnr=trainer.last["psnr"], gaussians=len(trainer.g))
     except KeyboardInterrupt:
@@ -56,30 +60,58 @@ def train(args) -> int:
     cfg = training_config(args, device, rasterizer)
     train_set = load_split(args.data, "train", cfg.background, args.downscale)
     test_set = load_split(args.data, "test", cfg.background, args.downscale)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_folder(args.out)
     if args.resume:
-        if not (out / CHECKPOINT).is_file():
+        if not (out / CHECKPOINT).is_file() and not previous_checkpoint(out / CHECKPOINT).is_file():
             raise SplatwrightError(f"--resume: no {CHECKPOINT} in {out}")
-        trainer = Trainer.from_checkpoint(train_set, load_checkpoint(out / CHECKPOINT), device, cfg)
+        state, warning = load_latest_checkpoint(out / CHECKPOINT)
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
+        trainer = Trainer.from_checkpoint(train_set, state, device, cfg)
         print(f"resuming at step {trainer.step}", file=sys.stderr)
     else:
-        trainer = Trainer(train_set, cfg, device, None if args.random_init else scene_points(args.data, cfg, device))
-    run_training(trainer, out / CHECKPOINT, args.checkpoint_every)
+        initial = (init_gaussians(args.init, cfg) if args.init
+                   else None if args.random_init else scene_points(args.data, cfg, device))
+        trainer = Trainer(train_set, cfg, device, initial)
+    run_training(trainer, out / CHECKPOINT, args.checkpoint_every, args.checkpoint_seconds)
     metrics = finish(trainer, test_set or train_set, out, device)
     print(json.dumps(metrics))
     return 0
 
 
+def output_folder(path: str) -> Path:
+    """The folder --out names, made if it is missing."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise SplatwrightError(f"--out {path} is a file; name a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SplatwrightError(f"--out {path}: cannot make the folder ({e.strerror or e})") from None
+    return out
+
+
 def scene_points(folder: str | Path, cfg: TrainConfig, device: str) -> Gaussians | None:
-    """Initial Gaussians on the scene's points3d.ply (a capture's surface points) if it has one, else None:
-    random ones inside the cameras' view."""
-    path = Path(folder) / POINTS_FILE
-    if not path.is_file():
+    """Initial Gaussians on the scene's points3d.ply (a capture's surface points) or else its COLMAP model's
+    points, if it has them, else None: random ones inside the cameras' view."""
+    path, model = Path(folder) / POINTS_FILE, colmap.find_model(folder)
+    if path.is_file():
+        xyz, rgb = read_points(path)
+    elif model is not None:
+        path, (xyz, rgb) = model, colmap.read_points(folder)
+    else:
         return None
-    xyz, rgb = read_points(path)
+    if not len(xyz):
+        return None
     print(f"starting from the {len(xyz)} points of {path}", file=sys.stderr)
     return Gaussians.from_point_cloud(xyz, rgb, cfg.sh_degree, device)
+
+
+def init_gaussians(path: str, cfg: TrainConfig) -> Gaussians:
+    """The Gaussians of a splat file (any supported format), with SH bands fitted to the configured degree."""
+    g = read_any(path)
+    print(f"starting from the {len(g)} Gaussians of {path}", file=sys.stderr)
+    return with_sh_degree(g, cfg.sh_degree)
 
 
 def finish(trainer: Trainer, eval_set: Dataset, out: Path, device: str, **extra) -> dict:
@@ -99,10 +131,9 @@ def save_png(path: Path, image: torch.Tensor) -> None:
 
 def render_views(args) -> int:
     device, rasterizer = resolve_device(args.device)
-    g = read_ply(args.splats).to(device)
+    g = read_any(args.splats).to(device)
     cameras, names = load_cameras(args.cameras, args.downscale)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_folder(args.out)
     background = parse_background(args.background)
     bar = Progress(len(cameras), "render")
     with torch.no_grad():

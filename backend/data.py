@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import torch
 from PIL import Image
 
 from blender_addon.core.cameras import Camera, from_blender_c2w, intrinsics, intrinsics_from_fov_x
+from blender_addon.core.codecs import MAX_IMAGE_SIDE
 from blender_addon.core.errors import SplatwrightError
 
 
@@ -59,12 +61,16 @@ def transforms_path(root: str | Path, split: str) -> Path | None:
 
 
 def load_split(root: str | Path, split: str, background=(1.0, 1.0, 1.0), downscale: float = 1.0) -> Dataset | None:
-    """Load one split, or None if the scene has no file for it (only 'train' is required)."""
+    """Load one split, or None if the scene has no file for it (only 'train' is required). A folder without
+    transforms files but with a COLMAP model (sparse/0) is a COLMAP capture (backend.colmap)."""
+    from . import colmap  # it builds on this module
+    if transforms_path(root, "train") is None and colmap.find_model(root) is not None:
+        return colmap.load_split(root, split, background, downscale)
     path = transforms_path(root, split)
     if path is None:
         if split == "train":
-            raise SplatwrightError(f"{root}: no transforms_train.json or transforms.json; "
-                                   "expected a NeRF-synthetic or instant-ngp scene folder")
+            raise SplatwrightError(f"{root}: no transforms_train.json or transforms.json; expected a NeRF-synthetic "
+                                   "or instant-ngp scene folder, or a COLMAP one (images/ and sparse/0/)")
         return None
     return load_transforms(path, background, downscale)
 
@@ -79,6 +85,7 @@ def load_transforms(path: Path, background=(1.0, 1.0, 1.0), downscale: float = 1
     bg = np.asarray(background, dtype=np.float32)
     for i, frame in enumerate(frames):
         what = f"{path.name} frame {i}"
+        _check_frame(frame, what)
         image_path = _find_image(path.parent, frame.get("file_path"), what)
         rgb = load_rgb(image_path, bg)
         h, w = rgb.shape[:2]
@@ -99,18 +106,28 @@ def load_transforms(path: Path, background=(1.0, 1.0, 1.0), downscale: float = 1
 
 
 def load_cameras(path: str | Path, downscale: float = 1.0) -> tuple[list[Camera], list[str]]:
-    """Only the cameras of a transforms file; image sizes come from its w/h or from the image headers."""
+    """Only the cameras of a transforms file (or of a COLMAP capture folder); image sizes come from its w/h or
+    from the image headers."""
+    from . import colmap
     path = Path(path)
+    if path.is_dir() and colmap.find_model(path) is not None:
+        return colmap.load_cameras(path, downscale)
     _check_downscale(downscale)
     meta = _read_meta(path)
     cameras, names = [], []
     for i, frame in enumerate(meta["frames"]):
         what = f"{path.name} frame {i}"
+        _check_frame(frame, what)
         w, h = frame.get("w", meta.get("w")), frame.get("h", meta.get("h"))
         if w is None or h is None:
-            with Image.open(_find_image(path.parent, frame.get("file_path"), what)) as im:
-                w, h = im.size
-        cam = _frame_camera(meta, frame, int(w), int(h), what)
+            image_path = _find_image(path.parent, frame.get("file_path"), what)
+            try:
+                with Image.open(image_path) as im:
+                    w, h = im.size
+            except (OSError, Image.DecompressionBombError) as e:
+                raise SplatwrightError(f"{image_path}: cannot read image ({e})") from None
+        w, h = (_pixels(value, key, what) for key, value in (("w", w), ("h", h)))
+        cam = _frame_camera(meta, frame, w, h, what)
         cameras.append(cam.scaled(1.0 / downscale) if downscale != 1.0 else cam)
         names.append(Path(str(frame.get("file_path", f"view_{i:03d}"))).name)
     return cameras, names
@@ -133,9 +150,27 @@ def _read_meta(path: Path) -> dict:
     return meta
 
 
+def _pixels(value, key: str, what: str) -> int:
+    """An image side from a transforms file: a whole number in [1, MAX_IMAGE_SIDE]."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer()
+            or not 1 <= value <= MAX_IMAGE_SIDE):
+        raise SplatwrightError(f"{what}: {key} must be a whole number of pixels in [1, {MAX_IMAGE_SIDE}], "
+                               f"got {value!r}")
+    return int(value)
+
+
+def _check_frame(frame, what: str) -> None:
+    if not isinstance(frame, dict):
+        raise SplatwrightError(f"{what}: a frame must be a JSON object, got {type(frame).__name__}")
+
+
 def _frame_camera(meta: dict, frame: dict, w: int, h: int, what: str) -> Camera:
     K = _intrinsics(meta, frame, w, h, what)
-    return from_blender_c2w(frame.get("transform_matrix"), K, w, h, what)
+    try:
+        matrix = np.array(frame.get("transform_matrix"), dtype=np.float64)
+    except (ValueError, TypeError):
+        raise SplatwrightError(f"{what}: transform_matrix must be a 4x4 list of numbers") from None
+    return from_blender_c2w(matrix, K, w, h, what)
 
 
 def _find_image(folder: Path, file_path, what: str) -> Path:
@@ -162,8 +197,8 @@ def load_rgb(path: Path, background) -> np.ndarray:
         with Image.open(path) as im:
             im = im.convert("RGBA") if im.mode in ("RGBA", "LA", "P") else im.convert("RGB")
             a = np.asarray(im, dtype=np.float32) / 255.0
-    except OSError as e:
-        raise SplatwrightError(f"{path}: cannot read image ({e})") from e
+    except (OSError, Image.DecompressionBombError) as e:
+        raise SplatwrightError(f"{path}: cannot read image ({e})") from None
     return over_background(a, background)
 
 
@@ -171,18 +206,25 @@ def _intrinsics(meta: dict, frame: dict, w: int, h: int, what: str) -> np.ndarra
     if not isinstance(frame, dict):
         raise SplatwrightError(f"{what}: a frame must be a JSON object")
 
-    def get(key):
-        return frame.get(key, meta.get(key))
+    def get(key, default=None, positive: bool = False):
+        """The frame's (else the file's) number `key`, checked finite (and positive)."""
+        value = frame.get(key, meta.get(key))
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise SplatwrightError(f"{what}: {key} must be a finite number, got {value!r}")
+        if positive and value <= 0:
+            raise SplatwrightError(f"{what}: {key} must be positive, got {value}")
+        return float(value)
     if get("fl_x") is not None:
-        fl_x = float(get("fl_x"))
-        fl_y = float(get("fl_y") if get("fl_y") is not None else fl_x)
-        ref_w, ref_h = float(get("w") or w), float(get("h") or h)
-        cx = float(get("cx") if get("cx") is not None else ref_w / 2)
-        cy = float(get("cy") if get("cy") is not None else ref_h / 2)
+        fl_x = get("fl_x", positive=True)
+        fl_y = get("fl_y", fl_x, positive=True)
+        ref_w, ref_h = get("w", w, positive=True), get("h", h, positive=True)
+        cx, cy = get("cx", ref_w / 2), get("cy", ref_h / 2)
         sx, sy = w / ref_w, h / ref_h  # the file's intrinsics refer to its w, h
         return intrinsics(fl_x * sx, fl_y * sy, cx * sx, cy * sy)
     if get("camera_angle_x") is not None:
-        return intrinsics_from_fov_x(float(get("camera_angle_x")), w, h)
+        return intrinsics_from_fov_x(get("camera_angle_x"), w, h)
     raise SplatwrightError(f"{what}: no intrinsics (need camera_angle_x or fl_x/fl_y/cx/cy)")
 
 

@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     bpy.ops.preferences.addon_enable(module="splatwright")
     live = sys.modules["splatwright"].live
     prefs = bpy.context.preferences.addons["splatwright"].preferences
-    prefs.python, prefs.backend_root, prefs.workdir = sys.executable, str(ROOT), str(out / "sessions")
+    prefs.python, prefs.workdir = sys.executable, str(out / "sessions")
     bpy.ops.splatwright.backend_start()
     wait(lambda: live.backend.connection == "connected", "backend start", 600)
     gpu = live.backend.capabilities.get("device") == "cuda"

@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Callable
 
@@ -18,19 +18,50 @@ import torch
 from blender_addon.core import protocol
 from blender_addon.core.cameras import Camera
 from blender_addon.core.errors import SplatwrightError
-from blender_addon.core.files import write_atomic
 from blender_addon.core.settings import TRAINING
 from .frames import QueuedFrame, encode_frame, queue_frame, view_rgb
 from .gaussians import Gaussians
-from .ply import encode_ply, read_ply
+from .formats import read_any
+from .ply import encode_ply
 from .policy import make_config, system_report
 from .render import camera_tensors
 from .session import Session
-from .train import TrainConfig, Trainer, load_checkpoint
+from .train import TrainConfig, Trainer
 
 
 def log(message: str) -> None:
     print(f"splatwright serve: {message}", file=sys.stderr, flush=True)
+
+
+def _limit(default: int, meaning: str):
+    return field(default=default, metadata={"help": meaning})
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a session may hold and ask for, so no request can exhaust the server's memory; each is a
+    `serve` flag, --max-<name> (cli.py), and a request over one is refused with a message naming it."""
+    views: int = _limit(2000, "views a session may hold")
+    view_pixels: int = _limit(4096 * 4096, "pixels (width x height) of one view")
+    session_pixels: int = _limit(500_000_000, "pixels of all of a session's views together (about 16 bytes "
+                                              "of memory each while training)")
+    render_pixels: int = _limit(4096 * 4096, "pixels of one rendered frame")
+    points: int = _limit(2_000_000, "initial points or random initial Gaussians of a session")
+
+    @staticmethod
+    def flag(name: str) -> str:
+        return "--max-" + name.replace("_", "-")
+
+    def check(self, name: str, value: int, what: str) -> None:
+        """SplatwrightError if `value` (of `what`) is over the limit `name`."""
+        cap = getattr(self, name)
+        if value > cap:
+            raise SplatwrightError(f"{what}: {value:,} is over the cap of {cap:,} {self.meaning(name)}; start the "
+                                   f"backend with serve {self.flag(name)} N to allow more")
+
+    @staticmethod
+    def meaning(name: str) -> str:
+        return next(f.metadata["help"] for f in fields(Limits) if f.name == name)
 
 
 @dataclass
@@ -94,8 +125,8 @@ class Engine:
 
     States (protocol.STATES): idle (no trainer), training, paused, stopping, stopped, finished, failed."""
 
-    def __init__(self, workdir: Path, device: str, rasterizer: str):
-        self.workdir, self.device, self.rasterizer = workdir, device, rasterizer
+    def __init__(self, workdir: Path, device: str, rasterizer: str, limits: Limits = Limits()):
+        self.workdir, self.device, self.rasterizer, self.limits = workdir, device, rasterizer, limits
         self.emit: Callable[[dict], None] = lambda event: None  # the server points this at its client
         self.model_lock = threading.Lock()  # session data, trainer and viewed model
         self.cond = threading.Condition()  # state and stepping
@@ -105,6 +136,9 @@ class Engine:
         self.trainer: Trainer | None = None
         self.viewed: tuple[Gaussians, tuple] | None = None  # a loaded PLY and its background
         self.settings = TRAINING.defaults()  # of the running training: its checkpoint and progress cadence
+        # Whether the trainer's run has a checkpoint of its own: a fresh run leaves the old model's checkpoint
+        # on the disk until it writes its first one.
+        self.run_checkpointed = False
         self.train_thread: threading.Thread | None = None
         self.renders = RenderQueue()
         self.render_thread = threading.Thread(target=self._render_loop, name="render", daemon=True)
@@ -114,14 +148,15 @@ class Engine:
     # ---- status and capabilities ----
 
     def status(self) -> dict:
-        with self.model_lock:
-            t = self.trainer
-            return {"session": self.session.name if self.session else None, "state": self.state,
-                    "views": len(self.session.cameras) if self.session else 0,
-                    "step": t.step if t else 0, "iterations": t.cfg.iterations if t else 0,
-                    "gaussians": len(self.viewed[0]) if self.viewed else (len(t.g) if t else 0),
-                    "checkpoint": bool(self.session and self.session.checkpoint_path.is_file()),
-                    "settings": self.session.settings if self.session else None}
+        """Without the model lock, so it answers at once whatever runs: each value is read once, and a step
+        in progress shows as the one before it."""
+        session, t, viewed = self.session, self.trainer, self.viewed
+        return {"session": session.name if session else None, "state": self.state,
+                "views": len(session.cameras) if session else 0,
+                "step": t.step if t else 0, "iterations": t.cfg.iterations if t else 0,
+                "gaussians": len(viewed[0]) if viewed else (len(t.g) if t else 0),
+                "checkpoint": bool(session and session.checkpoint_path.is_file()),
+                "settings": session.settings if session else None}
 
     def capabilities(self) -> dict:
         if self._capabilities is None:
@@ -144,16 +179,33 @@ class Engine:
             self.session, self.trainer, self.viewed = session, None, None
         with self.cond:
             self.state = "idle"
+        self._emit_warnings(session)
         self._emit_state()  # the model shown changed (a state event says so, as training's progress does)
         return self.status()
+
+    def _emit_warnings(self, session: Session) -> None:
+        """Tell the client (and the log) what the session could not read, once."""
+        warnings, session.warnings = session.warnings, []
+        for warning in warnings:
+            log(f"session {session.name}: {warning}")
+            self.emit({"event": "warning", "message": f"session {session.name!r}: {warning}"})
 
     def _require_session(self) -> Session:
         if self.session is None:
             raise SplatwrightError("no session is open; send open_session first")
         return self.session
 
+    def check_view(self, camera: Camera) -> None:
+        """Refuse a view over the limits before its image is decoded."""
+        session = self._require_session()
+        self.limits.check("views", len(session.cameras) + 1, "views in the session")
+        self.limits.check("view_pixels", camera.width * camera.height, f"the {camera.width}x{camera.height} view")
+        self.limits.check("session_pixels", session.pixels + camera.width * camera.height,
+                          "pixels of the session's views with this one")
+
     def add_view(self, camera: Camera, image: np.ndarray, name: str) -> dict:
         session = self._require_session()
+        self.check_view(camera)
         with self.model_lock:
             index = session.add_view(camera, image, name)
             if self.trainer is not None:
@@ -161,27 +213,43 @@ class Engine:
         return {"index": index, "views": index + 1}
 
     def set_points(self, xyz: np.ndarray, rgb: np.ndarray) -> dict:
+        """Stores them only: the Gaussians are made from them (a neighbour search) when training starts, on the
+        training thread."""
         session = self._require_session()
+        self.limits.check("points", len(xyz), "initial points")
         with self.model_lock:
             session.set_points(xyz, rgb)
         return {"points": len(xyz), "note": "used when training starts from scratch"}
 
     # ---- training ----
 
+    def _stopping(self) -> bool:
+        return self.state == "stopping"
+
     def _new_trainer(self, cfg: TrainConfig) -> Trainer:
+        """The set-up of a run from scratch; run on the training thread, InterruptedError once stopped."""
         session = self.session
+        views, points = len(session.cameras), session.points  # what it has now; views added later join after
         gaussians = None
-        if session.points is not None:
-            gaussians = Gaussians.from_point_cloud(*session.points, cfg.sh_degree, self.device)
-        return Trainer(session.dataset(cfg.background), cfg, self.device, gaussians)
+        if points is not None:
+            start = time.monotonic()
+            gaussians = Gaussians.from_point_cloud(*points, cfg.sh_degree, self.device, cancelled=self._stopping)
+            log(f"initial Gaussians from {len(points[0])} points in {time.monotonic() - start:.1f} s")
+        return Trainer(session.dataset(cfg.background, views), cfg, self.device, gaussians)
 
     def _trainer_from_checkpoint(self) -> Trainer:
-        state = load_checkpoint(self.session.checkpoint_path)
+        session = self.session
+        views = len(session.cameras)  # what it has now; views added later join after
+        state = session.load_checkpoint()
+        self._emit_warnings(session)
         cfg = replace(TrainConfig.from_dict(state["config"]), rasterizer=self.rasterizer)
-        return Trainer.from_checkpoint(self.session.dataset(cfg.background), state, self.device, cfg)
+        return Trainer.from_checkpoint(session.dataset(cfg.background, views), state, self.device, cfg)
 
     def start_training(self, fields: dict) -> dict:
-        """Start, or continue the session's trainer (in memory or its checkpoint) unless `fresh`."""
+        """Start, or continue the session's trainer (in memory or its checkpoint) unless `fresh`. Returns at
+        once: the trainer is set up (views, initial Gaussians or the checkpoint) on the training thread, and a
+        state event follows once it is ready. With `fresh`, the session's checkpoint stays until the new run
+        writes its own."""
         session = self._require_session()
         settings = {name: fields[name] for name in TRAINING.fields}
         with self.cond:
@@ -190,24 +258,35 @@ class Engine:
                                        "or stop instead")
         if not session.cameras:
             raise SplatwrightError("the session has no views yet; add views before starting training")
+        self.limits.check("points", settings["init_points"] or 0, "init_points")
         with self.model_lock:
             if fields["fresh"]:
-                session.checkpoint_path.unlink(missing_ok=True)
                 self.trainer = None
-            continued = self.trainer is not None or session.checkpoint_path.is_file()
-            if self.trainer is None:
-                if continued:
-                    self.trainer = self._trainer_from_checkpoint()
-                else:
-                    self.trainer = self._new_trainer(make_config(self.device, self.rasterizer, settings))
-            if self.trainer.step >= self.trainer.cfg.iterations:
-                raise SplatwrightError(f"training already finished at step {self.trainer.step}; "
-                                       "start with fresh=true to train again")
+            continued = self.trainer is not None or (not fields["fresh"] and session.checkpoint_path.is_file())
+            self._check_unfinished()
             self.viewed = None
             session.save_settings(settings)
         self.settings = settings
-        self._launch()
+        if self.trainer is not None or continued:
+            self._launch_continued()
+        else:
+            self.run_checkpointed = False
+            config = make_config(self.device, self.rasterizer, settings)
+            self._launch(lambda: self._new_trainer(config))
         return {**self.status(), "continued": continued}
+
+    def _launch_continued(self) -> None:
+        """Train on from the trainer in memory, or else from the session's checkpoint."""
+        if self.trainer is None:
+            self.run_checkpointed = True
+            self._launch(self._trainer_from_checkpoint)
+        else:
+            self._launch(None)
+
+    def _check_unfinished(self) -> None:
+        if self.trainer is not None and self.trainer.step >= self.trainer.cfg.iterations:
+            raise SplatwrightError(f"training already finished at step {self.trainer.step}; "
+                                   "start with fresh=true to train again")
 
     def resume(self) -> dict:
         with self.cond:
@@ -220,16 +299,14 @@ class Engine:
             return self.status()
         session = self._require_session()
         with self.model_lock:
-            if self.trainer is None:
-                if not session.checkpoint_path.is_file():
-                    raise SplatwrightError("nothing to resume: this session has no trainer or checkpoint; "
-                                           "send start_training")
-                self.trainer = self._trainer_from_checkpoint()
-                self.settings = session.settings or TRAINING.defaults()  # as it ran before a restart
-            if self.trainer.step >= self.trainer.cfg.iterations:
-                raise SplatwrightError(f"training already finished at step {self.trainer.step}")
+            if self.trainer is None and not session.checkpoint_path.is_file():
+                raise SplatwrightError("nothing to resume: this session has no trainer or checkpoint; "
+                                       "send start_training")
+            self._check_unfinished()
             self.viewed = None
-        self._launch()
+        if self.trainer is None:
+            self.settings = session.settings or TRAINING.defaults()  # as it ran before a restart
+        self._launch_continued()
         return self.status()
 
     def pause(self) -> dict:
@@ -244,7 +321,7 @@ class Engine:
         return self.status()
 
     def stop(self) -> dict:
-        """Stop training and checkpoint; returns once the checkpoint is written."""
+        """Stop training (or its set-up) and checkpoint; returns once the checkpoint is written."""
         with self.cond:
             if self.state in ("training", "paused"):
                 self.state = "stopping"
@@ -254,21 +331,29 @@ class Engine:
             thread.join()
         return self.status()
 
-    def _launch(self) -> None:
+    def _launch(self, set_up: Callable[[], Trainer] | None) -> None:
+        """Train on a new thread, first making the trainer with `set_up` unless there is one."""
         with self.cond:
             self.state = "training"
             self.stepping = False
-        self.train_thread = threading.Thread(target=self._train_loop, name="train", daemon=True)
+        self.train_thread = threading.Thread(target=self._train_loop, args=(set_up,), name="train", daemon=True)
         self.train_thread.start()
         self._emit_state()
 
-    def _train_loop(self) -> None:
+    def _train_loop(self, set_up: Callable[[], Trainer] | None) -> None:
         try:
+            if set_up is not None and not self._install(set_up()):
+                return
             final_state = self._run_steps()
             with self.model_lock:
-                self.trainer.save_checkpoint(self.session.checkpoint_path)
+                self._checkpoint()
             self._set_state(final_state)
             self.emit(self._progress(0.0))
+        except InterruptedError:  # stopped during the set-up
+            log("training stopped before its set-up finished")
+            self._set_state("stopped" if self.trainer is not None else "idle")
+        except SplatwrightError as e:  # e.g. a checkpoint that cannot be read
+            self._fail(protocol.REJECTED, str(e))
         except FloatingPointError as e:
             self._fail(protocol.DIVERGED, f"training diverged ({e}); lower the learning rate or check the views")
         except torch.cuda.OutOfMemoryError:
@@ -278,6 +363,33 @@ class Engine:
         except Exception as e:  # a bug or an unexpected environment problem; keep serving
             traceback.print_exc()
             self._fail(protocol.INTERNAL, f"training failed: {e!r}; see the backend's log")
+
+    def _install(self, trainer: Trainer) -> bool:
+        """Make a newly set-up trainer the session's, with the views added while it was set up; False (and
+        the finished state) if it has no steps left."""
+        session = self.session
+        with self.model_lock:
+            for i in range(len(trainer.data), len(session.cameras)):
+                trainer.add_view(session.cameras[i], view_rgb(session.images[i], trainer.cfg.background),
+                                 session.names[i])
+            self.trainer = trainer
+        if trainer.step < trainer.cfg.iterations:
+            self._emit_state()
+            return True
+        self._set_state("finished")
+        self.emit({"event": "error", "code": protocol.REJECTED, "message": f"training already finished at step "
+                   f"{trainer.step}; start with fresh=true to train again"})
+        return False
+
+    def _checkpoint(self) -> None:
+        """Checkpoint the trainer (call with the model lock held); a failed write (a full disk, a read-only
+        folder) is reported and training goes on."""
+        try:
+            self.trainer.save_checkpoint(self.session.checkpoint_path)
+            self.run_checkpointed = True
+        except SplatwrightError as e:
+            log(str(e))
+            self.emit({"event": "warning", "message": f"{e}; training goes on without it"})
 
     def _run_steps(self) -> str:
         """Step until stopped or finished; returns the state to end in."""
@@ -295,9 +407,8 @@ class Engine:
                 if trainer.step >= trainer.cfg.iterations:
                     return "finished"
                 trainer.train_step()
-                every = self.settings["checkpoint_every"]
-                if every and trainer.step % every == 0:
-                    trainer.save_checkpoint(self.session.checkpoint_path)
+                if trainer.checkpoint_due(self.settings["checkpoint_every"], self.settings["checkpoint_seconds"]):
+                    self._checkpoint()
             self.renders.let_in()
             now = time.monotonic()
             if now - last_time >= self.settings["progress_interval"]:
@@ -305,11 +416,12 @@ class Engine:
                 last_time, last_step = now, trainer.step
 
     def _fail(self, code: str, message: str) -> None:
-        """After a failed step the model in memory may be half updated: go back to the last checkpoint."""
+        """After a failed step the model in memory may be half updated: go back to the last checkpoint of
+        this run (a fresh run without one goes back to nothing)."""
         with self.model_lock:
-            step = self.trainer.step
+            step = self.trainer.step if self.trainer else 0
             self.trainer = None
-            if self.session.checkpoint_path.is_file():
+            if self.run_checkpointed and self.session.checkpoint_path.is_file():
                 try:
                     self.trainer = self._trainer_from_checkpoint()
                 except (SplatwrightError, RuntimeError) as e:
@@ -358,14 +470,10 @@ class Engine:
             return t.g, t.sh_degree, t.cfg.background, t.step
         raise SplatwrightError("nothing to render yet: start training, load_checkpoint or load_ply first")
 
-    def submit_render(self, job: RenderJob) -> None:
-        self.renders.submit(job)
-
     def _render_loop(self) -> None:
         while (job := self.renders.take()) is not None:
             try:
-                fields, frame = self._draw(job.camera, job.format, job.depth)
-                self.renders.settle(job)  # the frame is queued on the GPU: training may go on
+                fields, frame = self._draw(job)
                 payload, fields["depth_offset"] = encode_frame(frame, job.format)
                 job.done(fields, payload)
             except SplatwrightError as e:
@@ -380,13 +488,34 @@ class Engine:
             finally:
                 self.renders.settle(job)
 
-    def _draw(self, camera: Camera, format: str, depth: bool) -> tuple[dict, QueuedFrame]:
-        """The render reply's fields and the queued frame, holding the model lock only while it is queued."""
+    def submit_render(self, job: RenderJob) -> None:
+        camera = job.camera
+        try:
+            self.limits.check("render_pixels", camera.width * camera.height, f"the {camera.width}x{camera.height} "
+                              "frame")
+        except SplatwrightError as e:
+            job.fail(protocol.REJECTED, str(e))
+            return
+        self.renders.submit(job)
+
+    def _draw(self, job: RenderJob) -> tuple[dict, QueuedFrame]:
+        """The render reply's fields and the queued frame. On the GPU the model lock is held only while the
+        frame is queued (stream order keeps later updates after its reads); on the CPU, where rendering is done
+        there and then, the frame is drawn from a copy of the model, so training and requests go on meanwhile.
+        The job is settled (training may take its next step) once the model is no longer needed."""
+        camera, format, depth = job.camera, job.format, job.depth
         # Before taking the lock: the copy to the device waits for the GPU work already queued (a training step).
         view = camera_tensors(camera, self.device)
-        with self.model_lock, torch.no_grad():
-            g, sh_degree, background, step = self._shown_model()
-            frame = queue_frame(g, camera, sh_degree, background, self.rasterizer, view, depth)
+        with torch.no_grad():
+            with self.model_lock:
+                g, sh_degree, background, step = self._shown_model()
+                if self.device == "cuda":
+                    frame = queue_frame(g, camera, sh_degree, background, self.rasterizer, view, depth)
+                else:
+                    g = g.detached()
+            self.renders.settle(job)
+            if self.device != "cuda":
+                frame = queue_frame(g, camera, sh_degree, background, self.rasterizer, view, depth)
         fields = {"width": camera.width, "height": camera.height, "format": format, "step": step,
                   "sh_degree": sh_degree, "background": [float(c) for c in background]}
         return fields, frame
@@ -398,8 +527,7 @@ class Engine:
         data = encode_ply(g)
         path = ""
         if trained:  # the session's trained model is also kept beside its checkpoint; a viewed PLY is not
-            path = str(self.session.folder / "splats.ply")
-            write_atomic(path, data)
+            path = self.session.write_file("splats.ply", data)
         return {"path": path, "gaussians": len(g), "step": step}, data
 
     def save_checkpoint(self) -> dict:
@@ -407,7 +535,8 @@ class Engine:
             if self.trainer is None:
                 raise SplatwrightError("no trainer to checkpoint; start training first")
             self.trainer.save_checkpoint(self.session.checkpoint_path)
-            return {"step": self.trainer.step, "path": str(self.session.checkpoint_path)}
+            self.run_checkpointed = True
+            return {"step": self.trainer.step, "path": self.session.shown(self.session.checkpoint_path)}
 
     def load_checkpoint(self) -> dict:
         """Replace the trainer by the session's checkpoint (also while training: the next step uses it)."""
@@ -417,6 +546,7 @@ class Engine:
         trainer = self._trainer_from_checkpoint()
         with self.model_lock:
             self.trainer, self.viewed = trainer, None
+            self.run_checkpointed = True
         with self.cond:
             if self.state in ("idle", "failed", "finished"):
                 self.state = "stopped"
@@ -427,17 +557,20 @@ class Engine:
         with self.cond:
             if self.state in protocol.RUNNING:
                 raise SplatwrightError("training is running; stop it before loading a PLY to view")
-        g = read_ply(data, "the uploaded PLY").to(self.device)
+        g = read_any(bytes(data), "the uploaded model").to(self.device)  # any format, told by its content
         with self.model_lock:
             self.viewed = (g, tuple(background))
         self._emit_state()
         return {"gaussians": len(g), "sh_degree": g.max_sh_degree}
 
-    def close(self) -> None:
-        """Stop training (with a checkpoint) and the render thread."""
+    def close(self, render_wait: float = 0.2) -> bool:
+        """Stop training (with a checkpoint) and the render thread; returns whether the render thread ended
+        within `render_wait` seconds (a long CPU render cannot be interrupted: the process then exits without
+        waiting for it)."""
         self.stop()
         self.renders.close()
-        self.render_thread.join(timeout=10)
+        self.render_thread.join(timeout=render_wait)
+        return not self.render_thread.is_alive()
 
 
 def _finite_or_none(x: float) -> float | None:

@@ -18,16 +18,19 @@ from .render import render
 
 
 def decode_upload(format: str, payload: bytes, width: int, height: int) -> np.ndarray:
-    """An uploaded image as (H, W, 3 or 4) uint8 or float16, rows top-down, checked against the camera size."""
+    """An uploaded image as (H, W, 3 or 4) uint8 or float16, rows top-down, checked against the camera size.
+    A PNG's size and completeness are checked from its header and data before anything the size of the image
+    is made: a PNG cut short, or whose data ends early, is refused rather than padded with zeros."""
     if format == "png":
         try:
-            with Image.open(io.BytesIO(payload)) as im:
-                if im.format != "PNG":
-                    raise SplatwrightError(f"format 'png' but the payload is {im.format or 'not an image'}")
-                if im.size != (width, height):
-                    raise SplatwrightError(f"the PNG is {im.size[0]}x{im.size[1]} but its camera is {width}x{height}")
+            png_width, png_height = codecs.png_header(payload)[:2]
+            if (png_width, png_height) != (width, height):
+                raise SplatwrightError(f"the PNG is {png_width}x{png_height} but its camera is {width}x{height}")
+            codecs.check_png_complete(payload)
+            with Image.open(io.BytesIO(payload), formats=["PNG"]) as im:
                 has_alpha = im.mode in ("RGBA", "LA", "PA") or "transparency" in im.info
-                return np.asarray(im.convert("RGBA" if has_alpha else "RGB"))
+                mode = "RGBA" if has_alpha else "RGB"
+                return np.asarray(im if im.mode == mode else im.convert(mode))
         except (OSError, ValueError, Image.DecompressionBombError) as e:
             raise SplatwrightError(f"cannot decode the PNG ({e})") from None
     try:

@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Callable
 
 import numpy as np
 import torch
 
 from .sh import SH_C0
+
+
+Cancelled = Callable[[], bool]  # asked by long set-ups; True stops them with InterruptedError
 
 
 def sh_coeff_count(degree: int) -> int:
@@ -68,12 +72,13 @@ class Gaussians:
 
     @classmethod
     def from_points(cls, points: torch.Tensor, colors: torch.Tensor, sh_degree: int = 3,
-                    opacity: float = 0.1) -> "Gaussians":
+                    opacity: float = 0.1, cancelled: "Cancelled | None" = None) -> "Gaussians":
         """Isotropic Gaussians at `points` (N, 3) with `colors` (N, 3) in [0, 1]; scale from the
-        mean distance to the three nearest neighbours, as the reference 3DGS does."""
+        mean distance to the three nearest neighbours, as the reference 3DGS does. `cancelled()`: see
+        _nearest_neighbour_distance."""
         points = points.float()
         n, device = points.shape[0], points.device
-        scale = _nearest_neighbour_distance(points).clamp_min(1e-7)
+        scale = _nearest_neighbour_distance(points, cancelled=cancelled).clamp_min(1e-7)
         quats = torch.zeros(n, 4, device=device)
         quats[:, 0] = 1.0
         return cls(
@@ -86,11 +91,12 @@ class Gaussians:
         )
 
     @classmethod
-    def from_point_cloud(cls, xyz: np.ndarray, rgb: np.ndarray, sh_degree: int, device) -> "Gaussians":
-        """From positions (N, 3) and uint8 colours (N, 3), built on `device`: the neighbour search is quadratic."""
+    def from_point_cloud(cls, xyz: np.ndarray, rgb: np.ndarray, sh_degree: int, device,
+                         cancelled: "Cancelled | None" = None) -> "Gaussians":
+        """From positions (N, 3) and uint8 colours (N, 3), built on `device` (where the neighbour search runs)."""
         points = torch.from_numpy(np.asarray(xyz, dtype=np.float32)).to(device)
         colors = torch.from_numpy(np.asarray(rgb, dtype=np.uint8)).to(device).float() / 255.0
-        return cls.from_points(points, colors, sh_degree)
+        return cls.from_points(points, colors, sh_degree, cancelled=cancelled)
 
     @classmethod
     def random_in_box(cls, n: int, center, half_extent: float, sh_degree: int = 3,
@@ -102,19 +108,110 @@ class Gaussians:
         return cls.from_points(points, colors, sh_degree)
 
 
-def _nearest_neighbour_distance(points: torch.Tensor, k: int = 3, budget: int = 1 << 26) -> torch.Tensor:
-    """Root of the mean squared distance to the k nearest other points, on the points' device, in chunks of
-    rows whose distance matrix holds at most `budget` values."""
+def _nearest_neighbour_distance(points: torch.Tensor, k: int = 3, cancelled: Cancelled | None = None,
+                                budget: int = 1 << 22) -> torch.Tensor:
+    """Root of the mean squared distance to the k nearest other points, exact, in O(n log n) for point
+    clouds of bounded density, on the points' device.
+
+    The points are binned in a grid; a point's candidates are the points of the 3x3x3 cells around its own,
+    and its k nearest among them are the true ones when the k-th is nearer than the block's faces. Points
+    for which that fails (too few candidates, or a nearer one could lie outside) are searched again with
+    cells twice the size, until none are left. The first cells are about as wide as a sample of the points
+    has its k-th neighbour. Candidates are compared in batches of about `budget` pairs; `cancelled()` is
+    asked between batches and raises InterruptedError once it says so."""
     n, device = points.shape[0], points.device
     if n <= 1:
         return torch.full((n,), 0.01, device=device)
     k = min(k, n - 1)
-    chunk = max(1, budget // n)
-    out = torch.empty(n, device=device)
-    all_rows = torch.arange(min(chunk, n), device=device)
-    for start in range(0, n, chunk):
-        d = torch.cdist(points[start:start + chunk], points)
-        rows = all_rows[:d.shape[0]]
-        d[rows, rows + start] = float("inf")  # not its own neighbour
-        out[start:start + chunk] = d.topk(k, largest=False).values.square().mean(dim=1).sqrt()
-    return out
+    points = points.float()
+    lo = points.min(dim=0).values
+    extent = float((points.max(dim=0).values - lo).max())
+    if extent == 0.0:  # every point in one place
+        return torch.zeros(n, device=device)
+    # Cells holding about two points each where there are points: the volume's cell, shrunk by the occupancy
+    # seen there as for points on surfaces (the usual case; points filling a volume need one more round).
+    cell = extent / n ** (1 / 3)
+    coarse = ((points - lo) / cell).floor().long()  # at most n ** (1 / 3) + 1 cells a side
+    occupied = len(torch.unique((coarse[:, 0] << 42) + (coarse[:, 1] << 21) + coarse[:, 2]))
+    cell *= min(1.0, (2.0 * occupied / n) ** 0.5)
+    result = torch.empty(n, device=device)
+    pending = torch.arange(n, device=device)
+    while pending.numel():
+        found, done = _search_grid(points, pending, lo, cell, k, budget, cancelled)
+        result[pending[done]] = found[done].mean(dim=1).sqrt()
+        pending = pending[~done]
+        cell *= 2.0
+    return result
+
+
+_ROWS = torch.tensor([(x, y) for x in (-1, 0, 1) for y in (-1, 0, 1)])  # with z -1..1: the 27 cells around
+
+
+def _search_grid(points: torch.Tensor, queries: torch.Tensor, lo: torch.Tensor, cell: float, k: int,
+                 budget: int, cancelled: Cancelled | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the k smallest squared distances from each query to the other points of the 27 cells around its own,
+    sorted along queries' cells; whether those are its true k nearest) with cells of side `cell`."""
+    device = points.device
+    coords = ((points - lo) / cell).floor().long() + 1  # from 1: the cells around have coordinates >= 0
+    dims = coords.max(dim=0).values + 2
+    best = torch.full((len(queries), k), float("inf"), device=device)
+    if float(dims.double().prod()) >= 2**62:  # too fine to number in int64: search coarser cells
+        return best, torch.zeros(len(queries), dtype=torch.bool, device=device)
+    keys = (coords[:, 0] * dims[1] + coords[:, 1]) * dims[2] + coords[:, 2]
+    sorted_keys, order = keys.sort()
+    sorted_points = torch.cat([points[order], torch.full((1, 3), float("inf"), device=device)])
+    position_of = torch.empty_like(order)
+    position_of[order] = torch.arange(len(order), device=device)
+    query_keys, by_cell = keys[queries].sort()
+    queries = queries[by_cell]  # in cell order; the results follow that order until the end
+    query_positions = position_of[queries]
+    cells, per_cell = torch.unique_consecutive(query_keys, return_counts=True)
+    # The three cells at z-1..z+1 of a column are consecutive keys: one range of `order` per column, 9 columns.
+    column = (_ROWS.to(device)[:, 0] * dims[1] + _ROWS.to(device)[:, 1]) * dims[2]
+    start = torch.searchsorted(sorted_keys, cells[:, None] + column[None] - 1)
+    count = torch.searchsorted(sorted_keys, cells[:, None] + column[None] + 2) - start
+    candidates_of_cell = count.sum(dim=1)  # each query itself included
+    first_query = per_cell.cumsum(0) - per_cell
+    pairs = (per_cell * candidates_of_cell).cumsum(0)
+    bounds = torch.searchsorted(pairs, torch.arange(budget, int(pairs[-1]) + budget, budget, device=device),
+                                right=True).clamp_max(len(cells)).tolist()
+    begin = 0
+    for end in bounds:
+        end = max(end, begin + 1)
+        if begin >= len(cells):
+            break
+        if cancelled is not None and cancelled():
+            raise InterruptedError("the neighbour search was cancelled")
+        rows = slice(int(first_query[begin]), int(first_query[end - 1] + per_cell[end - 1]))
+        best[rows] = _k_smallest(sorted_points, query_positions[rows], start[begin:end], count[begin:end],
+                                 per_cell[begin:end], k)
+        begin = end
+    candidates = torch.repeat_interleave(candidates_of_cell, per_cell)
+    # Nothing outside the block is nearer than the gap from the query to the block's nearest face.
+    inside = (points[queries] - lo) / cell - (coords[queries] - 1)
+    reach = cell * (1.0 + torch.minimum(inside, 1.0 - inside).min(dim=1).values)
+    whole = bool((dims <= 4).all())  # at most 2 cells a side: every block holds every point
+    done = (candidates > k) & ((best[:, k - 1] <= reach.square()) | whole)
+    unsorted = torch.empty_like(by_cell)
+    unsorted[by_cell] = torch.arange(len(by_cell), device=device)
+    return best[unsorted], done[unsorted]
+
+
+def _k_smallest(sorted_points, query_positions, start, count, per_cell, k: int) -> torch.Tensor:
+    """The k smallest squared distances from each query (at query_positions of sorted_points, grouped by
+    cell, per_cell of each) to the points sorted_points[start:start + count] of its cell's ranges, itself
+    excluded (infinity where there are fewer). The last row of sorted_points lies at infinity."""
+    device = sorted_points.device
+    flat_count = count.reshape(-1)
+    total = int(flat_count.sum())
+    of_cell = count.sum(dim=1)
+    ranges = torch.repeat_interleave(torch.arange(len(flat_count), device=device), flat_count, output_size=total)
+    position = torch.arange(total, device=device)
+    cell = ranges // count.shape[1]
+    table = torch.full((len(count), int(of_cell.max())), -1, dtype=torch.long, device=device)  # -1: at infinity
+    table[cell, position - (of_cell.cumsum(0) - of_cell)[cell]] = (
+        start.reshape(-1)[ranges] + position - (flat_count.cumsum(0) - flat_count)[ranges])
+    candidate = table[torch.repeat_interleave(torch.arange(len(count), device=device), per_cell)]
+    d2 = (sorted_points[candidate] - sorted_points[query_positions][:, None, :]).square().sum(dim=2)
+    d2[candidate == query_positions[:, None]] = float("inf")
+    return d2.topk(k, dim=1, largest=False).values

@@ -46,10 +46,10 @@ def encode_ply(g: Gaussians) -> bytes:
     return out.getvalue()
 
 
-def read_ply(source: str | Path | bytes, name: str = "the PLY") -> Gaussians:
+def read_ply(source: str | Path | bytes | bytearray, name: str = "the PLY") -> Gaussians:
     """Gaussians from a 3DGS PLY file, or from its bytes (`name` then says what they are in errors)."""
-    if isinstance(source, bytes):
-        path, stream, head = name, io.BytesIO(source), source[:4]
+    if isinstance(source, (bytes, bytearray)):
+        path, stream, head = name, io.BytesIO(source), bytes(source[:4])
     else:
         path = Path(source)
         if not path.is_file():
@@ -78,6 +78,8 @@ def read_ply(source: str | Path | bytes, name: str = "the PLY") -> Gaussians:
         raise SplatwrightError(f"{path}: f_rest columns are not numbered 0..{n_rest - 1} (missing {absent[0]})")
 
     n = len(vertex.data)
+    if n == 0:
+        raise SplatwrightError(f"{path}: the PLY has no vertices (Gaussians)")
 
     def col(*cols: str) -> np.ndarray:
         out = np.empty((n, len(cols)), np.float32)
@@ -98,6 +100,6 @@ def read_ply(source: str | Path | bytes, name: str = "the PLY") -> Gaussians:
         if bad.any():
             raise SplatwrightError(
                 f"{path}: {int(bad.sum())} vertices have NaN or infinite {name} (first at row {int(np.argmax(bad))})")
-    if n and (np.linalg.norm(arrays["quats"], axis=1) < 1e-12).any():
+    if (np.linalg.norm(arrays["quats"], axis=1) < 1e-12).any():
         raise SplatwrightError(f"{path}: some rotations are zero quaternions")
     return Gaussians(**{k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()})

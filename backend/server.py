@@ -3,6 +3,10 @@
 TCP on loopback by default (anywhere else only with a token), one client at a time. Each connection has a
 reader (this module: frames in, requests dispatched) and a writer thread (frames out from a queue), so
 neither training nor a slow client ever blocks reading the socket. The Engine (engine.py) owns the model.
+
+A connection is a stranger until its hello is accepted: it holds no client slot, may send nothing but one
+small hello, within one deadline for all of it, and hears no more of the protocol than that; wrong tokens are
+rate-limited per address. A client that stops reading is dropped once its queued replies pass a bound.
 """
 from __future__ import annotations
 
@@ -12,9 +16,11 @@ import os
 import queue
 import signal
 import socket
+import sys
 import threading
 import time
 import traceback
+from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -22,14 +28,52 @@ import torch
 from blender_addon.core import codecs, protocol
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.protocol import REQUESTS, SERVER_MESSAGES, Message, ProtocolError
-from .engine import Engine, RenderJob, log
+from .engine import Engine, Limits, RenderJob, log
 from .frames import decode_upload
 from .policy import resolve_device
 
-HELLO_TIMEOUT = 10.0  # seconds a new connection has to authenticate
+HELLO_TIMEOUT = 10.0  # seconds a new connection has for the whole of its hello
 BUSY_WAIT = 1.0  # a reconnecting client may arrive before its previous connection is torn down
 DRAIN_TIMEOUT = 1.0
 MAX_QUEUED_EVENTS = 64  # events beyond this are dropped while the client is not reading
+MAX_QUEUED_BYTES = 256 << 20  # replies queued beyond this (the client is not reading) drop the connection
+MAX_STRANGERS = 256  # connections not yet authenticated; beyond this the one that waited longest is dropped
+ACCEPT_BACKOFF = (0.05, 2.0)  # first and longest wait after accept() fails (e.g. out of file descriptors)
+STOP_WAIT = 1.0  # seconds a stopping server waits for its connections to close
+FIRST_MESSAGE = (f"the first message must be a hello with the token and protocol version, no payload, at most "
+                 f"{protocol.MAX_HELLO_HEADER_BYTES} bytes")
+
+
+class WrongTokens:
+    """Wrong tokens per peer host: a host may try BURST times at once, then RATE times a second; beyond that
+    its hellos are refused unchecked. The log gets one line per host per LOG_EVERY seconds, with the count."""
+    BURST, RATE, LOG_EVERY = 10, 2.0, 60.0
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.hosts: dict[str, list[float]] = {}  # host: [allowance, time of that allowance, failures unlogged, last log]
+
+    def _entry(self, host: str, now: float) -> list[float]:
+        entry = self.hosts.setdefault(host, [self.BURST, now, 0, -self.LOG_EVERY])
+        entry[0] = min(self.BURST, entry[0] + (now - entry[1]) * self.RATE)
+        entry[1] = now
+        return entry
+
+    def refused(self, host: str) -> bool:
+        with self.lock:
+            return self._entry(host, time.monotonic())[0] < 1
+
+    def failed(self, host: str) -> None:
+        now = time.monotonic()
+        with self.lock:
+            entry = self._entry(host, now)
+            entry[0] -= 1
+            entry[2] += 1
+            if now - entry[3] >= self.LOG_EVERY:
+                log(f"{host}: {int(entry[2])} wrong token(s); the next are counted and logged at most once a minute")
+                entry[2], entry[3] = 0, now
+            if len(self.hosts) > 4096:  # forget hosts that have been quiet long enough to have their allowance back
+                self.hosts = {h: e for h, e in self.hosts.items() if (now - e[1]) * self.RATE < self.BURST}
 
 
 class Connection:
@@ -43,13 +87,15 @@ class Connection:
             if hasattr(socket, option):  # Linux names; other systems keep their defaults
                 self.sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
         self.outbox: queue.Queue = queue.Queue()
+        self.hello: Message | None = None  # once accepted
+        self.queued_bytes = 0  # of the frames in the outbox
+        self.lock = threading.Lock()
         self.closed = False
         self.writer = threading.Thread(target=self._write_loop, name=f"write {self.address}", daemon=True)
         self.writer.start()
 
     def reply(self, request: Message, fields: dict, payload: bytes | memoryview = b"") -> None:
-        if not self.closed:
-            self.outbox.put(protocol.encode_reply(request.type, request.id, fields, payload))
+        self._queue(protocol.encode_reply(request.type, request.id, fields, payload))
 
     def error(self, request_id: int, code: str, message: str) -> None:
         self._send("error", request_id, {"code": code, "message": message[:protocol.MAX_TEXT_CHARS]})
@@ -59,8 +105,30 @@ class Connection:
             self._send("event", 0, fields)
 
     def _send(self, type: str, request_id: int, fields: dict) -> None:
-        if not self.closed:
-            self.outbox.put(protocol.encode_message(SERVER_MESSAGES, type, request_id, fields))
+        self._queue(protocol.encode_message(SERVER_MESSAGES, type, request_id, fields))
+
+    def _queue(self, parts: list) -> None:
+        """Queue a frame for the writer; a client with more than MAX_QUEUED_BYTES unread is dropped (the first
+        frame in an empty queue always goes, however large)."""
+        size = sum(len(part) for part in parts)
+        with self.lock:
+            if self.closed:
+                return
+            if self.queued_bytes and self.queued_bytes + size > MAX_QUEUED_BYTES:
+                log(f"{self.address}: more than {MAX_QUEUED_BYTES >> 20} MiB of replies unread; dropping the "
+                    "connection")
+                self.drop()
+                return
+            self.queued_bytes += size
+        self.outbox.put(parts)
+
+    def drop(self) -> None:
+        """End the connection now: its reader and writer stop at once, whatever they wait on."""
+        self.closed = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
     def _write_loop(self) -> None:
         broken = False
@@ -70,6 +138,8 @@ class Connection:
                     protocol.send_message(self.sock, parts)
                 except OSError:
                     broken = True  # the reader notices too; what is still queued is dropped
+            with self.lock:
+                self.queued_bytes -= sum(len(part) for part in parts)
         try:
             self.sock.shutdown(socket.SHUT_WR)
         except OSError:
@@ -94,15 +164,20 @@ class Connection:
 
 class Server:
     def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 0, token: str = ""):
-        self.engine, self.token = engine, token
+        self.engine, self.token = engine, token.encode("utf-8")
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.listener = socket.create_server((host, port), family=family)
+        self.listener = socket.create_server((host, port), family=family, backlog=128)
         self.listener.settimeout(0.2)  # how often the accept loop checks for a stop request
         self.port = self.listener.getsockname()[1]
         self.stopping = threading.Event()
         self.slot = threading.Condition()
         self.active: Connection | None = None
+        self.connections: dict[Connection, float] = {}  # every open connection: when it was accepted
+        self.strangers: set[Connection] = set()  # those whose hello is not accepted yet
+        self.connections_lock = threading.Lock()
+        self.wrong_tokens = WrongTokens()
         self.threads: list[threading.Thread] = []
+        self.rendering_done = True  # False once stopped while a render it could not interrupt still runs
         self.handlers = {
             "hello": self._hello_again, "capabilities": lambda m: (self.engine.capabilities(), b""),
             "status": lambda m: (self.engine.status(), b""),
@@ -118,30 +193,64 @@ class Server:
         }
 
     def serve_forever(self) -> None:
+        backoff = 0.0
         try:
             while not self.stopping.is_set():
                 try:
                     sock, address = self.listener.accept()
                 except TimeoutError:
                     continue
-                thread = threading.Thread(target=self._serve_connection, args=(sock, address),
-                                          name=f"connection {address[0]}:{address[1]}", daemon=True)
-                thread.start()
-                self.threads = [t for t in self.threads if t.is_alive()] + [thread]
+                except OSError as e:  # out of file descriptors or memory, a connection reset before accept, ...
+                    if not backoff:
+                        log(f"cannot accept connections ({e}); retrying")
+                    backoff = min(ACCEPT_BACKOFF[1], max(ACCEPT_BACKOFF[0], 2 * backoff))
+                    self.stopping.wait(backoff)
+                    continue
+                if backoff:
+                    log("accepting connections again")
+                    backoff = 0.0
+                self._start_connection(sock, address)
         finally:
             self.listener.close()
-            self.engine.close()
-            for thread in self.threads:  # let the last replies go out
-                thread.join(DRAIN_TIMEOUT + 1)
+            self.rendering_done = self.engine.close()
+            self._close_connections()
 
     def stop(self) -> None:
         self.stopping.set()
 
+    def _start_connection(self, sock: socket.socket, address: tuple) -> None:
+        conn = Connection(sock, address)
+        with self.connections_lock:
+            self.connections[conn] = time.monotonic()
+            self.strangers.add(conn)
+            crowd = sorted(self.strangers, key=self.connections.get)[:-MAX_STRANGERS]
+        for stranger in crowd:  # many connections that say nothing: the oldest go, the newest get their chance
+            stranger.drop()
+        thread = threading.Thread(target=self._serve_connection, args=(conn,), name=f"connection {conn.address}",
+                                  daemon=True)
+        thread.start()
+        self.threads = [t for t in self.threads if t.is_alive()] + [thread]
+
+    def _close_connections(self) -> None:
+        """Send what is queued (briefly), then drop every connection and wait, briefly, for their threads."""
+        with self.connections_lock:
+            connections = list(self.connections)
+        deadline = time.monotonic() + STOP_WAIT / 2
+        for conn in connections:
+            conn.outbox.put(None)  # the writer sends what is queued, then ends
+        for conn in connections:
+            conn.writer.join(max(0.0, deadline - time.monotonic()))
+            conn.drop()
+        deadline = time.monotonic() + STOP_WAIT / 2
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
     # ---- one connection ----
 
-    def _serve_connection(self, sock: socket.socket, address: tuple) -> None:
-        conn = Connection(sock, address)
+    def _serve_connection(self, conn: Connection) -> None:
         try:
+            if not self._authenticate(conn):
+                return
             with self.slot:
                 free = self.slot.wait_for(lambda: self.active is None, BUSY_WAIT)
                 if free:
@@ -151,8 +260,8 @@ class Server:
                            "time; close that client first")
                 return
             try:
-                if self._authenticate(conn):
-                    self._request_loop(conn)
+                self._welcome(conn)
+                self._request_loop(conn)
             finally:
                 with self.slot:
                     self.active = None
@@ -161,28 +270,33 @@ class Server:
         except Exception:  # a bug; this connection is lost but the server goes on
             traceback.print_exc()
         finally:
+            with self.connections_lock:
+                self.connections.pop(conn, None)
+                self.strangers.discard(conn)
             conn.close()
 
     def _authenticate(self, conn: Connection) -> bool:
-        conn.sock.settimeout(HELLO_TIMEOUT)
+        """Read and check the hello; errors before it is accepted say nothing of the other messages."""
+        host = conn.address.rsplit(":", 1)[0]
         try:
-            message = protocol.read_message(conn.sock, REQUESTS)
-        except protocol.ConnectionClosed:
+            message = protocol.read_message(conn.sock, {"hello": REQUESTS["hello"]}, protocol.MAX_HELLO_HEADER_BYTES,
+                                            deadline=time.monotonic() + HELLO_TIMEOUT)
+        except (protocol.ConnectionClosed, ConnectionError):
             return False
         except TimeoutError:
             conn.error(0, protocol.AUTH, f"no hello within {HELLO_TIMEOUT:.0f} s")
             return False
         except ProtocolError as e:
-            conn.error(e.request_id, e.code, e.message)
+            conn.error(e.request_id, protocol.AUTH, FIRST_MESSAGE)
             return False
         except OSError:
             return False
-        if message.type != "hello":
-            conn.error(message.id, protocol.AUTH, "the first message must be hello with the token and protocol "
-                       "version")
+        if self.wrong_tokens.refused(host):
+            conn.error(message.id, protocol.AUTH, "too many wrong tokens from this address; wait a few seconds")
             return False
-        if not hmac.compare_digest(message.fields["token"].encode(), self.token.encode()):
-            log(f"{conn.address}: wrong token")
+        token = message.fields["token"].encode("utf-8", "surrogatepass")  # any string compares, none raises
+        if not hmac.compare_digest(token, self.token):
+            self.wrong_tokens.failed(host)
             conn.error(message.id, protocol.AUTH, "wrong token; use the token in the file given to the "
                        "backend's --token-file")
             return False
@@ -192,14 +306,20 @@ class Server:
                        "add-on and the backend")
             return False
         conn.sock.settimeout(None)
-        log(f"{conn.address}: {message.fields['client'] or 'a client'} connected")
-        conn.reply(message, {"protocol": protocol.PROTOCOL_VERSION, "server": "splatwright",
-                             **self.engine.status()})
-        self.engine.emit = conn.event
+        with self.connections_lock:
+            self.strangers.discard(conn)
+        conn.hello = message
         return True
 
+    def _welcome(self, conn: Connection) -> None:
+        """Answer the accepted hello of the connection that now holds the client slot."""
+        log(f"{conn.address}: {conn.hello.fields['client'] or 'a client'} connected")
+        conn.reply(conn.hello, {"protocol": protocol.PROTOCOL_VERSION, "server": "splatwright",
+                                **self.engine.status()})
+        self.engine.emit = conn.event
+
     def _request_loop(self, conn: Connection) -> None:
-        while True:
+        while not conn.closed:  # a dropped connection's requests already received are not answered
             try:
                 message = protocol.read_message(conn.sock, REQUESTS)
             except (protocol.ConnectionClosed, OSError):
@@ -247,6 +367,7 @@ class Server:
 
     def _add_view(self, message: Message):
         camera = message.fields["camera"]
+        self.engine.check_view(camera)  # before decoding: the image may be large
         image = decode_upload(message.fields["format"], message.payload, camera.width, camera.height)
         return self.engine.add_view(camera, image, message.fields["name"]), b""
 
@@ -262,7 +383,7 @@ def read_token(path: str | None) -> str:
     if path is None:
         return ""
     try:
-        token = Path(path).read_text().strip()
+        token = Path(path).read_text(encoding="utf-8-sig").strip()  # without the BOM some editors write
     except (OSError, UnicodeDecodeError) as e:
         raise SplatwrightError(f"--token-file {path}: cannot read it ({e})") from None
     if not token:
@@ -279,9 +400,13 @@ def serve(args) -> int:
                                "a token: pass --token-file with a secret, or serve on 127.0.0.1")
     device, rasterizer = resolve_device(args.device)
     workdir = Path(args.workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
     try:
-        server = Server(Engine(workdir, device, rasterizer), args.host, args.port, token)
+        workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SplatwrightError(f"--workdir {workdir}: cannot make the folder ({e.strerror or e})") from None
+    limits = Limits(**{f.name: getattr(args, "max_" + f.name) for f in fields(Limits)})
+    try:
+        server = Server(Engine(workdir, device, rasterizer, limits), args.host, args.port, token)
     except OSError as e:
         raise SplatwrightError(f"cannot listen on {args.host}:{args.port} ({e})") from None
     signal.signal(signal.SIGTERM, lambda signum, frame: server.stop())
@@ -293,6 +418,12 @@ def serve(args) -> int:
         server.serve_forever()
     except KeyboardInterrupt:
         log("interrupted")
+    if not server.rendering_done:
+        # A long CPU render cannot be interrupted; the checkpoint is written, so end without waiting for it.
+        log("stopped; a render still running is abandoned")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 
@@ -301,6 +432,6 @@ def _stop_when_orphaned(server: "Server") -> None:
     the system then re-parents us, which changes our parent's pid."""
     parent = os.getppid()
     while os.getppid() == parent:
-        time.sleep(1.0)
+        time.sleep(0.25)
     log("the process that started this backend is gone; stopping")
     server.stop()

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .distributed import SINGLE, Group
 from .gaussians import Gaussians, logit
 from .kernels import extension
 from .render import RasterOutput
@@ -63,26 +64,25 @@ class DefaultStrategy:
         self.grad_sum: torch.Tensor | None = None
         self.count: torch.Tensor | None = None
 
-    def state_dict(self) -> dict:
-        return {"grad_sum": self.grad_sum, "count": self.count}
+    def state_dict(self, group: Group = SINGLE) -> dict:
+        """The statistics of all the group's views; from then on its leader holds the sums so far and the
+        other processes start from zero, so that the next sum counts every view once."""
+        self._gather(group)
+        state = {"grad_sum": self.grad_sum, "count": self.count}
+        if not group.leader:
+            self.grad_sum, self.count = torch.zeros_like(self.grad_sum), torch.zeros_like(self.count)
+        return state
 
     def load_state_dict(self, state: dict, device: torch.device) -> None:
         def place(t):
             return None if t is None else t.to(device)
         self.grad_sum, self.count = place(state["grad_sum"]), place(state["count"])
 
-    def after_backward(self, step: int, out: RasterOutput, width: int, height: int, g: Gaussians,
-                       optimizer: torch.optim.Optimizer, generator: torch.Generator) -> None:
-        """`step` counts completed steps, this one included."""
-        cfg = self.cfg
-        if step < cfg.stop and out.means2d.grad is not None:
-            self._accumulate(out, width, height, len(g))
-        if cfg.start < step < cfg.stop and step % cfg.every == 0:
-            self._refine(step, g, optimizer, generator)
-        if cfg.reset_opacity_every and step < cfg.stop and step % cfg.reset_opacity_every == 0:
-            self._reset_opacity(g, optimizer)
-
-    def _accumulate(self, out: RasterOutput, width: int, height: int, n: int) -> None:
+    def accumulate(self, step: int, out: RasterOutput, width: int, height: int, n: int) -> None:
+        """After a view's backward pass: its screen-space gradients join the statistics. `step` counts
+        completed steps, this one included."""
+        if step >= self.cfg.stop or out.means2d.grad is None:
+            return
         if self.grad_sum is None or self.grad_sum.shape[0] != n:
             self.grad_sum = torch.zeros(n, device=out.means2d.device)
             self.count = torch.zeros(n, device=out.means2d.device)
@@ -95,7 +95,22 @@ class DefaultStrategy:
         self.grad_sum += torch.where(visible, ndc_norm, 0.0).to(self.grad_sum.dtype)
         self.count += visible.to(self.count.dtype)
 
-    def _refine(self, step: int, g: Gaussians, optimizer, generator) -> None:
+    def refine(self, step: int, g: Gaussians, optimizer: torch.optim.Optimizer, generator: torch.Generator,
+               group: Group = SINGLE) -> None:
+        """After a step's gradients: densify and reset opacities when the schedule says so."""
+        cfg = self.cfg
+        if cfg.start < step < cfg.stop and step % cfg.every == 0:
+            self._gather(group)
+            self._densify(step, g, optimizer, generator)
+        if cfg.reset_opacity_every and step < cfg.stop and step % cfg.reset_opacity_every == 0:
+            self._reset_opacity(g, optimizer)
+
+    def _gather(self, group: Group) -> None:
+        """Every process's statistics become the sums over the group's processes."""
+        if self.grad_sum is not None:
+            group.sum_([self.grad_sum, self.count])
+
+    def _densify(self, step: int, g: Gaussians, optimizer, generator) -> None:
         cfg = self.cfg
         n = len(g)
         if self.grad_sum is None or self.grad_sum.shape[0] != n:

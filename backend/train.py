@@ -12,6 +12,7 @@ from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.files import replacing
 from blender_addon.core.cameras import Camera
 from .data import Dataset, camera_extent, scene_bounds
+from .distributed import SINGLE, Group
 from .gaussians import Gaussians
 from .metrics import photometric_loss, psnr, ssim
 from .optim import Adam
@@ -44,6 +45,7 @@ class TrainConfig:
     rasterizer: str = "reference"
     seed: int = 0
     log_every: int = 50  # steps between loss read-backs (each is a host synchronisation)
+    batch_views: int = 1  # views per step, shared out among a distributed group's processes
     lr: LearningRates = field(default_factory=LearningRates)
     densify: DensifyConfig = field(default_factory=DensifyConfig)
 
@@ -75,8 +77,11 @@ def score(render_view, data: Dataset) -> dict[str, float]:
 
 class Trainer:
     def __init__(self, data: Dataset, cfg: TrainConfig, device: str | torch.device = "cpu",
-                 gaussians: Gaussians | None = None):
-        self.cfg = cfg
+                 gaussians: Gaussians | None = None, group: Group = SINGLE):
+        if cfg.batch_views < group.world:
+            raise SplatwrightError(f"{group.world} processes need at least as many views per step, "
+                                   f"not {cfg.batch_views}")
+        self.cfg, self.group = cfg, group
         self.device = torch.device(device)
         self.data = data.to(self.device)
         self.views = [camera_tensors(c, self.device) for c in data.cameras]
@@ -92,6 +97,7 @@ class Trainer:
         self.background = torch.tensor(cfg.background, dtype=torch.float32, device=self.device)
         self.step = 0
         self.train_seconds = 0.0
+        self.checkpointed_at = 0.0  # train_seconds at the last checkpoint this trainer wrote or was loaded from
         self.last = {"loss": math.nan, "psnr": math.nan}
 
     def _make_optimizer(self) -> Adam:
@@ -113,24 +119,37 @@ class Trainer:
         for group in self.optimizer.param_groups:
             if group["name"] == "means":
                 group["lr"] = self._means_lr()
-        i = int(torch.randint(len(self.data), (1,), generator=self.generator))
-        cam, gt = self.data.cameras[i], self.data.images[i]
-        out = render(self.g, cam, self.sh_degree, self.background, self.cfg.rasterizer, self.views[i])
-        loss = photometric_loss(out.image, gt, self.cfg.ssim_weight)
-        loss.backward()
+        batch = torch.randint(len(self.data), (self.cfg.batch_views,), generator=self.generator).tolist()
+        for k, i in enumerate(self.group.share(batch)):
+            cam, gt = self.data.cameras[i], self.data.images[i]
+            out = render(self.g, cam, self.sh_degree, self.background, self.cfg.rasterizer, self.views[i])
+            loss = photometric_loss(out.image, gt, self.cfg.ssim_weight)
+            loss.backward()
+            self.strategy.accumulate(self.step + 1, out, cam.width, cam.height, len(self.g))
+            if k == 0:
+                first = (loss, out.image, gt)
+        self._sum_gradients()
         self.step += 1
         if self.step % self.cfg.log_every == 0 or self.step == self.cfg.iterations:
+            loss, image, gt = first
             loss_value = float(loss.detach())
             if not math.isfinite(loss_value):
                 raise FloatingPointError(f"loss became {loss_value} at step {self.step}")
-            self.last = {"loss": loss_value, "psnr": psnr(out.image, gt)}
-        self.strategy.after_backward(self.step, out, cam.width, cam.height, self.g, self.optimizer,
-                                     self.generator)
+            self.last = {"loss": loss_value, "psnr": psnr(image, gt)}
+        self.strategy.refine(self.step, self.g, self.optimizer, self.generator, self.group)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.device.type == "cuda" and self.step % self.cfg.log_every == 0:
             torch.cuda.synchronize(self.device)
         self.train_seconds += time.perf_counter() - start
+
+    def _sum_gradients(self) -> None:
+        """The step's gradient: the mean over its views, of all the group's processes."""
+        grads = [t.grad for t in self.g.tensors().values() if t.grad is not None]
+        self.group.sum_(grads)
+        if self.cfg.batch_views > 1:
+            for grad in grads:
+                grad /= self.cfg.batch_views
 
     def add_view(self, camera: Camera, image: torch.Tensor, name: str) -> None:
         """Append a view (image (H, W, 3) in [0, 1], the size of the others) that later steps draw from too.
@@ -149,7 +168,7 @@ class Trainer:
             "config": asdict(self.cfg),
             "gaussians": {k: v.detach().cpu() for k, v in self.g.tensors().items()},
             "optimizer": self.optimizer.state_dict(),
-            "strategy": self.strategy.state_dict(),
+            "strategy": self.strategy.state_dict(self.group),
             "generator": self.generator.get_state(),
         }
 
@@ -162,22 +181,54 @@ class Trainer:
         trainer.strategy.load_state_dict(state["strategy"], trainer.device)
         trainer.generator.set_state(state["generator"])
         trainer.step = state["step"]
-        trainer.train_seconds = state["train_seconds"]
+        trainer.train_seconds = trainer.checkpointed_at = state["train_seconds"]
         return trainer
 
+    def checkpoint_due(self, every_steps: int, every_seconds: float) -> bool:
+        """Whether a checkpoint is due after this step: every `every_steps` steps and every `every_seconds`
+        of training time since the last one (0 turns either off)."""
+        return bool((every_steps and self.step % every_steps == 0)
+                    or (every_seconds and self.train_seconds - self.checkpointed_at >= every_seconds))
+
     def save_checkpoint(self, path: str | Path) -> None:
-        with replacing(path) as tmp:
-            torch.save(self.state_dict(), tmp)
+        """Durably, keeping the checkpoint it replaces as previous_checkpoint(path) until this one is on the
+        disk; disk-full and permission errors raise SplatwrightError naming the file."""
+        try:
+            with replacing(path, previous_checkpoint(path)) as tmp, open(tmp, "wb") as f:
+                torch.save(self.state_dict(), f)  # through a Python file: a full disk raises OSError
+        except OSError as e:
+            raise SplatwrightError(f"cannot write the checkpoint {Path(path).name} ({e.strerror or e})") from None
+        self.checkpointed_at = self.train_seconds
+
+
+def previous_checkpoint(path: str | Path) -> Path:
+    """Where the checkpoint before the newest one is kept (checkpoint.prev.pt beside checkpoint.pt)."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.prev{path.suffix}")
+
+
+def load_latest_checkpoint(path: str | Path) -> tuple[dict, str]:
+    """The newest readable checkpoint: `path`, or the previous one when `path` cannot be read (a power
+    loss can leave it empty). Returns its state and, after such a fall-back, a warning saying so."""
+    try:
+        return load_checkpoint(path), ""
+    except SplatwrightError as newest:
+        previous = previous_checkpoint(path)
+        if not previous.is_file():
+            raise
+        state = load_checkpoint(previous)
+        return state, (f"{newest}; continuing from the previous checkpoint {previous.name}, "
+                       f"step {state['step']}")
 
 
 def load_checkpoint(path: str | Path) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises assorted types for truncated or foreign files
-        raise SplatwrightError(f"{path}: cannot read checkpoint ({e})") from e
+        raise SplatwrightError(f"{Path(path).name}: cannot read checkpoint ({e})") from e
     if not isinstance(state, dict) or "format" not in state:
-        raise SplatwrightError(f"{path}: not a Splatwright checkpoint")
+        raise SplatwrightError(f"{Path(path).name}: not a Splatwright checkpoint")
     if state["format"] != CHECKPOINT_FORMAT:
-        raise SplatwrightError(f"{path}: checkpoint format {state['format']}, but this version reads format "
+        raise SplatwrightError(f"{Path(path).name}: checkpoint format {state['format']}, but this version reads format "
                                f"{CHECKPOINT_FORMAT}; train again from scratch (without --resume)")
     return state

@@ -1,5 +1,9 @@
-"""One capture run: plan the views, render them one by one with the scene's own engine, write the dataset and
-send each training view to the backend as soon as it is rendered."""
+"""One capture run: plan the views, render them one by one with Cycles or the scene's engine, write the dataset
+and send each training view to the backend as soon as it is rendered.
+
+In a Blender window each view renders as Blender's render job (advance() starts one and stores it once it has
+ended), so the window stays live and Cancel stops a render midway; without a window (blender -b, the bpy
+module) step() renders one view and returns when it is done."""
 from __future__ import annotations
 
 import tempfile
@@ -13,11 +17,15 @@ from mathutils import Matrix
 
 from .core.errors import SplatwrightError
 from .core.points import POINTS_FILE, write_points
-from .dataset import DatasetWriter, fitting_distance, orbit_poses, split_of
+from .dataset import DatasetWriter, capture_percentage, fitting_distance, orbit_poses, split_of
 from .runtime import Backend
-from .scene_io import GEOMETRY, bounds, camera_of, surface_points, visible_geometry
+from .scene_io import (GEOMETRY, animation_frames, bounds, camera_of, capture_cameras, surface_points,
+                       visible_geometry)
 
 ORBIT_CAMERA = "Splatwright Orbit"
+SPLATS_ENGINE = "SPLATWRIGHT"  # the add-on's render engine shows the model: the views are rendered with Cycles
+SAMPLED_ENGINES = {"CYCLES": ("cycles", "samples"), "BLENDER_EEVEE": ("eevee", "taa_render_samples"),
+                   "BLENDER_EEVEE_NEXT": ("eevee", "taa_render_samples")}  # where each engine keeps its samples
 
 
 @dataclass
@@ -31,20 +39,26 @@ class View:
 
 class Capture:
     def __init__(self, context, backend: Backend | None):
-        """`backend`: where to send the views, or None to only write the dataset."""
+        """`backend`: where to send the views, or None to only write the dataset. Everything that can refuse
+        the capture is checked before its dataset folder or backend session is made."""
         self.scene = scene = context.scene
         self.settings = s = scene.splatwright
         self.backend = backend
         self._saved = [(scene, "camera", scene.camera), (scene, "frame_current", scene.frame_current)]
         self._orbit_camera = None
+        self._render: RenderJob | None = None
+        self.stop_reason = ""  # why the capture was cancelled, once it was
         self.session, self.folder = _new_session(_dataset_root(s.folder))
         self.writer = DatasetWriter(self.folder)
         self.done = 0
+        self.started = time.monotonic()
         try:
+            self._override_render_settings()
             self.views = self._plan(context)
             if not self.views:
                 raise SplatwrightError("no views to capture with these settings")
-            self._override_render_settings()
+            for camera in {view.camera for view in self.views}:
+                _check_camera(camera, scene)
             if s.initial_points:  # kept with the dataset, for Send Views and the command line's train
                 xyz, rgb = surface_points(context, s.point_count, s.orbit_seed)
                 self.folder.mkdir(parents=True, exist_ok=True)
@@ -66,31 +80,56 @@ class Capture:
     def finished(self) -> bool:
         return self.done >= len(self.views)
 
+    @property
+    def cancelled(self) -> bool:
+        return bool(self.stop_reason)
+
+    @property
+    def current(self) -> View | None:
+        """The view rendering now (or next)."""
+        return None if self.finished else self.views[self.done]
+
+    def seconds_left(self) -> float | None:
+        """From the time the views so far took; None before the first is done."""
+        if not self.done:
+            return None
+        return (time.monotonic() - self.started) / self.done * (self.total - self.done)
+
     def step(self) -> None:
-        """Render, store and send the next view (blocks for one render)."""
-        view = self.views[self.done]
-        scene = self.scene
-        if view.frame is not None:
-            scene.frame_set(view.frame)
-        if view.matrix is not None:
-            view.camera.matrix_world = Matrix(view.matrix.tolist())
-            bpy.context.view_layer.update()
-        scene.camera = view.camera
-        cam = camera_of(view.camera, scene)
-        path = self.writer.image_path(view.split, view.name)
-        scene.render.filepath = str(path)
+        """Render, store and send the next view, blocking until it is rendered (no window: no render job)."""
+        path = self._prepare()
         bpy.ops.render.render(write_still=True)
-        if not path.is_file():
-            raise SplatwrightError(f"the render of {view.name} was not written to {path}")
-        self.writer.add(view.split, view.name, cam)
-        if self.backend is not None and view.split == "train":
-            self.backend.call("add_view", lambda c: c.add_view(cam, path.read_bytes(), view.name),
-                              self._views_added)
-        self.done += 1
+        self._store(path)
+
+    def advance(self, context) -> None:
+        """Render jobs, from the operator's timer in a window: store the view whose render job has ended, then
+        start the next one. Never waits for a render. A render that ended unfinished cancels the capture."""
+        if self._render is not None:
+            if self._render.running:
+                return
+            render, self._render = self._render, None
+            if render.window_closed():
+                return self.cancel(f"capture cancelled: the render window was closed during {self.current.name}")
+            if not render.path.is_file():
+                return self.cancel(f"capture cancelled: the render of {self.current.name} stopped before it "
+                                   "finished (Esc, or the render's error in the status bar)")
+            self._store(render.path)
+        if not self.finished:
+            self._render = RenderJob(context, self._prepare())
+
+    def cancel(self, reason: str = "capture cancelled") -> None:
+        """Stop now, a render midway included (its view is dropped); finish() keeps the views stored so far."""
+        self.stop_reason = self.stop_reason or reason
+        if self._render is not None:
+            self._render.stop()
+            self._render.path.unlink(missing_ok=True)  # a stopped render job may still have written its image
+            self._render = None
 
     def finish(self) -> None:
         """Restore the scene and write the transforms of what was rendered; safe to call more than once. A
         capture with training views becomes the one Send Views sends."""
+        if self._render is not None:
+            self.cancel()
         for owner, attr, value in reversed(self._saved):
             setattr(owner, attr, value)
         self._saved = []
@@ -110,6 +149,33 @@ class Capture:
             " (the backend is not connected, so nothing was sent)"
         return f"captured {counts['train']} training and {counts['test']} test views into {self.folder}{sent}"
 
+    # ---- one view ----
+
+    def _prepare(self) -> Path:
+        """Put the scene's camera where the next view is seen from; the path its render is written to."""
+        view = self.current
+        scene = self.scene
+        if view.frame is not None:
+            scene.frame_set(view.frame)
+        if view.matrix is not None:
+            view.camera.matrix_world = Matrix(view.matrix.tolist())
+            bpy.context.view_layer.update()
+        scene.camera = view.camera
+        path = self.writer.image_path(view.split, view.name)
+        scene.render.filepath = str(path)
+        return path
+
+    def _store(self, path: Path) -> None:
+        view = self.current
+        if not path.is_file():
+            raise SplatwrightError(f"the render of {view.name} was not written to {path}")
+        cam = camera_of(view.camera, self.scene)
+        self.writer.add(view.split, view.name, cam)
+        if self.backend is not None and view.split == "train":
+            self.backend.call("add_view", lambda c: c.add_view(cam, path.read_bytes(), view.name),
+                              self._views_added)
+        self.done += 1
+
     # ---- results on the main thread ----
 
     def _status(self, status: dict) -> None:
@@ -123,15 +189,15 @@ class Capture:
     def _plan(self, context) -> list[View]:
         s, scene = self.settings, self.scene
         if s.source == "CAMERAS":
-            cameras = [o for o in scene.objects if o.type == "CAMERA" and (o.select_get() or not s.only_selected)]
+            cameras = capture_cameras(scene)
             if not cameras:
-                raise SplatwrightError("no " + ("selected " if s.only_selected else "") + "camera objects")
-            targets = [(None, None, cam) for cam in sorted(cameras, key=lambda o: o.name)]
+                raise SplatwrightError("no " + ("selected " if s.only_selected else "") + "camera objects to "
+                                       "capture from; add a camera or choose Views: Orbit")
+            targets = [(None, None, cam) for cam in cameras]
         elif s.source == "ANIMATION":
             if scene.camera is None:
-                raise SplatwrightError("the scene has no active camera")
-            frames = range(scene.frame_start, scene.frame_end + 1, s.frame_step)
-            targets = [(frame, None, scene.camera) for frame in frames]
+                raise SplatwrightError("the scene has no active camera to animate; set one or choose Views: Orbit")
+            targets = [(frame, None, scene.camera) for frame in animation_frames(scene)]
         else:
             targets = [(None, m, self._make_orbit_camera()) for m in self._orbit_matrices(context)]
         return [View(f"r_{i:03d}", split_of(i, s.test_every), cam, frame, matrix)
@@ -158,21 +224,79 @@ class Capture:
         return orbit_poses(center, distance, s.orbit_count, s.orbit_seed, s.orbit_shape == "HEMISPHERE")
 
     def _override_render_settings(self) -> None:
-        """Blender renders the dataset the way training expects it: 8-bit RGBA PNGs, Standard view transform."""
-        r, view = self.scene.render, self.scene.view_settings
-        wanted = [(r, "resolution_percentage", self.settings.resolution_percentage), (r, "use_border", False),
-                  (r, "film_transparent", self.settings.transparent), (r, "use_compositing", False),
+        """Blender renders the dataset the way training expects it: 8-bit RGBA PNGs, Standard view transform,
+        with Cycles in place of the add-on's own engine and the capture's samples."""
+        s, scene = self.settings, self.scene
+        r, view = scene.render, scene.view_settings
+        percentage = capture_percentage(r.resolution_x, r.resolution_y, s.resolution_percentage, s.max_side)
+        wanted = [(r, "resolution_percentage", percentage), (r, "use_border", False),
+                  (r, "film_transparent", s.transparent), (r, "use_compositing", False),
                   (r, "use_sequencer", False), (r, "use_file_extension", True),
                   (r.image_settings, "file_format", "PNG"), (r.image_settings, "color_mode", "RGBA"),
                   (r.image_settings, "color_depth", "8"),
-                  (self.scene.display_settings, "display_device", "sRGB"), (view, "view_transform", "Standard"),
+                  (scene.display_settings, "display_device", "sRGB"), (view, "view_transform", "Standard"),
                   (view, "look", "None"), (view, "exposure", 0.0), (view, "gamma", 1.0),
                   (view, "use_curve_mapping", False), (r, "filepath", r.filepath)]
         if hasattr(r.image_settings, "color_management"):  # new in Blender 4.x
             wanted.append((r.image_settings, "color_management", "FOLLOW_SCENE"))
+        engine = "CYCLES" if s.render_engine == "CYCLES" or r.engine == SPLATS_ENGINE else r.engine
+        wanted.append((r, "engine", engine))
+        if s.samples and engine in SAMPLED_ENGINES:
+            group, name = SAMPLED_ENGINES[engine]
+            wanted.append((getattr(scene, group), name, s.samples))
         for owner, attr, value in wanted:
             self._saved.append((owner, attr, getattr(owner, attr)))
             setattr(owner, attr, value)
+
+
+class RenderJob:
+    """One view rendering as Blender's render job, shown in Blender's render window. Blender ends it when the
+    render is done (write_still has written the image then), on Esc or the job's stop button in the status
+    bar (no image), or when its window closes: the render operator keeps its handler in that window, and
+    closing the window is how stop() ends the job midway."""
+
+    def __init__(self, context, path: Path):
+        self.path = path
+        view = context.preferences.view
+        display, view.render_display_type = view.render_display_type, "WINDOW"
+        try:
+            started = bpy.ops.render.render("INVOKE_DEFAULT", write_still=True)
+        finally:
+            view.render_display_type = display
+        if "RUNNING_MODAL" not in started:
+            raise SplatwrightError(f"Blender did not start the render of {path.stem} (another render running?)")
+        self._window = render_window(context)
+
+    @property
+    def running(self) -> bool:
+        return bpy.app.is_job_running("RENDER")
+
+    def window_closed(self) -> bool:
+        return self._window is not None and render_window(bpy.context) != self._window
+
+    def stop(self) -> None:
+        """End the render now (Blender waits for the renderer to notice, a fraction of a second)."""
+        window = render_window(bpy.context)
+        if window is not None and self.running:
+            with bpy.context.temp_override(window=window):
+                bpy.ops.wm.window_close()
+
+
+def render_window(context):
+    """Blender's render window (a temporary one holding only the Render Result), or None."""
+    for window in context.window_manager.windows:
+        screen = window.screen
+        if screen.is_temporary and len(screen.areas) == 1 and screen.areas[0].type == "IMAGE_EDITOR":
+            return window
+    return None
+
+
+def _check_camera(camera, scene) -> None:
+    """Refuse cameras that cannot be trained on (orthographic, panoramic, an empty render size)."""
+    try:
+        camera_of(camera, scene)
+    except SplatwrightError as e:
+        raise SplatwrightError(f"camera {camera.name}: {e}") from None
 
 
 def _blend_name() -> str:

@@ -36,6 +36,14 @@ def fitting_distance(bound_radius: float, K: np.ndarray, width: int, height: int
     return margin * bound_radius / math.sin(half_fov)
 
 
+def capture_percentage(resolution_x: int, resolution_y: int, percentage: int, max_side: int) -> int:
+    """The resolution scale (1-100 %) a capture renders at: `percentage`, or less where that is needed to keep
+    the longer side within `max_side` pixels (0: no limit)."""
+    if max_side > 0:
+        percentage = min(percentage, 100 * max_side // max(resolution_x, resolution_y, 1))
+    return max(1, percentage)
+
+
 def split_of(index: int, test_every: int) -> str:
     """Every `test_every`-th view is held out for testing (0: none)."""
     return "test" if test_every > 0 and index % test_every == test_every - 1 else "train"

@@ -19,7 +19,7 @@ from .core.cameras import Camera
 from .colors import combined_pass
 from .core.client import RemoteError, decode_depth, decode_frame, wait_done
 from .core.errors import SplatwrightError
-from .frames import border_rect
+from .frames import CPU_TRAINING_SCALE, border_rect, training_frame_gap
 from .operators import nothing_to_show
 from .preferences import prefs
 from .scene_io import camera_of, region_camera
@@ -44,36 +44,72 @@ class LiveView:
         self.view_key = None  # the camera of the view as last drawn
         self.moved_at = 0.0
         self.asked = None  # (view key, scale, backend revision) of the newest request
+        self.asked_at = 0.0
+        self.first_asked_at: float | None = None
+        self.rest_scale = 1.0  # the size a resting view gets
+        self.held_until: float | None = None  # when a request held back on a training CPU backend is due
         self.texture = None
         self.texture_seq = 0
+        self.shown_wait = -1  # the whole seconds of waiting the view shows
 
     def update(self, cam: Camera) -> None:
-        """Ask for a frame when the view, the wanted size or the model changed since the last request."""
+        """Ask for a frame when the view, the wanted size or the model changed since the last request (on a
+        training CPU backend: only when the view rests and the backend had its time to train)."""
         now = time.monotonic()
         key = (cam.c2w.tobytes(), cam.K.tobytes(), cam.width, cam.height)
         if key != self.view_key:
             self.view_key, self.moved_at = key, now
-        scale = 1.0 if now - self.moved_at >= REST_SECONDS else MOVING_SCALE
+        rested_at = self.moved_at + REST_SECONDS
+        self.rest_scale = CPU_TRAINING_SCALE if training_on_cpu() else 1.0
+        if self.rest_scale < 1.0:
+            scale, due = self.rest_scale, max(rested_at, self.asked_at + self.frame_gap())  # frames.py says why
+        else:
+            scale, due = (1.0 if now >= rested_at else MOVING_SCALE), now
         want = (key, scale, live.backend.revision)
-        if want != self.asked:
-            self.asked = want
+        if want == self.asked:
+            self.held_until = None
+            return
+        if now < due and self.first_asked_at is not None:
+            self.held_until = due
+        else:
+            self.asked, self.asked_at, self.held_until = want, now, None
+            self.first_asked_at = self.first_asked_at or now
             self.stream.ask(cam.scaled(scale), tag=want)
-            if not bpy.app.timers.is_registered(_watch):  # it stops when no view waits for anything
-                bpy.app.timers.register(_watch, first_interval=WATCH_INTERVAL)
+        if not bpy.app.timers.is_registered(_watch):  # it stops when no view waits for anything
+            bpy.app.timers.register(_watch, first_interval=WATCH_INTERVAL)
+
+    def frame_gap(self) -> float:
+        frame = self.stream.frame
+        return training_frame_gap(frame.seconds if frame is not None else 0.0)
 
     def stale(self) -> bool:
-        """A newer frame waits to be shown, or the view has rested long enough for a full-size one."""
+        """The view should be drawn again: a newer frame waits to be shown, the view has rested long enough for
+        a full-size one, a held-back request is due, or the wait for the first frame is a second longer."""
+        now = time.monotonic()
         frame = self.stream.frame
         if frame is not None and frame.seq != self.texture_seq:
             return True
-        return self.asked is not None and self.asked[1] < 1.0 and time.monotonic() - self.moved_at >= REST_SECONDS
+        if self.held_until is not None and now >= self.held_until:
+            return True
+        if frame is None and self.first_asked_at is not None and int(now - self.first_asked_at) != self.shown_wait:
+            return True
+        return self.asked is not None and self.asked[1] < self.rest_scale and now - self.moved_at >= REST_SECONDS
 
     def waiting(self) -> bool:
-        """The newest request is not answered yet, or a full-size frame is still to come once the view rests."""
+        """A request is not answered yet or held back, or a full-size frame is still to come once the view
+        rests."""
         if self.asked is None:
             return False
         frame = self.stream.frame
-        return frame is None or frame.tag != self.asked or self.asked[1] < 1.0
+        return (frame is None or frame.tag != self.asked or self.held_until is not None
+                or self.asked[1] < self.rest_scale)
+
+    def waiting_note(self) -> str:
+        """What to show while the first frame is on its way, or ''."""
+        if self.stream.frame is not None or self.first_asked_at is None:
+            return ""
+        self.shown_wait = int(time.monotonic() - self.first_asked_at)
+        return f"Splatwright: waiting for the first frame\u2026 {self.shown_wait} s"
 
     def texture_of_newest(self):
         """The newest frame as a texture, uploaded here when it is new: the stream's thread already made
@@ -88,6 +124,11 @@ class LiveView:
 
     def close(self) -> None:
         self.stream.close()
+
+
+def training_on_cpu() -> bool:
+    b = live.backend
+    return b.capabilities.get("device") == "cpu" and b.status.get("state") == "training"
 
 
 def frame_texture(pixels: np.ndarray, width: int, height: int):
@@ -171,6 +212,8 @@ class SPLATWRIGHT_RE_engine(bpy.types.RenderEngine):
             draw_texture_2d(texture, (0, 0), region.width, region.height)
         if self.view.stream.error:
             draw_message(region, f"Splatwright: {self.view.stream.error}")
+        elif texture is None:
+            draw_message(region, self.view.waiting_note())
 
     # ---- final renders ----
 

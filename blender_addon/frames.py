@@ -3,6 +3,7 @@ frame a render border keeps."""
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -13,6 +14,18 @@ from .core import protocol
 from .core.cameras import Camera
 from .core.client import Client, PendingReply, RemoteError, decode_frame
 from .core.protocol import Message
+
+# A CPU backend renders with the cores training uses, so while it trains a live view asks for frames only once it
+# rests, at this size, and leaves the backend FRAME_SHARE_FACTOR times a frame's round trip (at least
+# CPU_MIN_SECONDS) between two: frames then take at most 1 / (1 + FRAME_SHARE_FACTOR) of its time.
+CPU_TRAINING_SCALE = 0.5
+FRAME_SHARE_FACTOR = 5.0
+CPU_MIN_SECONDS = 1.0
+
+
+def training_frame_gap(frame_seconds: float) -> float:
+    """Seconds to leave a training CPU backend between two frames, after one took `frame_seconds`."""
+    return max(CPU_MIN_SECONDS, FRAME_SHARE_FACTOR * frame_seconds)
 
 
 def border_rect(render, width: int, height: int) -> tuple[int, int, int, int]:
@@ -32,6 +45,7 @@ class Frame:
     tag: object  # what the asker attached to its request
     fields: dict  # the render reply's: width, height, step, ...
     pixels: np.ndarray  # display_pixels of the frame, rows bottom-up
+    seconds: float = 0.0  # from its request's send to its reply
 
 
 class FrameStream:
@@ -40,20 +54,22 @@ class FrameStream:
     texture upload takes, so the viewer's thread has nothing left to do but upload it.
 
     `client_of()` gives the connected Client or None; frames use its frame_format. `on_frame(frame)` is
-    called on the stream's thread when a frame is ready."""
+    called on the stream's thread when a frame is ready. `start(thread)` starts the stream's thread; Blender's
+    drawing passes one that hands it to another thread, as Thread.start waits until the thread runs."""
 
-    def __init__(self, client_of: Callable[[], "Client | None"], on_frame: Callable[[Frame], None] | None = None):
+    def __init__(self, client_of: Callable[[], "Client | None"], on_frame: Callable[[Frame], None] | None = None,
+                 start: Callable[[threading.Thread], None] = threading.Thread.start):
         self._client_of, self._on_frame = client_of, on_frame
         self._cond = threading.Condition()
         self._wanted: tuple[Camera, object] | None = None
-        self._reply: tuple[int, object, Message] | None = None
+        self._reply: tuple[int, object, Message, float] | None = None
         self._sent = 0  # requests sent
         self._newest = 0  # the newest request answered with a frame
         self._closed = False
         self.frame: Frame | None = None
         self.error = ""  # why the last request failed; cleared by the next frame
         self._thread = threading.Thread(target=self._run, name="splatwright-frames", daemon=True)
-        self._thread.start()
+        start(self._thread)
 
     def ask(self, camera: Camera, tag: object = None) -> None:
         """Request a frame of `camera`; replaces one not sent yet."""
@@ -86,13 +102,13 @@ class FrameStream:
             self.error = "the backend is not connected"
             return
         self._sent += 1
-        seq = self._sent
+        seq, sent_at = self._sent, time.monotonic()
         try:
-            client.submit_render(camera, on_done=lambda p: self._answered(seq, tag, p))
+            client.submit_render(camera, on_done=lambda p: self._answered(seq, tag, p, time.monotonic() - sent_at))
         except (ConnectionError, ValueError) as e:
             self.error = str(e)
 
-    def _answered(self, seq: int, tag: object, pending: PendingReply) -> None:
+    def _answered(self, seq: int, tag: object, pending: PendingReply, seconds: float) -> None:
         """On the client's reader thread: keep the reply if it is the newest, for _run to prepare."""
         try:
             reply = pending.result(0)
@@ -106,15 +122,15 @@ class FrameStream:
         with self._cond:
             if seq > self._newest:
                 self._newest = seq
-                self._reply = (seq, tag, reply)
+                self._reply = (seq, tag, reply, seconds)
                 self._cond.notify_all()
 
-    def _prepare(self, seq: int, tag: object, reply: Message) -> None:
+    def _prepare(self, seq: int, tag: object, reply: Message, seconds: float) -> None:
         try:
             pixels = display_pixels(decode_frame(reply))
         except ValueError as e:
             self.error = f"bad frame from the backend: {e}"
             return
-        self.frame, self.error = Frame(seq, tag, reply.fields, pixels), ""
+        self.frame, self.error = Frame(seq, tag, reply.fields, pixels, seconds), ""
         if self._on_frame is not None:
             self._on_frame(self.frame)

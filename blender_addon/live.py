@@ -7,7 +7,9 @@ import traceback
 
 import bpy
 
-from .runtime import Backend, Setup
+from .environment import Setup
+from .messages import one_line
+from .runtime import Backend
 
 backend: Backend | None = None
 setup: Setup | None = None
@@ -24,13 +26,31 @@ def poll() -> float:
     try:
         changed, reports = backend.drain()
         for level, message in reports:
-            bpy.ops.splatwright.report(level=level, message=message)
+            report(level, message)
         if changed or setup_running:
             redraw()
     except Exception:  # a bug: keep the timer alive, show it in the console
         traceback.print_exc()
     busy = backend.in_flight or backend.status.get("state") == "training" or backend.connection == "connecting"
     return BUSY_INTERVAL if busy or setup_running else IDLE_INTERVAL
+
+
+def report(level: str, message: str) -> None:
+    """Put a message into Blender's reports (the status bar and the Info log) from a timer, as one line.
+
+    An operator's reports reach them only from Blender's event loop: called from a script, they are printed
+    to stdout and dropped (and an ERROR raises RuntimeError). So with a window the report operator is
+    invoked there and reports from its modal handler, on the next event; without one (blender -b, the bpy
+    module) nothing shows reports, so it reports where Blender prints them."""
+    window = next(iter(bpy.context.window_manager.windows), None)
+    if window is None or bpy.app.background:
+        try:
+            bpy.ops.splatwright.report(level=level, message=one_line(message))
+        except RuntimeError:
+            pass  # what an ERROR report raises; it is printed already
+        return
+    with bpy.context.temp_override(window=window):
+        bpy.ops.splatwright.report("INVOKE_DEFAULT", level=level, message=one_line(message))
 
 
 def redraw(area_types=REDRAW_AREAS) -> None:

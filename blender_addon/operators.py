@@ -1,5 +1,6 @@
 """Operators. Each returns at once: requests go to the backend worker thread and their results come back
 through the live.poll timer. poll() explains itself through blocked(), which the panels show as hints."""
+import sys
 from pathlib import Path
 
 import bpy
@@ -15,8 +16,8 @@ from .core import protocol
 from .core.errors import SplatwrightError
 from .core.points import POINTS_FILE, read_points
 from .dataset import training_views
-from .preferences import prefs
-from .runtime import Setup
+from .environment import Setup, blender_python
+from .preferences import data_folder, prefs, sources
 from .scene_io import camera_of, viewport_camera
 from .training import background_rgb, training_fields
 
@@ -53,7 +54,7 @@ class Guarded:
 
 
 class SPLATWRIGHT_OT_report(Operator):
-    """Show a message from the backend as a Blender report"""
+    """Show a message from the backend as a Blender report (live.report says how it gets there)"""
     bl_idname = "splatwright.report"
     bl_label = "Splatwright Report"
     bl_options = {"INTERNAL"}
@@ -65,33 +66,72 @@ class SPLATWRIGHT_OT_report(Operator):
         self.report({self.level}, self.message)
         return {"FINISHED"}
 
+    def invoke(self, context, event):
+        """Report from the modal handler: Blender keeps the reports of a running modal operator."""
+        wm = context.window_manager
+        self._timer = wm.event_timer_add(0.0, window=context.window)
+        wm.modal_handler_add(self)
+        return {"RUNNING_MODAL"}
+
+    def modal(self, context, event):
+        if event.type != "TIMER":
+            return {"PASS_THROUGH"}
+        context.window_manager.event_timer_remove(self._timer)
+        return self.execute(context)
+
 
 # ---- backend process ----
 
-class SPLATWRIGHT_OT_setup_environment(Guarded, Operator):
-    """Create or update the backend's Python environment (.venv) by running ./run setup; its log shows here"""
-    bl_idname = "splatwright.setup_environment"
-    bl_label = "Set Up Environment"
+class SPLATWRIGHT_OT_setup_backend(Guarded, Operator):
+    """Make or complete the backend's Python environment (torch, the backend's requirements) in the user folder"""
+    bl_idname = "splatwright.setup_backend"
+    bl_label = "Set Up Backend"
 
     @classmethod
     def blocked(cls, context):
         if prefs(context).mode != "LOCAL":
             return "Only a local backend is set up from here"
-        return "Setup is running" if live.setup is not None and live.setup.returncode is None else ""
+        return "The set-up is running" if setup_running() else ""
 
     def execute(self, context):
+        base = bpy.path.abspath(prefs(context).base_python)
         try:
-            live.setup = Setup(bpy.path.abspath(prefs(context).backend_root))
+            base = base or blender_python(sys.executable, getattr(sys, "_base_executable", None), sys.prefix)
+            live.setup = Setup(base, data_folder(), sources())
         except (SplatwrightError, OSError) as e:
             self.report({"ERROR"}, str(e))
             return {"CANCELLED"}
+        self.report({"INFO"}, f"setting up the backend's environment in {live.setup.venv} with {base}")
         return {"FINISHED"}
 
 
+class SPLATWRIGHT_OT_setup_cancel(Guarded, Operator):
+    """Stop the running set-up (what it installed stays; Set Up Backend goes on from there)"""
+    bl_idname = "splatwright.setup_cancel"
+    bl_label = "Cancel"
+
+    @classmethod
+    def blocked(cls, context):
+        return "" if setup_running() else "No set-up is running"
+
+    def execute(self, context):
+        live.setup.cancel()
+        return {"FINISHED"}
+
+
+def setup_running() -> bool:
+    return live.setup is not None and live.setup.returncode is None
+
+
+def connect(context) -> None:
+    """Start or reach the backend; one that has no session open reopens the scene's (after a crash, say)."""
+    live.backend.connect(prefs(context).connect_settings(), reopen=context.scene.splatwright.session)
+
+
 class SPLATWRIGHT_OT_backend_start(Guarded, Operator):
-    """Start the local backend (or connect to the remote one)"""
+    """Start the local backend (or connect to the remote one); it reopens the scene's last session and model"""
     bl_idname = "splatwright.backend_start"
-    bl_label = "Start"
+    bl_label = "Start Backend"
 
     @classmethod
     def blocked(cls, context):
@@ -99,7 +139,7 @@ class SPLATWRIGHT_OT_backend_start(Guarded, Operator):
             live.backend.connection, "")
 
     def execute(self, context):
-        live.backend.connect(prefs(context).connect_settings())
+        connect(context)
         return {"FINISHED"}
 
 
@@ -115,7 +155,7 @@ class SPLATWRIGHT_OT_backend_check(Guarded, Operator):
     def execute(self, context):
         b = live.backend
         if b.connection != "connected":
-            b.connect(prefs(context).connect_settings())  # connecting fetches the capabilities
+            connect(context)  # connecting fetches the capabilities
         else:
             b.call("check", lambda c: c.call("capabilities"), self.show)
         return {"FINISHED"}
@@ -130,7 +170,7 @@ class SPLATWRIGHT_OT_backend_check(Guarded, Operator):
 class SPLATWRIGHT_OT_backend_stop(Guarded, Operator):
     """Stop the backend cleanly (training is checkpointed); a remote backend is only disconnected"""
     bl_idname = "splatwright.backend_stop"
-    bl_label = "Stop"
+    bl_label = "Stop Backend"
 
     @classmethod
     def blocked(cls, context):
@@ -146,7 +186,7 @@ class SPLATWRIGHT_OT_backend_stop(Guarded, Operator):
 class SPLATWRIGHT_OT_backend_kill(Guarded, Operator):
     """End the local backend process now; frees all of its GPU memory (unsaved training steps are lost)"""
     bl_idname = "splatwright.backend_kill"
-    bl_label = "Kill"
+    bl_label = "Kill Backend"
 
     @classmethod
     def blocked(cls, context):
@@ -163,14 +203,15 @@ class SPLATWRIGHT_OT_backend_kill(Guarded, Operator):
 # ---- capture ----
 
 class SPLATWRIGHT_OT_capture(Guarded, Operator):
-    """Render the views into a NeRF-synthetic dataset and send them to the backend as they finish (ESC cancels)"""
+    """Render the views into a NeRF-synthetic dataset and send them to the backend as they finish. Each view
+    renders as a Blender render job in the render window; Esc or Cancel Capture stops it"""
     bl_idname = "splatwright.capture"
     bl_label = "Capture Views"
 
     @classmethod
     def blocked(cls, context):
         if live.capture is not None:
-            return "A capture is running (ESC cancels it)"
+            return "A capture is running (Esc or Cancel Capture stops it)"
         return "Stop training before capturing new views" if training_state() in protocol.RUNNING else ""
 
     def begin(self, context) -> Capture | None:
@@ -181,14 +222,13 @@ class SPLATWRIGHT_OT_capture(Guarded, Operator):
             self.report({"ERROR"}, str(e))
             return None
 
-    def end(self, job: Capture, error: str = "") -> None:
+    def end(self, job: Capture, level: str = "INFO", reason: str = "") -> None:
+        """Restore the scene and report the capture in one line."""
         job.finish()
-        if error:
-            self.report({"ERROR"}, error)
-        self.report({"INFO"}, job.summary())
+        self.report({level}, f"{reason}; {job.summary()}" if reason else job.summary())
 
     def execute(self, context):
-        """Scripted use: every view in this one call."""
+        """Scripted use, and Blender without a window: every view in this one call, each render blocking."""
         job = self.begin(context)
         if job is None:
             return {"CANCELLED"}
@@ -196,44 +236,65 @@ class SPLATWRIGHT_OT_capture(Guarded, Operator):
             while not job.finished:
                 job.step()
         except (SplatwrightError, RuntimeError) as e:  # bpy.ops.render.render raises RuntimeError
-            self.end(job, str(e))
+            self.end(job, "ERROR", str(e))
             return {"CANCELLED"}
         self.end(job)
         return {"FINISHED"}
 
     def invoke(self, context, event):
+        if bpy.app.background:  # no window, so no render jobs
+            return self.execute(context)
         job = self.begin(context)
         if job is None:
             return {"CANCELLED"}
         live.capture = job
         wm = context.window_manager
-        self._timer = wm.event_timer_add(0.01, window=context.window)
+        self._timer = wm.event_timer_add(0.05, window=context.window)
         wm.modal_handler_add(self)
-        wm.progress_begin(0, job.total)
         return {"RUNNING_MODAL"}
 
     def modal(self, context, event):
         job = live.capture
         if event.type == "ESC":
-            return self.stop_modal(context, job, "capture cancelled")
-        if event.type != "TIMER":
+            job.cancel("capture cancelled (Esc)")
+        elif event.type != "TIMER":
             return {"PASS_THROUGH"}
-        try:
-            job.step()  # one render; the UI stays live between views
-        except (SplatwrightError, RuntimeError) as e:
-            return self.stop_modal(context, job, str(e))
-        context.window_manager.progress_update(job.done)
-        live.redraw()
-        return self.stop_modal(context, job) if job.finished else {"RUNNING_MODAL"}
+        elif not job.cancelled:  # by Cancel Capture since the last tick
+            done = job.done
+            try:
+                job.advance(context)  # starts the next render job; never waits for one
+            except (SplatwrightError, RuntimeError) as e:
+                return self.stop_modal(context, job, "ERROR", str(e))
+            if job.done != done:
+                live.redraw()
+        if job.cancelled:
+            return self.stop_modal(context, job, "WARNING", job.stop_reason)
+        return self.stop_modal(context, job) if job.finished else {"PASS_THROUGH"}
 
-    def stop_modal(self, context, job: Capture, error: str = ""):
-        wm = context.window_manager
-        wm.event_timer_remove(self._timer)
-        wm.progress_end()
+    def cancel(self, context):
+        """Blender ends the operator (a file is loaded, the window closes)."""
+        self.stop_modal(context, live.capture, "WARNING", "capture cancelled")
+
+    def stop_modal(self, context, job: Capture, level: str = "INFO", reason: str = ""):
+        context.window_manager.event_timer_remove(self._timer)
         live.capture = None
-        self.end(job, error)
+        self.end(job, level, reason)
         live.redraw()
-        return {"CANCELLED"} if error else {"FINISHED"}
+        return {"FINISHED"} if level == "INFO" else {"CANCELLED"}
+
+
+class SPLATWRIGHT_OT_capture_cancel(Guarded, Operator):
+    """Stop the running capture now, a render midway included; the views rendered so far are kept and sent"""
+    bl_idname = "splatwright.capture_cancel"
+    bl_label = "Cancel Capture"
+
+    @classmethod
+    def blocked(cls, context):
+        return "" if live.capture is not None else "No capture is running"
+
+    def execute(self, context):
+        live.capture.cancel()
+        return {"FINISHED"}
 
 
 class SPLATWRIGHT_OT_send_views(Guarded, Operator):
@@ -280,10 +341,22 @@ class SPLATWRIGHT_OT_send_views(Guarded, Operator):
 
 # ---- training ----
 
+def has_model() -> bool:
+    """The session has a trained model, in the backend or as its checkpoint."""
+    status = live.backend.status
+    return bool(status.get("step") or status.get("checkpoint"))
+
+
 class SPLATWRIGHT_OT_train_start(Guarded, Operator):
-    """Start training from scratch on the captured views with these settings"""
+    """Train on the captured views with these settings; over a trained model, it asks whether to continue
+    from that model or start over"""
     bl_idname = "splatwright.train_start"
     bl_label = "Start Training"
+
+    start: EnumProperty(name="Trained Model", default="CONTINUE", items=[
+        ("CONTINUE", "Continue From It", "Train on from the session's model (as far as its schedule goes)"),
+        ("OVER", "Start Over", "Train a new model with these settings; the old one is kept on disk until the "
+                               "new one's first checkpoint")])
 
     @classmethod
     def blocked(cls, context):
@@ -293,11 +366,29 @@ class SPLATWRIGHT_OT_train_start(Guarded, Operator):
             return "Training is running"
         return "" if live.backend.status.get("views") else "Capture views first (or send the last capture)"
 
+    def invoke(self, context, event):
+        if not has_model():
+            return self.execute(context)
+        return context.window_manager.invoke_props_dialog(self)
+
+    def draw(self, context):
+        layout = self.layout
+        status = live.backend.status
+        layout.label(text=f"Session {status.get('session')} has a trained model (step {status.get('step', 0)}).")
+        layout.prop(self, "start", expand=True)
+
     def execute(self, context):
-        fields = training_fields(context.scene.splatwright)
+        fields = training_fields(context.scene.splatwright, fresh=self.start == "OVER")
         live.backend.progress = {}
-        live.backend.call("start_training", lambda c: c.call("start_training", **fields), set_status)
+        live.backend.call("start_training", lambda c: c.call("start_training", **fields), started)
         return {"FINISHED"}
+
+
+def started(reply: dict) -> str:
+    status = {k: v for k, v in reply.items() if k != "continued"}
+    set_status(status)
+    how = f"continues from step {status['step']}" if reply["continued"] else "starts from scratch"
+    return f"training {how} in session {status['session']}"
 
 
 class TrainingControl(Guarded):
@@ -333,7 +424,7 @@ class SPLATWRIGHT_OT_train_resume(TrainingControl, Operator):
 class SPLATWRIGHT_OT_train_stop(TrainingControl, Operator):
     """Stop training and write a checkpoint"""
     bl_idname = "splatwright.train_stop"
-    bl_label = "Stop"
+    bl_label = "Stop Training"
     request, states, hint = "stop", ("training", "paused"), "Training is not running"
 
 
@@ -430,9 +521,11 @@ class SPLATWRIGHT_OT_export_ply(Guarded, Operator, ExportHelper):
         return {"FINISHED"}
 
 
-CLASSES = (SPLATWRIGHT_OT_report, SPLATWRIGHT_OT_setup_environment, SPLATWRIGHT_OT_backend_start,
-           SPLATWRIGHT_OT_backend_check, SPLATWRIGHT_OT_backend_stop, SPLATWRIGHT_OT_backend_kill,
-           SPLATWRIGHT_OT_capture, SPLATWRIGHT_OT_send_views, SPLATWRIGHT_OT_train_start, SPLATWRIGHT_OT_train_pause,
+CLASSES = (SPLATWRIGHT_OT_report, SPLATWRIGHT_OT_setup_backend, SPLATWRIGHT_OT_setup_cancel,
+           SPLATWRIGHT_OT_backend_start, SPLATWRIGHT_OT_backend_check, SPLATWRIGHT_OT_backend_stop,
+           SPLATWRIGHT_OT_backend_kill,
+           SPLATWRIGHT_OT_capture, SPLATWRIGHT_OT_capture_cancel, SPLATWRIGHT_OT_send_views,
+           SPLATWRIGHT_OT_train_start, SPLATWRIGHT_OT_train_pause,
            SPLATWRIGHT_OT_train_resume, SPLATWRIGHT_OT_train_stop, SPLATWRIGHT_OT_render_preview,
            SPLATWRIGHT_OT_load_ply, SPLATWRIGHT_OT_export_ply)
 register, unregister = bpy.utils.register_classes_factory(CLASSES)

@@ -5,35 +5,56 @@ from pathlib import Path
 
 import bpy
 
-from . import live
+from . import live, properties
+from .defaults import CPU, device_of, schedule_steps, training_seconds
+from .messages import wrap
 from .operators import (SPLATWRIGHT_OT_backend_check, SPLATWRIGHT_OT_backend_kill, SPLATWRIGHT_OT_backend_start,
-                        SPLATWRIGHT_OT_backend_stop, SPLATWRIGHT_OT_capture, SPLATWRIGHT_OT_export_ply,
+                        SPLATWRIGHT_OT_backend_stop, SPLATWRIGHT_OT_capture, SPLATWRIGHT_OT_capture_cancel,
+                        SPLATWRIGHT_OT_export_ply,
                         SPLATWRIGHT_OT_load_ply, SPLATWRIGHT_OT_render_preview, SPLATWRIGHT_OT_send_views,
                         SPLATWRIGHT_OT_train_pause, SPLATWRIGHT_OT_train_resume, SPLATWRIGHT_OT_train_start,
                         SPLATWRIGHT_OT_train_stop)
+from .scene_io import animation_frames, capture_cameras, capture_size
 
 CONNECTION_ICONS = {"connected": "CHECKMARK", "connecting": "TIME", "lost": "ERROR", "disconnected": "X"}
+BUTTONS_PER_ROW = 2  # what the sidebar's default width shows uncut
+CHAR_PIXELS = 6.5  # the width of an average character of the UI font at scale 1
+LABEL_MARGIN_PIXELS = 48  # the panel's margins and a label's icon
+DEFAULT_REGION_PIXELS = 300  # where there is no region to measure (a script drawing the panel)
 
 
 def buttons(layout, context, *ops, icons=()) -> None:
-    """A row of operator buttons (disabled by their poll), then why the disabled ones cannot run."""
-    row = layout.row(align=True)
+    """Operator buttons (disabled by their poll), a few to a row, then why the disabled ones cannot run."""
+    grid = layout.grid_flow(row_major=True, columns=BUTTONS_PER_ROW, even_columns=True, align=True)
     for i, op in enumerate(ops):
-        row.operator(op.bl_idname, icon=icons[i] if i < len(icons) else "NONE")
+        grid.operator(op.bl_idname, icon=icons[i] if i < len(icons) else "NONE")
     reasons = []
     for op in ops:
         reason = op.blocked(context)
         if reason and reason not in reasons:
             reasons.append(reason)
     for reason in reasons:
-        layout.label(text=reason, icon="INFO")
+        labels(layout, context, reason, icon="INFO")
+
+
+def labels(layout, context, text: str, icon: str = "NONE") -> None:
+    """`text` as labels wrapped to the panel's width, the icon on the first."""
+    region = context.region
+    scale = context.preferences.system.ui_scale or 1.0  # 0 in Blender without a window
+    width = region.width if region is not None else DEFAULT_REGION_PIXELS * scale
+    col = layout.column(align=True)
+    for i, line in enumerate(wrap(text, int((width - LABEL_MARGIN_PIXELS * scale) / (CHAR_PIXELS * scale)))):
+        col.label(text=line, icon=icon if i == 0 or icon == "NONE" else "BLANK1")
 
 
 def progress(layout, factor: float, text: str) -> None:
+    """A progress bar; Blender 3.x has none, so a read-only slider shows the factor there (one per panel: it
+    reads the value when the panel's layout ends)."""
     if bpy.app.version >= (4, 0, 0):
         layout.progress(factor=factor, type="BAR", text=text)
     else:
-        layout.label(text=f"{text}  ({factor:.0%})")
+        properties.progress_shown[0] = 100.0 * factor
+        layout.prop(bpy.context.window_manager, "splatwright_progress", text=text, slider=True)
 
 
 def duration(seconds: float) -> str:
@@ -52,8 +73,8 @@ class SPLATWRIGHT_PT_backend(SplatsPanel, bpy.types.Panel):
 
     def draw(self, context):
         layout, b = self.layout, live.backend
-        layout.label(text=f"{b.connection.title()}{': ' + b.detail if b.detail else ''}",
-                     icon=CONNECTION_ICONS.get(b.connection, "QUESTION"))
+        labels(layout, context, f"{b.connection.title()}{': ' + b.detail if b.detail else ''}",
+               icon=CONNECTION_ICONS.get(b.connection, "QUESTION"))
         if b.connection == "connected":
             caps, status = b.capabilities, b.status
             gpu = caps.get("gpu") or f"no GPU ({caps.get('device')})"
@@ -64,8 +85,8 @@ class SPLATWRIGHT_PT_backend(SplatsPanel, bpy.types.Panel):
                 layout.label(text=f"Memory: {memory / 1024:.2f} GB used{total}")
             if status.get("session"):
                 layout.label(text=f"Session {status['session']}: {status.get('views', 0)} views")
-        if b.last_error:
-            layout.label(text=b.last_error, icon="ERROR")
+        if b.last_error and b.last_error != b.detail:
+            labels(layout, context, b.last_error, icon="ERROR")
         buttons(layout, context, SPLATWRIGHT_OT_backend_start, SPLATWRIGHT_OT_backend_stop,
                 SPLATWRIGHT_OT_backend_kill, icons=("PLAY", "PAUSE", "CANCEL"))
         layout.operator(SPLATWRIGHT_OT_backend_check.bl_idname, icon="CHECKMARK")
@@ -78,7 +99,10 @@ class SPLATWRIGHT_PT_capture(SplatsPanel, bpy.types.Panel):
         layout, s = self.layout, context.scene.splatwright
         job = live.capture
         if job is not None:
-            progress(layout, job.done / job.total, f"Capturing {job.done}/{job.total} (Esc cancels)")
+            left = job.seconds_left()
+            progress(layout, job.done / job.total, f"View {min(job.done + 1, job.total)}/{job.total}" +
+                     (f", {duration(left)} left" if left is not None else ""))
+            layout.operator(SPLATWRIGHT_OT_capture_cancel.bl_idname, icon="CANCEL")
         layout.prop(s, "source")
         col = layout.column()
         if s.source == "CAMERAS":
@@ -89,14 +113,36 @@ class SPLATWRIGHT_PT_capture(SplatsPanel, bpy.types.Panel):
             for name in ("orbit_shape", "orbit_target", "orbit_count", "orbit_radius", "orbit_lens", "orbit_seed"):
                 col.prop(s, name)
         col = layout.column()
-        for name in ("resolution_percentage", "test_every", "transparent", "initial_points"):
+        for name in ("resolution_percentage", "max_side", "render_engine", "samples", "test_every", "transparent",
+                     "initial_points"):
             col.prop(s, name)
         if s.initial_points:
             col.prop(s, "point_count")
         col.prop(s, "folder")
+        draw_estimate(layout, context.scene)
         buttons(layout, context, SPLATWRIGHT_OT_capture, SPLATWRIGHT_OT_send_views, icons=("RENDER_STILL", "EXPORT"))
         if s.capture_folder:
             layout.label(text=f"Last capture: {Path(s.capture_folder).name}")
+
+
+def draw_estimate(layout, scene) -> None:
+    """How many views at what size, how long training them takes on the connected backend's device, and
+    that the CPU trains a preview."""
+    s = scene.splatwright
+    width, height = capture_size(scene)
+    views = {"ORBIT": lambda: s.orbit_count, "ANIMATION": lambda: len(animation_frames(scene)),
+             "CAMERAS": lambda: len(capture_cameras(scene))}[s.source]()
+    col = layout.column(align=True)
+    col.label(text=f"{views} views of {width}x{height} px", icon="RENDER_RESULT")
+    b = live.backend
+    device = b.capabilities.get("device") if b.connection == "connected" else None
+    if device:
+        steps = schedule_steps(device, s.preset.lower(), s.iterations if s.custom_steps else None)
+        seconds = training_seconds(device, steps, width, height)
+        col.label(text=f"Training: about {duration(seconds)} ({steps} steps)", icon="TIME")
+        if device_of(device) == CPU:
+            col.label(text="CPU backend: a quick preview", icon="INFO")
+            col.label(text="(a CUDA GPU trains full size)")
 
 
 class SPLATWRIGHT_PT_train(SplatsPanel, bpy.types.Panel):
@@ -104,30 +150,35 @@ class SPLATWRIGHT_PT_train(SplatsPanel, bpy.types.Panel):
 
     def draw(self, context):
         layout, s, b = self.layout, context.scene.splatwright, live.backend
+        draw_training_stats(layout, b)  # first, so they stay in sight while training
         col = layout.column()
         col.prop(s, "preset")
         col.prop(s, "custom_steps")
         if s.custom_steps:
             col.prop(s, "iterations")
         col.prop(s, "sh_degree")
-        col.prop(s, "max_gaussians")
+        col.prop(s, "max_gaussians", text="Gaussian Cap" if s.max_gaussians else "Gaussian Cap: Auto")
         col.prop(s, "background")
         if s.background == "CUSTOM":
             col.prop(s, "background_color")
         buttons(layout, context, SPLATWRIGHT_OT_train_start, SPLATWRIGHT_OT_train_pause,
                 SPLATWRIGHT_OT_train_resume, SPLATWRIGHT_OT_train_stop, icons=("PLAY", "PAUSE", "FILE_REFRESH", "SNAP_FACE"))
-        step, total = b.status.get("step", 0), b.status.get("iterations", 0)
-        if total:
-            progress(layout, step / total, f"{b.status.get('state', '')} {step}/{total}")
-        p = b.progress
-        if p:
-            col = layout.column(align=True)
-            if p.get("loss") is not None:
-                col.label(text=f"Loss {p['loss']:.4f}   PSNR {p['psnr']:.2f} dB")
-            col.label(text=f"{p.get('gaussians', 0):,} Gaussians")
-            rate = p.get("its_per_s") or 0.0
-            eta = duration((total - step) / rate) if rate > 0 and total > step else "-"
-            col.label(text=f"{rate:.1f} it/s   ETA {eta}")
+
+
+def draw_training_stats(layout, b) -> None:
+    """The training's progress bar, loss, PSNR, Gaussians, speed and time left."""
+    step, total = b.status.get("step", 0), b.status.get("iterations", 0)
+    if total:
+        progress(layout, step / total, f"{b.status.get('state', '').title()} {step}/{total}")
+    p = b.progress
+    if p:
+        col = layout.column(align=True)
+        if p.get("loss") is not None:
+            col.label(text=f"Loss {p['loss']:.4f}   PSNR {p['psnr']:.2f} dB")
+        col.label(text=f"{p.get('gaussians', 0):,} Gaussians")
+        rate = p.get("its_per_s") or 0.0
+        eta = duration((total - step) / rate) if rate > 0 and total > step else "-"
+        col.label(text=f"{rate:.1f} it/s   ETA {eta}")
 
 
 class SPLATWRIGHT_PT_view(SplatsPanel, bpy.types.Panel):

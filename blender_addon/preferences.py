@@ -1,14 +1,31 @@
-"""Add-on preferences: where the backend runs (a local Python or a remote host) and its environment."""
+"""Add-on preferences: where the backend runs (a local Python or a remote host), and the backend's own
+environment, which Set Up Backend makes in Blender's per-user data folder for the add-on."""
 from __future__ import annotations
+
+import time
+from pathlib import Path
 
 import bpy
 from bpy.props import EnumProperty, IntProperty, StringProperty
 
 from . import live
-from .runtime import ConnectSettings, defaults
+from .environment import SESSIONS, VENV, backend_sources, readiness, venv_python
+from .runtime import ConnectSettings
 
-_DEFAULTS = defaults()
 SETUP_LOG_LINES = 12
+ADDON_FOLDER = Path(__file__).resolve().parent
+
+
+def data_folder() -> Path:
+    """Blender's per-user data folder for the add-on, which outlives its updates: the extension's user folder
+    (a 4.2+ extension), else splatwright/ in Blender's user config folder (a legacy add-on)."""
+    if __package__.startswith("bl_ext.") and hasattr(bpy.utils, "extension_path_user"):
+        return Path(bpy.utils.extension_path_user(__package__, create=True))
+    return Path(bpy.utils.user_resource("CONFIG")) / "splatwright"
+
+
+def sources() -> Path:
+    return backend_sources(ADDON_FOLDER)
 
 
 class SPLATWRIGHT_AP_preferences(bpy.types.AddonPreferences):
@@ -18,30 +35,35 @@ class SPLATWRIGHT_AP_preferences(bpy.types.AddonPreferences):
         ("LOCAL", "Local", "Start the backend on this computer with the Python below"),
         ("REMOTE", "Remote", "Connect to a backend already running elsewhere (python -m backend serve)"),
     ])
-    python: StringProperty(name="Python", subtype="FILE_PATH", default=_DEFAULTS.get("python", ""),
-                           description="Python with torch to run the backend (the .venv that ./run setup makes)")
-    backend_root: StringProperty(name="Backend folder", subtype="DIR_PATH",
-                                 default=_DEFAULTS.get("backend_root", ""),
-                                 description="The Splatwright checkout holding backend/ and ./run")
-    workdir: StringProperty(name="Sessions folder", subtype="DIR_PATH", default="",
-                            description="Where the backend keeps sessions (empty: out/sessions in the backend folder)")
+    python: StringProperty(name="Python", subtype="FILE_PATH", default="",
+                           description="A Python with torch to run the backend, such as an environment you "
+                                       "already have (empty: the environment Set Up Backend makes)")
+    base_python: StringProperty(name="Base Python", subtype="FILE_PATH", default="",
+                                description="The Python that Set Up Backend builds the backend's environment "
+                                            "from (empty: Blender's own)")
+    workdir: StringProperty(name="Sessions Folder", subtype="DIR_PATH", default="",
+                            description="Where the backend keeps sessions (empty: sessions/ in the add-on's "
+                                        "data folder)")
     host: StringProperty(name="Host", default="127.0.0.1")
     port: IntProperty(name="Port", default=7380, min=1, max=65535)
     token: StringProperty(name="Token", subtype="PASSWORD",
                           description="The secret in the remote backend's --token-file")
 
+    def backend_python(self) -> str:
+        return bpy.path.abspath(self.python) or str(venv_python(data_folder() / VENV))
+
     def connect_settings(self) -> ConnectSettings:
-        return ConnectSettings(self.mode, bpy.path.abspath(self.python), bpy.path.abspath(self.backend_root),
-                               bpy.path.abspath(self.workdir), self.host, self.port, self.token)
+        workdir = bpy.path.abspath(self.workdir) or str(data_folder() / SESSIONS)
+        return ConnectSettings(self.mode, self.backend_python(), str(sources()), workdir, self.host, self.port,
+                               self.token)
 
     def draw(self, context):
         layout = self.layout
         layout.row().prop(self, "mode", expand=True)
         if self.mode == "LOCAL":
-            layout.prop(self, "backend_root")
             layout.prop(self, "python")
             layout.prop(self, "workdir")
-            draw_setup(layout)
+            draw_setup(layout, self)
         else:
             layout.prop(self, "host")
             layout.prop(self, "port")
@@ -52,15 +74,31 @@ class SPLATWRIGHT_AP_preferences(bpy.types.AddonPreferences):
         draw_capabilities(layout)
 
 
-def draw_setup(layout) -> None:
-    layout.operator("splatwright.setup_environment", icon="CONSOLE")
+def draw_setup(layout, prefs: SPLATWRIGHT_AP_preferences) -> None:
+    """The backend's environment: where it is, what it has, and Set Up Backend with its progress and log."""
+    from .panels import progress  # the panels import the operators, which import this module
+    venv = data_folder() / VENV
+    box = layout.box()
+    box.label(text=f"Backend environment{' (not used while Python is set)' if prefs.python else ''}: {venv}")
+    found = readiness(venv, sources())
+    if found:
+        box.label(text=f"Ready: Python {found['python']}, torch {found['torch']} "
+                       f"({'CUDA ' + found['cuda'] if found.get('cuda') else 'CPU'})", icon="CHECKMARK")
+    else:
+        box.label(text="Not set up: Set Up Backend installs torch and the backend's requirements there",
+                  icon="INFO")
+    box.prop(prefs, "base_python")
+    row = box.row()
+    row.operator("splatwright.setup_backend", icon="CONSOLE")
+    row.operator("splatwright.setup_cancel", icon="CANCEL")
     job = live.setup
     if job is None:
         return
-    box = layout.box()
-    code = job.returncode
-    state = "running..." if code is None else ("done" if code == 0 else f"failed (exit code {code})")
-    box.label(text=f"./run setup: {state}", icon="TIME" if code is None else ("CHECKMARK" if code == 0 else "ERROR"))
+    if job.returncode is None:
+        elapsed = int(time.monotonic() - job.step_started)
+        progress(box, job.progress, f"{job.step} ({elapsed // 60}:{elapsed % 60:02d})")
+    else:
+        box.label(text=f"Set-up {job.state}", icon="CHECKMARK" if job.returncode == 0 else "ERROR")
     col = box.column(align=True)
     col.scale_y = 0.7
     for line in job.log.last(SETUP_LOG_LINES):

@@ -1,11 +1,18 @@
-"""Per-scene settings of capture and training (Scene.splatwright)."""
+"""Per-scene settings of capture and training (Scene.splatwright), which start at the defaults of the connected
+backend's device (defaults.py) until the user changes them."""
 from __future__ import annotations
 
 import bpy
 from bpy.props import BoolProperty, EnumProperty, FloatProperty, FloatVectorProperty, IntProperty, StringProperty
 
+from . import live
 from .core.settings import PRESETS, TRAINING
+from .defaults import DEVICE_DEFAULTS, GPU, defaults_for, device_of
 from .training import default
+
+START = DEVICE_DEFAULTS[GPU]  # the properties' defaults: a GPU backend's
+FOLLOW_INTERVAL = 1.0  # seconds between checks of the connected backend's device
+progress_shown = [0.0]  # percent: what the next progress bar on Blender 3.x shows (panels.progress)
 
 
 class SPLATWRIGHT_PG_settings(bpy.types.PropertyGroup):
@@ -22,13 +29,23 @@ class SPLATWRIGHT_PG_settings(bpy.types.PropertyGroup):
     orbit_target: EnumProperty(name="Around", default="SELECTION", items=[
         ("SELECTION", "Selection", "The selected objects' bounds (the scene's when nothing is selected)"),
         ("SCENE", "Scene", "The bounds of all visible geometry")])
-    orbit_count: IntProperty(name="Count", default=32, min=1, max=2000)
+    orbit_count: IntProperty(name="Count", default=START["orbit_count"], min=1, max=2000)
     orbit_radius: FloatProperty(name="Radius", default=0.0, min=0.0, unit="LENGTH",
                                 description="Distance from the centre (0: fit the bounds in view)")
     orbit_lens: FloatProperty(name="Focal Length", default=50.0, min=1.0, unit="CAMERA")
     orbit_seed: IntProperty(name="Seed", default=0, min=0)
-    resolution_percentage: IntProperty(name="Resolution Scale", default=100, min=1, max=100, subtype="PERCENTAGE",
+    resolution_percentage: IntProperty(name="Resolution Scale", default=START["resolution_percentage"], min=1,
+                                       max=100, subtype="PERCENTAGE",
                                        description="Render the views at this share of the scene's resolution")
+    max_side: IntProperty(name="Longest Side", default=START["max_side"], min=0, max=16384, subtype="PIXEL",
+                          description="Scale the views down further so their longer side has at most this many "
+                                      "pixels (0: no limit)")
+    render_engine: EnumProperty(name="Engine", default=START["render_engine"], items=[
+        ("SCENE", "Scene's Engine", "The scene's render engine (Cycles while it is Splatwright)"),
+        ("CYCLES", "Cycles", "Cycles, whatever the scene's engine is"),
+    ])
+    samples: IntProperty(name="Samples", default=START["samples"], min=0, max=65536,
+                         description="Samples per pixel of the views' Cycles or Eevee renders (0: the scene's own)")
     test_every: IntProperty(name="Test Every", default=8, min=0,
                             description="Hold out every N-th view for testing (0: train on all views)")
     folder: StringProperty(name="Dataset Folder", subtype="DIR_PATH", default="//splatwright",
@@ -37,20 +54,22 @@ class SPLATWRIGHT_PG_settings(bpy.types.PropertyGroup):
                               description="Render RGBA with a transparent world; training composites the background")
     initial_points: BoolProperty(name="Initial Points from Meshes", default=True,
                                  description="Start the Gaussians on the surfaces of the visible meshes, in their colours")
-    point_count: IntProperty(name="Points", default=20000, min=100, max=5_000_000)
+    point_count: IntProperty(name="Points", default=START["point_count"], min=100, max=5_000_000)
     session: StringProperty(name="Session", default="",
                             description="The backend session of the last capture; final renders reopen it "
                                         "when the backend shows nothing yet")
     capture_folder: StringProperty(name="Last Capture", default="", subtype="DIR_PATH",
                                    description="The dataset folder of the last capture, which Send Views sends")
+    defaults_device: StringProperty(default=GPU, options={"HIDDEN"},
+                                    description="The backend device whose defaults these settings started at")
 
     # Training (names and defaults as in the backend's table, core/settings.py)
     preset: EnumProperty(name="Preset", default=default("preset").upper(), items=[
         (name.upper(), name.capitalize(), f"The backend's {name} GPU schedule (the CPU runs a short one)")
         for name in PRESETS])
-    custom_steps: BoolProperty(name="Custom Steps", description="Train for a chosen number of steps instead of "
-                               "the preset's")
-    iterations: IntProperty(name="Steps", default=7000, min=1)
+    custom_steps: BoolProperty(name="Custom Steps", default=START["custom_steps"],
+                               description="Train for a chosen number of steps instead of the preset's")
+    iterations: IntProperty(name="Steps", default=START["iterations"], min=1)
     sh_degree: IntProperty(name="SH Degree", default=default("sh_degree"), min=0, max=3,
                            description=TRAINING.fields["sh_degree"].help.capitalize())
     max_gaussians: IntProperty(name="Gaussian Cap", default=0, min=0,
@@ -61,11 +80,42 @@ class SPLATWRIGHT_PG_settings(bpy.types.PropertyGroup):
                                           default=(0.5, 0.5, 0.5))
 
 
+def adopt_device_defaults(scene, device: str) -> bool:
+    """Give the scene the defaults of the backend's device, unless the user changed its settings since they
+    were the defaults of the device before. True if they changed."""
+    s, device = scene.splatwright, device_of(device)
+    if s.defaults_device == device or scene.library is not None:
+        return False
+    before = defaults_for(s.defaults_device)
+    if any(getattr(s, name) != value for name, value in before.items()):
+        return False  # the user's own settings
+    for name, value in defaults_for(device).items():
+        setattr(s, name, value)
+    s.defaults_device = device
+    return True
+
+
+def follow_device() -> float:
+    """Timer: scenes take the connected backend's device defaults (new scenes too)."""
+    b = live.backend
+    device = b.capabilities.get("device") if b is not None and b.connection == "connected" else None
+    if device:
+        for scene in bpy.data.scenes:
+            adopt_device_defaults(scene, device)
+    return FOLLOW_INTERVAL
+
+
 def register():
     bpy.utils.register_class(SPLATWRIGHT_PG_settings)
     bpy.types.Scene.splatwright = bpy.props.PointerProperty(type=SPLATWRIGHT_PG_settings)
+    bpy.types.WindowManager.splatwright_progress = FloatProperty(
+        name="Progress", min=0.0, max=100.0, precision=0, subtype="PERCENTAGE", get=lambda self: progress_shown[0])
+    bpy.app.timers.register(follow_device, first_interval=FOLLOW_INTERVAL, persistent=True)
 
 
 def unregister():
+    if bpy.app.timers.is_registered(follow_device):
+        bpy.app.timers.unregister(follow_device)
+    del bpy.types.WindowManager.splatwright_progress
     del bpy.types.Scene.splatwright
     bpy.utils.unregister_class(SPLATWRIGHT_PG_settings)

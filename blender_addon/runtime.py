@@ -18,81 +18,33 @@ import threading
 import time
 import traceback
 from concurrent.futures import Future
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from .core import client as wire
 from .core.errors import SplatwrightError
+from .environment import LogTail, child_env, spawn
 from .frames import FrameStream
+from .messages import last_error_line, one_line
 
 READY_TIMEOUT = 180.0  # the backend's first start imports torch and may build the CUDA rasterizer
 REQUEST_TIMEOUT = 300.0
 STOP_TIMEOUT = 30.0
-
-
-def defaults() -> dict:
-    """Where build_addon.py found the backend and its .venv when the add-on was built."""
-    try:
-        return json.loads((Path(__file__).parent / "core" / "defaults.json").read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-class LogTail:
-    """The last lines a child process wrote to `stream`, read by a daemon thread."""
-
-    def __init__(self, stream, keep: int = 200, on_line: Callable[[str], None] | None = None):
-        self._lines: deque[str] = deque(maxlen=keep)
-        self._lock = threading.Lock()
-        self._on_line = on_line
-        threading.Thread(target=self._read, args=(stream,), name="splatwright-log", daemon=True).start()
-
-    def _read(self, stream) -> None:
-        for line in stream:
-            line = line.rstrip()
-            with self._lock:
-                self._lines.append(line)
-            if self._on_line:
-                self._on_line(line)
-
-    def last(self, n: int) -> list[str]:
-        with self._lock:
-            return list(self._lines)[-n:]
-
-
-def _spawn(args: list[str], cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen(args, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, bufsize=1)
-
-
-class Setup:
-    """`./run setup` (creates or updates the backend's .venv) in a child process, its log kept for the UI."""
-
-    def __init__(self, backend_root: str):
-        script = Path(backend_root) / "run"
-        if not script.is_file():
-            raise SplatwrightError(f"{script} not found; set the backend folder (the Splatwright checkout) "
-                                   "in the add-on preferences")
-        self.proc = _spawn([str(script), "setup"], script.parent)
-        self.log = LogTail(self.proc.stdout)
-
-    @property
-    def returncode(self) -> int | None:
-        return self.proc.poll()
+EXIT_GRACE = 2.0  # seconds a lost local backend gets to exit, so its exit status and last words are known
 
 
 class LocalServer:
-    """`python -m backend serve` on loopback with a fresh random token."""
+    """`python -m backend serve` on loopback with a fresh random token, run from `sources` (the backend's
+    sources bundled in the add-on): its working folder and its only PYTHONPATH entry."""
 
-    def __init__(self, python: str, backend_root: str, workdir: str):
-        root = Path(backend_root)
+    def __init__(self, python: str, sources: str, workdir: str):
+        root = Path(sources)
         if not (root / "backend" / "__main__.py").is_file():
-            raise SplatwrightError(f"{root} holds no backend/ package; set the backend folder (the Splatwright "
-                                   "checkout) in the add-on preferences")
+            raise SplatwrightError(f"{root} holds no backend/ package; reinstall the add-on from its zip")
         if not (os.path.isfile(python) and os.access(python, os.X_OK)):
-            raise SplatwrightError(f"Python {python!r} not found; press 'Set up environment' in the add-on "
+            raise SplatwrightError(f"Python {python!r} not found; press Set Up Backend in the add-on "
                                    "preferences or choose another Python that has torch")
         self.token = secrets.token_urlsafe(32)
         self._token_dir = tempfile.mkdtemp(prefix="splatwright-")  # private to this user (mode 0700)
@@ -100,10 +52,11 @@ class LocalServer:
         token_file.write_text(self.token)
         self._ports: queue.Queue[int] = queue.Queue()
         self.port: int | None = None  # known once ready; a reconnect to the running server reuses it
-        self.proc = _spawn([python, "-u", "-m", "backend", "serve", "--port", "0",
-                            "--workdir", workdir or str(root / "out" / "sessions"),
-                            "--token-file", str(token_file), "--exit-with-parent"], root)
-        self.log = LogTail(self.proc.stdout, on_line=self._ready_line)
+        self.proc = spawn([python, "-u", "-m", "backend", "serve", "--port", "0", "--workdir", workdir,
+                           "--token-file", str(token_file), "--exit-with-parent"], root,
+                          child_env(PYTHONPATH=str(root)))
+        self.log = LogTail(on_line=self._ready_line)
+        self.log.follow(self.proc.stdout)
 
     def _ready_line(self, line: str) -> None:
         if line.startswith("{"):
@@ -145,7 +98,7 @@ class LocalServer:
 class ConnectSettings:
     mode: str  # 'LOCAL' or 'REMOTE'
     python: str
-    backend_root: str
+    sources: str  # the backend's sources: see LocalServer
     workdir: str
     host: str
     port: int
@@ -174,12 +127,16 @@ class Backend:
         self.status: dict = {}  # session, state, views, step, iterations, gaussians, checkpoint
         self.progress: dict = {}  # the latest progress event
         self.in_flight: Counter = Counter()  # job label -> count
-        self.last_error = ""
+        self.errors: dict[str, str] = {}  # what failed -> why, oldest first; cleared once it works again
         self.revision = 0  # counts what may change the model shown: connections, progress and state events
         self._generation = 0  # connection number; events of older connections are ignored
         self._closing = False  # a stop or kill was asked for, so a closed connection is not 'lost'
         self._worker = threading.Thread(target=self._work, name="splatwright-worker", daemon=True)
         self._worker.start()
+        # Threads the main thread wants started: Thread.start waits until the new thread runs, which on a
+        # loaded machine can take long, so a redraw hands its frame stream's thread to this one.
+        self._to_start: queue.Queue[threading.Thread | None] = queue.Queue()
+        threading.Thread(target=self._start_threads, name="splatwright-starter", daemon=True).start()
 
     # ---- main thread: submit ----
 
@@ -204,13 +161,20 @@ class Backend:
 
     def frame_stream(self) -> FrameStream:
         """Frames of a live view over this backend's connection (whichever is current)."""
-        return FrameStream(lambda: self._client)
+        return FrameStream(lambda: self._client, start=self._to_start.put)
 
-    def connect(self, settings: ConnectSettings) -> None:
+    @property
+    def last_error(self) -> str:
+        """The newest error still standing, as reported, or ''."""
+        return next(reversed(self.errors.values()), "")
+
+    def connect(self, settings: ConnectSettings, reopen: str = "") -> None:
+        """Connect (starting a local backend); a backend with no session open then reopens session `reopen`
+        and its checkpoint, as after a crash."""
         self.connection, self.detail, self._closing = "connecting", "", False
         self._generation += 1
         generation = self._generation
-        self._submit("connect", lambda: self._connect(settings, generation), self._connected)
+        self._submit("connect", lambda: self._connect(settings, generation, reopen), self._connected)
 
     def stop(self) -> None:
         """Shut the backend down cleanly (training stops with a checkpoint); a remote one is only left."""
@@ -227,6 +191,7 @@ class Backend:
     def close(self) -> None:
         """At unregister or exit: end the worker, ask a local backend to stop (SIGTERM: it checkpoints)."""
         self._jobs.put(None)
+        self._to_start.put(None)
         if self.server is not None and self.server.alive:
             self.server.proc.terminate()
         client = self._client
@@ -258,30 +223,38 @@ class Backend:
                 self.in_flight[out.label] -= 1
                 if self.in_flight[out.label] <= 0:
                     del self.in_flight[out.label]
-            if out.kind == "done" and out.then is not None:
+            if out.kind == "done":
+                self.errors.pop(out.label, None)  # it works again
                 try:
-                    message = out.then(out.value)
+                    message = out.then(out.value) if out.then is not None else ""
                 except SplatwrightError as e:
                     out = Outcome("error", out.label, str(e))
                 else:
                     if message:
-                        reports.append(("INFO", message))
+                        reports.append(("INFO", one_line(message)))
             if out.kind == "error":
-                self.last_error = f"{out.label}: {out.value}"
-                reports.append(("ERROR", self.last_error))
+                reports.append(("ERROR", self._failed(out.label, f"{out.label.replace('_', ' ')}: {out.value}")))
                 if out.label == "connect":
-                    self.connection, self.detail = "disconnected", str(out.value)
+                    self.connection, self.detail = "disconnected", one_line(out.value)
             elif out.kind == "event":
                 reports += self._apply_event(out.value)
-            elif out.kind == "closed" and out.value == self._generation:
-                self._closed()
+            elif out.kind == "closed" and out.value[0] == self._generation:
+                reports += self._closed(out.value[1])
+
+    def _failed(self, what: str, message: str) -> str:
+        """Keep `message` as the newest error about `what`; returns it as one line."""
+        self.errors.pop(what, None)
+        self.errors[what] = one_line(message)
+        return self.errors[what]
 
     def _connected(self, reply: dict) -> str:
         self.connection, self.detail = "connected", ""
         self.capabilities, self.status, self.progress = reply["capabilities"], reply["status"], {}
+        self.errors.clear()  # a new connection: what failed on the old one is moot
         self.revision += 1
         caps = self.capabilities
-        return f"backend ready: {caps.get('gpu') or caps.get('device')}, torch {caps.get('torch')}"
+        ready = f"backend ready: {caps.get('gpu') or caps.get('device')}, torch {caps.get('torch')}"
+        return f"{ready}; {reply['reopened']}" if reply["reopened"] else ready
 
     def _apply_event(self, event: dict) -> list[tuple[str, str]]:
         kind = event.get("event")
@@ -293,23 +266,30 @@ class Backend:
                                 if k in event})
         elif kind == "state":
             self.status = {k: v for k, v in event.items() if k != "event"}
+            if self.status.get("state") == "training":
+                self.errors.pop("backend", None)  # training runs again
         elif kind == "error":
-            self.last_error = str(event.get("message"))
-            return [("ERROR", f"backend: {self.last_error}")]
+            return [("ERROR", self._failed("backend", f"backend: {event.get('message')}"))]
+        elif kind == "warning":
+            return [("WARNING", one_line(f"backend: {event.get('message')}"))]
         return []
 
-    def _closed(self) -> None:
-        server = self.server
-        exit_note = ""
-        if server is not None and server.proc.poll() is not None:
-            exit_note = f" (the process exited with code {server.proc.returncode}: {server.tail()})"
+    def _closed(self, exit_note: str) -> list[tuple[str, str]]:
+        """The connection closed: the panels stop showing the backend's state (nothing trains any more as far
+        as they know), and a loss nobody asked for is an error."""
+        self.status, self.progress = {}, {}
+        self.revision += 1
         if self._closing:
             self.connection, self.detail = "disconnected", "stopped" + exit_note
-        else:
-            self.connection, self.detail = "lost", "the connection to the backend closed" + exit_note
-            self.last_error = self.detail
+            return []
+        self.connection, self.detail = "lost", "the connection to the backend closed" + exit_note
+        return [("ERROR", self._failed("connection", self.detail))]
 
-    # ---- worker thread ----
+    # ---- worker threads ----
+
+    def _start_threads(self) -> None:
+        while (thread := self._to_start.get()) is not None:
+            thread.start()
 
     def _work(self) -> None:
         while (job := self._jobs.get()) is not None:
@@ -328,11 +308,11 @@ class Backend:
             else:
                 self._outcomes.put(Outcome("done", label, value, then))
 
-    def _connect(self, s: ConnectSettings, generation: int) -> dict:
+    def _connect(self, s: ConnectSettings, generation: int, reopen: str) -> dict:
         self._disconnect()
         if s.mode == "LOCAL":
             if self.server is None or not self.server.alive:
-                self.server = LocalServer(s.python, s.backend_root, s.workdir)
+                self.server = LocalServer(s.python, s.sources, s.workdir)
             host, port, token = "127.0.0.1", self.server.wait_ready(), self.server.token
         else:
             host, port, token = s.host, s.port, s.token
@@ -341,14 +321,33 @@ class Backend:
         except OSError as e:
             raise SplatwrightError(f"cannot reach the backend at {host}:{port} ({e})") from None
         self._client, self._client_is_local = client, s.mode == "LOCAL"
-        threading.Thread(target=self._forward_events, args=(client, generation), name="splatwright-events",
-                         daemon=True).start()
-        return {"capabilities": client.call("capabilities"), "status": client.call("status")}
+        threading.Thread(target=self._forward_events, args=(client, generation, self.server if s.mode == "LOCAL"
+                                                            else None), name="splatwright-events", daemon=True).start()
+        capabilities, status = client.call("capabilities"), client.call("status")
+        reopened = self._reopen(client, reopen) if reopen and status["session"] is None else ""
+        return {"capabilities": capabilities, "status": client.call("status") if reopened else status,
+                "reopened": reopened}
 
-    def _forward_events(self, client: wire.Client, generation: int) -> None:
+    @staticmethod
+    def _reopen(client: wire.Client, session: str) -> str:
+        """Open an existing session and load its checkpoint if it has one; what happened, or '' if there is no
+        such session."""
+        try:
+            status = client.call("open_session", name=session, create=False)
+        except wire.RemoteError:
+            return ""  # gone, or kept by another backend: nothing to reopen
+        if not status["checkpoint"]:
+            return f"reopened session {session} ({status['views']} views, no checkpoint yet)"
+        try:
+            step = client.call("load_checkpoint")["step"]
+        except wire.RemoteError as e:
+            return f"reopened session {session}, but its checkpoint did not load: {e.message}"
+        return f"reopened session {session} and its model at step {step}"
+
+    def _forward_events(self, client: wire.Client, generation: int, server: LocalServer | None) -> None:
         for event in client.events():
             self._outcomes.put(Outcome("event", value=event))
-        self._outcomes.put(Outcome("closed", value=generation))
+        self._outcomes.put(Outcome("closed", value=(generation, exit_note(server) if server else "")))
 
     def _shutdown(self) -> None:
         if self._client is not None and self._client_is_local:
@@ -366,3 +365,14 @@ class Backend:
         client, self._client = self._client, None
         if client is not None:
             client.close()
+
+
+def exit_note(server: LocalServer) -> str:
+    """How a local backend ended, with the last line of its log that says why; '' while it runs."""
+    try:
+        code = server.proc.wait(EXIT_GRACE)
+    except subprocess.TimeoutExpired:
+        return ""
+    time.sleep(0.2)  # the log's reader thread takes the process's last lines after it exits
+    reason = last_error_line(server.log.last(200))
+    return f" (the process exited with code {code}{': ' + reason if reason else ''})"

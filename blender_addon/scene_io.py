@@ -1,12 +1,13 @@
 """Reading cameras, bounds and surface points out of Blender data into the bpy-free types."""
 from __future__ import annotations
 
+import bpy
 import numpy as np
 
 from .core.cameras import BlenderLens, Camera, RenderSize, from_blender_camera, from_blender_view
 from .core.errors import SplatwrightError
 from .colors import linear_to_srgb8
-from .dataset import sample_surface
+from .dataset import capture_percentage, sample_surface
 
 GEOMETRY = {"MESH", "CURVE", "SURFACE", "META", "FONT", "VOLUME", "POINTCLOUD", "CURVES"}
 NO_MATERIAL = (0.8, 0.8, 0.8)  # Blender's default surface colour
@@ -20,6 +21,24 @@ def lens_of(data) -> BlenderLens:
 def render_size(render) -> RenderSize:
     return RenderSize(render.resolution_x, render.resolution_y, render.resolution_percentage,
                       render.pixel_aspect_x, render.pixel_aspect_y)
+
+
+def capture_size(scene) -> tuple[int, int]:
+    """The width and height of the views a capture renders (its scale and longest side applied)."""
+    s, r = scene.splatwright, scene.render
+    percentage = capture_percentage(r.resolution_x, r.resolution_y, s.resolution_percentage, s.max_side)
+    return RenderSize(r.resolution_x, r.resolution_y, percentage).pixels
+
+
+def capture_cameras(scene) -> list:
+    """The camera objects a Scene Cameras capture renders through, by name."""
+    only_selected = scene.splatwright.only_selected
+    return sorted((o for o in scene.objects if o.type == "CAMERA" and (o.select_get() or not only_selected)),
+                  key=lambda o: o.name)
+
+
+def animation_frames(scene) -> range:
+    return range(scene.frame_start, scene.frame_end + 1, scene.splatwright.frame_step)
 
 
 def camera_of(obj, scene) -> Camera:
@@ -98,7 +117,8 @@ def surface_points(context, count: int, seed: int) -> tuple[np.ndarray, np.ndarr
 def base_color(material) -> tuple[float, float, float]:
     if material is None:
         return NO_MATERIAL
-    if material.use_nodes and material.node_tree:
+    uses_nodes = bpy.app.version >= (5, 0, 0) or material.use_nodes  # 5.0: always, and use_nodes is deprecated
+    if uses_nodes and material.node_tree:
         for node in material.node_tree.nodes:
             if node.type == "BSDF_PRINCIPLED":
                 return tuple(node.inputs["Base Color"].default_value[:3])

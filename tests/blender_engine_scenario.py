@@ -2,7 +2,7 @@
 backend through the add-on, view a PLY, and render F12 with the Splatwright engine, Combined to a PNG and the
 Depth pass through the compositor's Viewer node. Prints `RESULT <json>` for pytest.
 
-    python tests/blender_engine_scenario.py --zip dist/splatwright-X.zip --ply model.ply --out DIR
+    python tests/blender_engine_scenario.py --zip dist/splatwright-X.zip --ply model.ply --out DIR [--python PY]
 """
 from __future__ import annotations
 
@@ -21,26 +21,39 @@ SIZE = (80, 60)
 BORDER = (0.25, 0.8, 0.1, 0.6)  # render border: min x, max x, min y, max y (fractions, y from the bottom)
 
 
+def compositor(scene):
+    """The scene's compositor node tree, empty: scene.node_tree before Blender 5.0, a node group from 5.0."""
+    if bpy.app.version >= (5, 0, 0):
+        scene.compositing_node_group = bpy.data.node_groups.new("Compositor", "CompositorNodeTree")
+        return scene.compositing_node_group
+    scene.use_nodes = True
+    scene.node_tree.nodes.clear()
+    return scene.node_tree
+
+
 def depth_to_file(scene, folder: Path) -> None:
     """Render Layers' Depth into a float EXR through the compositor's File Output node."""
-    scene.use_nodes = True
-    tree = scene.node_tree
-    tree.nodes.clear()
+    tree = compositor(scene)
     layers = tree.nodes.new("CompositorNodeRLayers")
     output = tree.nodes.new("CompositorNodeOutputFile")
-    output.base_path = str(folder)
+    if bpy.app.version >= (5, 0, 0):  # the node names its folder and files apart and has an input per item
+        output.directory, output.file_name = str(folder), "depth"
+        output.file_output_items.new("FLOAT", "Depth")
+        output.format.media_type = "IMAGE"  # not a multilayer EXR
+    else:
+        output.base_path = str(folder)
     output.format.file_format, output.format.color_depth, output.format.color_mode = "OPEN_EXR", "32", "RGB"
     tree.links.new(layers.outputs["Depth"], output.inputs[0])
     scene.render.use_compositing = True
 
 
-def run(zip_path: Path, ply: Path, out: Path) -> dict:
+def run(zip_path: Path, ply: Path, out: Path, python: str) -> dict:
     build_scene()
     bpy.ops.preferences.addon_install(filepath=str(zip_path), overwrite=True)
     bpy.ops.preferences.addon_enable(module="splatwright")
     live = addon().live
     prefs = bpy.context.preferences.addons["splatwright"].preferences
-    prefs.python, prefs.workdir = sys.executable, str(out / "sessions")
+    prefs.python, prefs.workdir = python, str(out / "sessions")
     op("backend_start")
     wait_for(lambda: live.backend.connection == "connected", "backend start", 120)
     op("load_ply", filepath=str(ply))
@@ -85,10 +98,11 @@ def main() -> int:
     parser.add_argument("--zip", required=True)
     parser.add_argument("--ply", required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--python", default=sys.executable, help="the backend's Python, with torch")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    return report(lambda: run(Path(args.zip), Path(args.ply), out))
+    return report(lambda: run(Path(args.zip), Path(args.ply), out, args.python))
 
 
 if __name__ == "__main__":

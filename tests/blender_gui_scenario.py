@@ -3,7 +3,7 @@ install the built zip as a legacy add-on, start a CPU backend through it, load a
 Rendered with the Splatwright engine, wait for a full-size frame and take a screenshot. Writes result.json into
 the output folder for pytest, then quits.
 
-    blender --factory-startup -p 0 0 1280 800 --python tests/blender_gui_scenario.py -- --zip Z --ply P --out DIR
+    blender --factory-startup -p 0 0 1280 800 --python tests/blender_gui_scenario.py -- --zip Z --ply P --python PY --out DIR
 
 Blender's event loop runs the whole time; the scenario is a generator stepped by a timer, so it never blocks it.
 """
@@ -19,7 +19,11 @@ import bpy
 import numpy as np
 from mathutils import Euler, Vector
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from blocking_calls import BlockingCalls  # noqa: E402
+
 FRAME_TIMEOUT = 120.0
+TICKS_DURING_RENDER = 5  # a render that blocked Blender's main thread would let none through
 UPLOAD_SIZE = (1920, 1080)
 
 
@@ -50,8 +54,8 @@ def cancelled_capture(addon, out: Path, result: dict):
     scene = bpy.context.scene
     s = scene.splatwright
     scene.render.engine = "BLENDER_WORKBENCH"  # the captures' renderer; quick under Mesa
-    s.source, s.orbit_count, s.resolution_percentage, s.test_every = "ORBIT", 12, 5, 4
-    s.folder, s.point_count = str(out / "dataset"), 500
+    s.source, s.orbit_count, s.resolution_percentage, s.max_side, s.test_every = "ORBIT", 12, 5, 0, 4
+    s.folder, s.point_count, s.render_engine, s.samples = str(out / "dataset"), 500, "SCENE", 0
     camera, frame = scene.camera, scene.frame_current
     window, area, region, _ = view3d()
     with bpy.context.temp_override(window=window, area=area, region=region):
@@ -70,6 +74,108 @@ def cancelled_capture(addon, out: Path, result: dict):
         "orbit_camera_left": any(o.name.startswith("Splatwright Orbit") for o in bpy.data.objects)}
 
 
+class CapturePanelForScreenshot(bpy.types.Panel):
+    """The add-on's Capture panel drawn in the sidebar's first tab, so a screenshot shows it mid-capture."""
+    bl_space_type, bl_region_type, bl_category, bl_label = "VIEW_3D", "UI", "Item", "Splatwright Capture"
+    bl_idname = "VIEW3D_PT_splatwright_capture_shot"
+
+    def draw(self, context):
+        sys.modules["splatwright"].panels.SPLATWRIGHT_PT_capture.draw(self, context)
+
+
+def capture_during_render(addon, out: Path, result: dict):
+    """Views render as Blender render jobs: while one renders, timers and redraws go on; Cancel Capture ends
+    the capture midway through a render, keeping the views rendered before it. Frame 1 renders with a few
+    samples, frames 2 and 3 with so many that only a cancel ends their renders."""
+    scene = bpy.context.scene
+    s = scene.splatwright
+    scene.render.engine = "CYCLES"
+    scene.render.resolution_x, scene.render.resolution_y = 96, 64
+    scene.render.threads_mode, scene.render.threads = "FIXED", 1  # leave a core to Blender's window
+    scene.cycles.use_denoising, scene.cycles.use_adaptive_sampling = False, False
+    scene.frame_start, scene.frame_end, scene.frame_current = 1, 3, 1
+    for frame, samples in ((1, 4), (2, 1_000_000)):
+        scene.cycles.samples = samples
+        scene.cycles.keyframe_insert("samples", frame=frame)
+    s.source, s.frame_step, s.resolution_percentage, s.max_side, s.test_every = "ANIMATION", 1, 100, 0, 0
+    s.render_engine, s.samples, s.initial_points = "SCENE", 0, False
+    s.folder = str(out / "dataset-jobs")
+    window, area, region, space = view3d()
+    space.show_region_ui = True
+    bpy.utils.register_class(CapturePanelForScreenshot)
+    ticks, draws = [], []
+    handler = bpy.types.SpaceView3D.draw_handler_add(lambda: draws.append(time.monotonic()), (), "WINDOW",
+                                                     "POST_PIXEL")
+
+    def tick():
+        ticks.append(time.monotonic())
+        area.tag_redraw()
+        return 0.02
+    bpy.app.timers.register(tick)
+    with bpy.context.temp_override(window=window, area=area, region=region):
+        result["job_capture_invoked"] = list(bpy.ops.splatwright.capture("INVOKE_DEFAULT"))
+    job = addon.live.capture
+    yield from until(lambda: job.done == 1 and bpy.app.is_job_running("RENDER"), "frame 2 rendering", 120)
+    start, ticks_before, draws_before = time.monotonic(), len(ticks), len(draws)
+    yield from until(lambda: len(ticks) - ticks_before >= TICKS_DURING_RENDER and len(draws) - draws_before >= 2,
+                     "timer ticks and redraws while frame 2 renders", 90)
+    shot = out / "capture_panel.png"
+    with bpy.context.temp_override(window=window, area=area, region=region):
+        bpy.ops.screen.screenshot(filepath=str(shot), check_existing=False)
+    rendering = bpy.app.is_job_running("RENDER")
+    cancel_at = time.monotonic()
+    bpy.ops.splatwright.capture_cancel()
+    yield from until(lambda: addon.live.capture is None, "the capture ends on Cancel Capture", 60)
+    ended = time.monotonic()
+    bpy.app.timers.unregister(tick)
+    bpy.types.SpaceView3D.draw_handler_remove(handler, "WINDOW")
+    bpy.utils.unregister_class(CapturePanelForScreenshot)
+    space.show_region_ui = False
+    folder = Path(s.capture_folder)
+    result["job_capture"] = {
+        "render_seconds": cancel_at - start, "ticks": len(ticks) - ticks_before,
+        "draws": len(draws) - draws_before, "rendering_when_cancelled": rendering,
+        "cancel_seconds": ended - cancel_at, "job_running_after": bpy.app.is_job_running("RENDER"),
+        "frames": len(json.loads((folder / "transforms_train.json").read_text())["frames"]),
+        "pngs": sorted(p.name for p in folder.glob("*/*.png")), "panel_screenshot": str(shot),
+        "engine_restored": scene.render.engine == "CYCLES"}
+    scene.animation_data_clear()
+
+
+def watch_view_draw(engine) -> dict:
+    """Note the calls that may block made inside the engine's view_draw, and the messages it draws."""
+    waits, seen = BlockingCalls(), {"draws": 0, "messages": []}
+    view_draw, draw_message = engine.SPLATWRIGHT_RE_engine.view_draw, engine.draw_message
+
+    def watched_view_draw(self, context, depsgraph):
+        seen["draws"] += 1
+        with waits.watch("view_draw"):
+            return view_draw(self, context, depsgraph)
+
+    def noted_draw_message(region, text):
+        if text not in seen["messages"]:
+            seen["messages"].append(text)
+        return draw_message(region, text)
+    engine.SPLATWRIGHT_RE_engine.view_draw, engine.draw_message = watched_view_draw, noted_draw_message
+    seen["blocking"] = waits.noted
+    return seen
+
+
+def info_log(window) -> list[str]:
+    """The reports in Blender's Info log, copied from an Info editor that briefly replaces the last area."""
+    area = window.screen.areas[-1]
+    kept = area.type
+    area.type = "INFO"
+    try:
+        region = next(r for r in area.regions if r.type == "WINDOW")
+        with bpy.context.temp_override(window=window, area=area, region=region):
+            bpy.ops.info.select_all(action="SELECT")
+            bpy.ops.info.report_copy()
+    finally:
+        area.type = kept
+    return bpy.context.window_manager.clipboard.splitlines()
+
+
 def scenario(args: dict, result: dict):
     out = Path(args["out"])
     bpy.ops.preferences.addon_install(filepath=args["zip"], overwrite=True)
@@ -77,10 +183,11 @@ def scenario(args: dict, result: dict):
     addon = sys.modules["splatwright"]
     backend = addon.live.backend
     prefs = bpy.context.preferences.addons["splatwright"].preferences
-    prefs.workdir = str(out / "sessions")
+    prefs.python, prefs.workdir = args["python"], str(out / "sessions")  # the checkout's environment
     bpy.ops.splatwright.backend_start()
     yield from until(lambda: backend.connection == "connected", "backend start", 120)
     yield from cancelled_capture(addon, out, result)
+    yield from capture_during_render(addon, out, result)
     bpy.ops.splatwright.load_ply(filepath=args["ply"])
     yield from until(lambda: backend.status.get("gaussians") and not backend.in_flight, "load PLY", 60)
 
@@ -97,10 +204,10 @@ def scenario(args: dict, result: dict):
     rv3d.view_location = Vector((0.0, 0.0, 0.0))
     rv3d.view_rotation = Euler((1.1, 0.0, 0.7)).to_quaternion()
     rv3d.view_distance = 6.0
+    engine = addon.engine
+    view_draws = watch_view_draw(engine)
     space.shading.type = "RENDERED"
     area.tag_redraw()
-
-    engine = addon.engine
 
     def full_frame_shown() -> bool:
         for view in list(engine._views):
@@ -126,7 +233,8 @@ def scenario(args: dict, result: dict):
     result.update({"screenshot": str(shot), "region": [region.x, region.y, region.width, region.height],
                    "window": [window.width, window.height],
                    "camera": addon.core.codecs.camera_to_wire(cam),
-                   "draw_seconds": list(engine.draw_seconds), "upload_seconds": list(engine.upload_seconds)})
+                   "draw_seconds": list(engine.draw_seconds), "upload_seconds": list(engine.upload_seconds),
+                   "view_draws": view_draws})
 
     # The upload the main thread does per frame, at 1920x1080, from the buffer the stream thread prepares.
     pixels = addon.colors.display_pixels(np.zeros((UPLOAD_SIZE[1], UPLOAD_SIZE[0], 4), np.uint8))
@@ -141,6 +249,7 @@ def scenario(args: dict, result: dict):
     bpy.ops.splatwright.backend_stop()
     yield from until(lambda: backend.connection == "disconnected" and not backend.in_flight, "backend stop", 60)
     result["errors"] = backend.last_error
+    result["info_log"] = info_log(window)
 
 
 def main() -> None:

@@ -5,7 +5,9 @@ operators, export, view a PLY, kill and restart the backend, disable. Prints `RE
     python tests/blender_scenario.py --zip dist/splatwright-X.zip --out DIR
 
 bpy as a module has no event loop, so this script plays it: it calls the add-on's timers (caught as the
-add-on registers them) every 20 ms and times every call, and every operator call.
+add-on registers them) every 20 ms and times every call, and every operator call, noting each call in them
+that may block the main thread (socket I/O, waits on threads, locks' conditions, processes, sleeps).
+Blender prints the reports of operators to stdout there, where this script collects them.
 """
 from __future__ import annotations
 
@@ -22,12 +24,16 @@ from pathlib import Path
 
 import bpy
 
+from blocking_calls import BlockingCalls
+
 SCENARIO = Path(__file__).resolve()
 REPO = SCENARIO.parent.parent
 timers: list = []
 calls: list[dict] = []  # {"what", "seconds", "training": made between training's start and its end}
+waits = BlockingCalls()  # what may have blocked the main thread in a timed call
 training_window = False
 _register_timer = bpy.app.timers.register
+REPORT_PREFIXES = ("Info: ", "Warning: ", "Error: ")
 
 
 def register_timer(function, first_interval=0.0, persistent=False):
@@ -38,18 +44,42 @@ def register_timer(function, first_interval=0.0, persistent=False):
 bpy.app.timers.register = register_timer
 
 
+class Reports:
+    """Stands in for sys.stdout, which it passes everything to, and keeps the lines that are Blender's
+    reports (bpy prints an operator's reports there as 'Error: ...', 'Info: ...')."""
+
+    def __init__(self, stream):
+        self.stream, self.lines, self._partial = stream, [], ""
+
+    def write(self, text: str) -> int:
+        self._partial += text
+        *complete, self._partial = self._partial.split("\n")
+        self.lines += [line for line in complete if line.startswith(REPORT_PREFIXES)]
+        return self.stream.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+blender_reports = Reports(sys.stdout)
+sys.stdout = blender_reports
+
+
 def addon():
-    return sys.modules["splatwright"]
+    """The installed add-on's package, as a legacy add-on or as an extension of the user repository."""
+    return sys.modules.get("splatwright") or sys.modules["bl_ext.user_default.splatwright"]
 
 
 def training() -> bool:
+    """Training runs, on a trainer already set up (the backend makes it after start_training's reply)."""
     backend = addon().live.backend
-    return backend is not None and backend.status.get("state") == "training"
+    return backend is not None and backend.status.get("state") == "training" and bool(backend.status.get("gaussians"))
 
 
 def timed(what: str, fn):
     start = time.perf_counter()
-    result = fn()
+    with waits.watch(what, training=training_window):
+        result = fn()
     calls.append({"what": what, "seconds": time.perf_counter() - start, "training": training_window})
     return result
 
@@ -75,7 +105,7 @@ class RecordingLayout:
     def _nested(self, *args, **kwargs):
         return RecordingLayout(self.texts)
 
-    row = column = box = _nested
+    row = column = box = grid_flow = _nested
 
     def prop(self, data, name, **kwargs):
         assert hasattr(data, name), f"no property {name!r}"
@@ -106,7 +136,7 @@ def draw_everything() -> list[str]:
     panels = addon().panels
     for panel in panels.CLASSES:
         timed(f"draw:{panel.__name__}", lambda: panel.draw(WithLayout(None, texts), bpy.context))
-    prefs = bpy.context.preferences.addons["splatwright"].preferences
+    prefs = bpy.context.preferences.addons[addon().__name__].preferences
     timed("draw:preferences", lambda: type(prefs).draw(WithLayout(prefs, texts), bpy.context))
     return texts
 
@@ -174,8 +204,7 @@ def run(zip_path: Path, out: Path, foreign_ply: Path) -> dict:
     bpy.ops.preferences.addon_enable(module="splatwright")
     live = addon().live
     prefs = bpy.context.preferences.addons["splatwright"].preferences
-    prefs.python, prefs.backend_root, prefs.workdir = sys.executable, str(REPO), str(out / "sessions")
-    result["default_python"] = addon().runtime.defaults().get("python")
+    prefs.python, prefs.workdir = sys.executable, str(out / "sessions")
 
     s = bpy.context.scene.splatwright
     s.folder, s.point_count, s.test_every = str(out / "dataset"), 2000, 5
@@ -193,7 +222,6 @@ def run(zip_path: Path, out: Path, foreign_ply: Path) -> dict:
     result["camera_positions"] = camera_positions
 
     result["drawn_disconnected"] = draw_everything()
-    result["setup"] = try_setup(prefs, out)
 
     op("backend_start")
     result["start_seconds"] = wait_for(lambda: live.backend.connection == "connected", "backend start", 120)
@@ -266,13 +294,11 @@ def run(zip_path: Path, out: Path, foreign_ply: Path) -> dict:
     wait_for(lambda: live.backend.connection == "disconnected", "kill")
     result["killed_exit_code"] = server.proc.wait(10)
 
-    op("backend_start")
-    wait_for(lambda: live.backend.connection == "connected", "restart after kill", 120)
-    os.kill(live.backend.server.proc.pid, signal.SIGKILL)  # the backend dies on its own
-    wait_for(lambda: live.backend.connection == "lost", "lost backend noticed")
-    result["lost_detail"] = live.backend.detail
-    op("backend_start")
-    wait_for(lambda: live.backend.connection == "connected", "restart after loss", 120)
+    op("backend_start")  # a backend with no session open reopens the scene's, and its checkpoint
+    wait_for(lambda: live.backend.connection == "connected" and not live.backend.in_flight, "restart after kill",
+             120)
+    result["reopened_after_kill"] = dict(live.backend.status)
+    result["crash"] = crash_while_training(s, out)
     server = live.backend.server
     op("backend_stop")
     wait_for(lambda: live.backend.connection == "disconnected" and not live.backend.in_flight, "stop")
@@ -288,18 +314,37 @@ def run(zip_path: Path, out: Path, foreign_ply: Path) -> dict:
     return result
 
 
-def try_setup(prefs, out: Path) -> dict:
-    """The setup button runs <backend folder>/run setup; a stand-in script keeps this fast and offline."""
-    fake = out / "fake-checkout"
-    fake.mkdir(exist_ok=True)
-    (fake / "run").write_text('#!/bin/sh\necho "installing into .venv"\necho "ready: $1"\n')
-    (fake / "run").chmod(0o755)
-    real_root, prefs.backend_root = prefs.backend_root, str(fake)
-    op("setup_environment")
-    setup = addon().live.setup
-    wait_for(lambda: setup.returncode is not None and len(setup.log.last(5)) == 2, "setup")
-    prefs.backend_root = real_root
-    return {"returncode": setup.returncode, "log": setup.log.last(5), "drawn": draw_everything()}
+def crash_while_training(s, out: Path) -> dict:
+    """Train again from scratch, let the backend die (kill -9) once the new run has checkpointed, and start
+    it: the session and its model are back by themselves, the panel showed no training in between, and Start
+    Training continues from the checkpoint."""
+    live, operators = addon().live, addon().operators
+    result = {"asks_first": operators.has_model()}
+    checkpoint = out / "sessions" / s.session / "checkpoint.pt"
+    before = checkpoint.stat().st_mtime_ns
+    s.iterations = 1_000_000
+    op("train_start", start="OVER")
+    wait_for(training, "training starts over")
+    wait_for(lambda: checkpoint.stat().st_mtime_ns != before, "the new run's first checkpoint", 90)
+    wait_for(lambda: live.backend.progress.get("step", 0) > 0, "a progress event of the new run")
+    result["step_at_kill"] = live.backend.progress["step"]
+    os.kill(live.backend.server.proc.pid, signal.SIGKILL)  # the backend dies on its own
+    wait_for(lambda: live.backend.connection == "lost", "lost backend noticed")
+    result["lost_detail"] = live.backend.detail
+    result["capture_blocked_when_lost"] = operators.SPLATWRIGHT_OT_capture.blocked(bpy.context)
+    result["drawn_lost"] = draw_everything()
+    op("backend_start")
+    wait_for(lambda: live.backend.connection == "connected" and not live.backend.in_flight, "restart after loss",
+             120)
+    result["reopened"] = dict(live.backend.status)
+    op("train_start")  # as the dialog's default, Continue From It
+    wait_for(lambda: training() and live.backend.status.get("step", 0) > result["reopened"]["step"],
+             "training continues")
+    op("train_stop")
+    wait_for(lambda: live.backend.status.get("state") == "stopped" and not live.backend.in_flight, "stop training")
+    result["continued_to"] = live.backend.status["step"]
+    s.iterations = 150
+    return result
 
 
 def try_remote(prefs, out: Path) -> dict:
@@ -337,7 +382,8 @@ def main() -> int:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    return report(lambda: {**run(Path(args.zip), out, Path(args.ply)), "calls": calls})
+    return report(lambda: {**run(Path(args.zip), out, Path(args.ply)), "calls": calls, "blocking": waits.noted,
+                           "reports": blender_reports.lines})
 
 
 def report(result_of) -> int:

@@ -3,7 +3,7 @@ CPU backend. The Blender part runs once, in tests/blender_scenario.py in a subpr
 what it reports."""
 from __future__ import annotations
 
-import importlib.util
+import functools
 import json
 import os
 import shutil
@@ -24,8 +24,33 @@ REPO = Path(__file__).resolve().parent.parent
 SCENARIO = REPO / "tests" / "blender_scenario.py"
 ENGINE_SCENARIO = REPO / "tests" / "blender_engine_scenario.py"
 BATCH_SETUP = REPO / "tests" / "blender_batch_setup.py"
-MAIN_THREAD_BUDGET = 0.05  # seconds any timer callback or operator call may take while training runs
-BLENDER_EXT_CLI = "4.5/scripts/addons_core/bl_pkg/cli/blender_ext.py"
+# Main-thread calls while training run as long as the machine lets them (`python -m backend bench viewport`
+# measures them); what the tests check is that none of them waits on anything, and that 90% of them end well
+# before a loaded machine could make a call that does not wait take this long.
+HANG_SECONDS = 0.5
+# The interpreters with the bpy module of each Blender version tested: bpy 4.5 in .venv, which runs the tests,
+# and bpy 5.0 in .venv-bpy5 (./run test makes both; the two cannot share one venv).
+BPY_PYTHONS = {"4.5": sys.executable, "5.0": str(REPO / ".venv-bpy5" / "bin" / "python")}
+BLENDERS = tuple(BPY_PYTHONS)
+
+
+@functools.cache
+def bpy_folder(blender: str) -> Path | None:
+    """Where that version's bpy module is installed, or None."""
+    python = BPY_PYTHONS[blender]
+    if not Path(python).is_file():
+        return None
+    find = "import importlib.util; spec = importlib.util.find_spec('bpy'); print(spec.origin if spec else '')"
+    origin = subprocess.run([python, "-c", find], capture_output=True, text=True).stdout.strip()
+    return Path(origin).parent if origin else None
+
+
+def bpy_python(blender: str) -> str:
+    """The interpreter with bpy `blender` (4.5 or 5.0); skips the test where it is not installed."""
+    if bpy_folder(blender) is None:
+        pytest.skip(f"the bpy {blender} module is not installed in {Path(BPY_PYTHONS[blender]).parent.parent} "
+                    "(./run test installs it)")
+    return BPY_PYTHONS[blender]
 
 
 @pytest.fixture(scope="module")
@@ -33,41 +58,66 @@ def addon_zip(tmp_path_factory) -> Path:
     return build_addon.build(tmp_path_factory.mktemp("dist"))
 
 
-def test_zip_holds_the_add_on_tree_as_it_is(addon_zip):
+def tree_files(*folders: Path) -> list[Path]:
+    return [p for folder in folders for p in folder.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]
+
+
+def test_zip_holds_the_add_on_and_the_backend_and_no_path_of_this_machine(addon_zip):
     with zipfile.ZipFile(addon_zip) as z:
-        names = set(z.namelist())
-        init = z.read("splatwright/__init__.py").decode()
-        manifest = tomllib.loads(z.read("splatwright/blender_manifest.toml").decode())
-        defaults = json.loads(z.read("splatwright/core/defaults.json"))
-        sources = {n: z.read(n).decode() for n in names if n.endswith(".py")}
-    tree = {"splatwright/" + p.relative_to(REPO / "blender_addon").as_posix(): p.read_text()
-            for p in (REPO / "blender_addon").rglob("*.py")}
-    assert sources == tree  # the add-on's files, the shared core among them, and nothing else
+        zipped = {n: z.read(n) for n in z.namelist()}
+    addon = REPO / "blender_addon"
+    bundled = "splatwright/backend_src/"
+    expected = {"splatwright/" + p.relative_to(addon).as_posix(): p for p in tree_files(addon)}
+    expected |= {bundled + p.relative_to(REPO).as_posix(): p
+                 for p in [*tree_files(REPO / "backend", REPO / "cuda", addon / "core"), addon / "__init__.py"]}
+    assert set(zipped) == set(expected) | {bundled + "requirements.txt"}
+    assert [n for n, p in expected.items() if zipped[n] != p.read_bytes()] == []  # the files as in the tree
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    requirements = [line for line in zipped[bundled + "requirements.txt"].decode().splitlines()
+                    if not line.startswith("#")]
+    assert requirements == [f"torch=={pyproject['tool']['splatwright']['torch']}",
+                            *(r for r in pyproject["project"]["dependencies"] if not r.startswith("torch"))]
+    init = zipped["splatwright/__init__.py"].decode()
+    manifest = tomllib.loads(zipped["splatwright/blender_manifest.toml"].decode())
     assert '"blender": (3, 4, 0)' in init and "bl_info" in init
     assert manifest["id"] == "splatwright" and manifest["type"] == "add-on"
     assert set(manifest["permissions"]) == {"files", "network"}
-    assert defaults["python"] == str(REPO / ".venv" / "bin" / "python")
-    assert defaults["backend_root"] == str(REPO)
-    assert not [n for n, text in sources.items() if "import torch" in text]
+    assert [n for n, data in zipped.items() if str(REPO).encode() in data or b"/.venv/" in data] == []
+    addon_sources = [n for n in zipped if n.endswith(".py") and not n.startswith(bundled)]
+    assert not [n for n in addon_sources if b"import torch" in zipped[n]]
 
 
-def test_blender_accepts_the_extension_manifest(addon_zip):
-    spec = importlib.util.find_spec("bpy")
-    if spec is None:
-        pytest.skip("the bpy module is not installed; its extension validator comes with it")
-    cli = Path(spec.origin).parent / BLENDER_EXT_CLI
-    run = subprocess.run([sys.executable, str(cli), "validate", str(addon_zip)], capture_output=True, text=True)
+def test_the_zipped_backend_imports_and_finds_its_cuda_sources(addon_zip, tmp_path):
+    with zipfile.ZipFile(addon_zip) as z:
+        z.extractall(tmp_path)
+    sources = tmp_path / "splatwright" / "backend_src"
+    show = ("import json, backend, backend.kernels as k, blender_addon.core.protocol as p; print(json.dumps("
+            "[backend.__file__, p.__file__, str(k.CUDA_DIR), all((k.CUDA_DIR / s).is_file() for s in k.SOURCES)]))")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = subprocess.run([sys.executable, "-c", show], cwd=sources, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    backend_file, core_file, cuda_dir, cuda_found = json.loads(run.stdout)
+    assert Path(backend_file).parent == sources / "backend" and Path(core_file).is_relative_to(sources)
+    assert Path(cuda_dir) == sources / "cuda" and cuda_found
+
+
+@pytest.mark.parametrize("blender", BLENDERS)
+def test_blender_accepts_the_extension_manifest(addon_zip, blender):
+    """Blender's own extension validator (blender_ext.py, shipped in the bpy module) accepts the zip."""
+    python = bpy_python(blender)
+    cli = next(bpy_folder(blender).glob("*/scripts/addons_core/bl_pkg/cli/blender_ext.py"))
+    run = subprocess.run([python, str(cli), "validate", str(addon_zip)], capture_output=True, text=True)
     assert run.returncode == 0 and "Success" in run.stdout, run.stdout + run.stderr
 
 
-def run_scenario(script: Path, home: Path, *args: str, timeout: float = 240) -> dict:
-    """Run a Blender scenario script with the bpy module in a subprocess with its own user folders; its
-    RESULT line."""
-    if importlib.util.find_spec("bpy") is None:
-        pytest.skip("the bpy module (pip install bpy==4.5.*) is not installed")
+def run_scenario(script: Path, home: Path, *args: str, timeout: float = 240, blender: str = "4.5") -> dict:
+    """Run a Blender scenario script with the bpy module of version `blender` in a subprocess with its own user
+    folders; its RESULT line."""
+    python = bpy_python(blender)
     env = {**os.environ, "BLENDER_USER_SCRIPTS": str(home / "scripts"), "BLENDER_USER_CONFIG": str(home / "config"),
            "BLENDER_USER_EXTENSIONS": str(home / "extensions")}
-    run = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=timeout,
+    run = subprocess.run([python, str(script), *args], capture_output=True, text=True, timeout=timeout,
                          env=env, cwd=home)
     lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, f"the scenario printed no result (exit code {run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
@@ -79,11 +129,11 @@ def run_scenario(script: Path, home: Path, *args: str, timeout: float = 240) -> 
 @pytest.fixture(scope="module")
 def scenario(addon_zip, tmp_path_factory) -> dict:
     home = tmp_path_factory.mktemp("blender")
-    return run_scenario(SCENARIO, home, "--zip", str(addon_zip), "--out", str(home / "out"), "--ply", str(DONUT))
+    return run_scenario(SCENARIO, home, "--zip", str(addon_zip), "--out", str(home / "out"), "--ply", str(DONUT),
+                        timeout=480)
 
 
 def test_backend_starts_with_its_capabilities(scenario):
-    assert scenario["default_python"].endswith(".venv/bin/python")
     caps = scenario["capabilities"]
     assert caps["torch"] and caps["python"] and caps["device"] == "cpu"
 
@@ -120,8 +170,26 @@ def test_a_ply_is_viewed_through_the_backend(scenario):
 
 def test_kill_frees_the_backend_and_a_lost_one_restarts(scenario):
     assert scenario["killed_exit_code"] == -9
-    assert "closed" in scenario["lost_detail"] and "exited with code -9" in scenario["lost_detail"]
+    lost = scenario["crash"]["lost_detail"]
+    assert "closed" in lost and "exited with code -9" in lost
     assert scenario["stopped_exit_code"] == 0
+
+
+def test_a_backend_crash_loses_no_more_than_the_last_checkpoint(scenario):
+    """kill -9 while training; Start brings the session and its model back (as Start after Kill did), the
+    panel does not go on showing training meanwhile, and Start Training continues from the checkpoint."""
+    session, crash = scenario["trained_session"], scenario["crash"]
+    after_kill = scenario["reopened_after_kill"]
+    assert after_kill["session"] == session and after_kill["step"] == 150 and after_kill["gaussians"] > 0
+    assert crash["asks_first"]  # Start Training over that model asks: continue from it or start over
+    reopened = crash["reopened"]
+    assert reopened["session"] == session and reopened["checkpoint"] and reopened["gaussians"] > 0
+    assert reopened["step"] > 0 and reopened["iterations"] == 1_000_000  # the new run's checkpoint, not the old
+    assert reopened["state"] not in ("training", "paused")
+    assert crash["capture_blocked_when_lost"] == ""
+    assert not any(t.startswith("[") or "it/s" in t for t in crash["drawn_lost"])  # no training stats left
+    assert "exited with code -9" in " ".join(crash["drawn_lost"])  # wrapped over a few labels
+    assert crash["continued_to"] > reopened["step"]
 
 
 def test_disable_unregisters_everything(scenario):
@@ -131,13 +199,18 @@ def test_disable_unregisters_everything(scenario):
 
 
 def test_main_thread_never_waits_while_training(scenario):
+    import numpy as np
     during = [c for c in scenario["calls"] if c["training"]]
     kinds = {c["what"] for c in during}
     assert {"timer:poll", "op:train_start", "op:train_pause", "op:train_resume", "op:render_preview",
             "op:backend_check"} <= kinds
     assert sum(c["what"] == "timer:poll" for c in during) > 20
-    slow = [c for c in during if c["seconds"] > MAIN_THREAD_BUDGET]
-    assert not slow, slow
+    waits = [b for b in scenario["blocking"] if b["training"]]
+    assert not waits, waits  # no socket I/O, thread, condition, process or sleep
+    seconds = [c["seconds"] for c in during]
+    print(f"main thread while training: {len(seconds)} calls, median {1000 * np.median(seconds):.2f} ms, "
+          f"max {1000 * max(seconds):.1f} ms")
+    assert np.percentile(seconds, 90) < HANG_SECONDS
 
 
 def test_capture_from_scene_cameras_and_animation(scenario):
@@ -163,7 +236,14 @@ def test_an_offline_capture_is_sent_later_once(scenario):
 
 
 def test_backend_errors_become_reports(scenario):
+    """Each error is one line of Blender's reports (bpy prints them to stdout); the label clears once the
+    thing works again."""
+    errors = [line for line in scenario["reports"] if line.startswith("Error: ")]
+    for what in ("not a PLY", "wrong token", "exited with code -9"):
+        assert sum(what in line for line in errors) == 1, (what, errors)
     assert "not a PLY" in scenario["bad_ply_error"]
+    assert any(line.startswith("Info: backend ready") for line in scenario["reports"])
+    assert any("reopened session" in line for line in scenario["reports"])
 
 
 def test_panels_and_preferences_draw_with_hints_and_progress(scenario):
@@ -176,12 +256,6 @@ def test_panels_and_preferences_draw_with_hints_and_progress(scenario):
     assert any(t.startswith("GPU: ") for t in training) and any(t.startswith("Python 3") for t in training)
 
 
-def test_setup_button_runs_the_checkout_setup_and_shows_its_log(scenario):
-    setup = scenario["setup"]
-    assert setup["returncode"] == 0 and setup["log"] == ["installing into .venv", "ready: setup"]
-    assert "./run setup: done" in setup["drawn"] and "ready: setup" in setup["drawn"]
-
-
 def test_remote_backend_with_token(scenario):
     remote = scenario["remote"]
     assert "wrong token" in remote["refused"]
@@ -189,14 +263,16 @@ def test_remote_backend_with_token(scenario):
     assert remote["alive_after_stop"]
 
 
-@pytest.fixture(scope="module")
-def f12(addon_zip, tmp_path_factory) -> dict:
-    """An F12 render with the Splatwright engine of a generated model the add-on loaded into a CPU backend."""
+@pytest.fixture(scope="module", params=BLENDERS)
+def f12(addon_zip, tmp_path_factory, request) -> dict:
+    """An F12 render with the Splatwright engine of a generated model the add-on loaded into a CPU backend, in
+    each Blender version."""
     from conftest import viewing_model
-    home = tmp_path_factory.mktemp("blender-engine")
+    home = tmp_path_factory.mktemp(f"blender-engine-{request.param}")
     model, ply = viewing_model(home)
     result = run_scenario(ENGINE_SCENARIO, home, "--zip", str(addon_zip), "--ply", str(ply),
-                          "--out", str(home / "out"), timeout=180)
+                          "--out", str(home / "out"), "--python", sys.executable, timeout=180,
+                          blender=request.param)
     return {**result, "model": model}
 
 

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from blender_addon import colors, dataset, frames, training
+from blender_addon import colors, dataset, defaults, frames, messages, training
 from blender_addon.core import protocol
 from blender_addon.core.settings import TRAINING, training_settings
 from blender_addon.core.cameras import Camera, intrinsics
@@ -53,7 +53,8 @@ def imported_modules(path: Path) -> tuple[set[str], set[str]]:
 def test_bpy_free_modules_use_the_standard_library_and_numpy_only():
     allowed = set(sys.stdlib_module_names) | {"numpy"}
     free = [name for name in module_names() if name not in NEEDS_BPY]
-    assert {"colors", "dataset", "frames", "runtime", "training", "core.protocol", "core.client"} <= set(free)
+    assert {"colors", "dataset", "environment", "frames", "runtime", "training", "core.protocol",
+            "core.client"} <= set(free)
     for name in free:
         absolute, relative = imported_modules(ADDON / (name.replace(".", "/") + ".py"))
         assert absolute <= allowed, (name, absolute - allowed)
@@ -96,6 +97,14 @@ def test_fitting_distance_keeps_the_bounds_in_view():
 def test_split_of_holds_out_every_nth_view():
     assert [dataset.split_of(i, 4) for i in range(8)] == ["train"] * 3 + ["test"] + ["train"] * 3 + ["test"]
     assert {dataset.split_of(i, 0) for i in range(10)} == {"train"}
+
+
+def test_capture_percentage_keeps_the_longest_side_within_the_limit():
+    assert dataset.capture_percentage(1920, 1080, 100, 160) == 8  # 153x86 px
+    assert dataset.capture_percentage(1080, 1920, 50, 160) == 8
+    assert dataset.capture_percentage(80, 80, 100, 160) == 100  # small scenes are not scaled up
+    assert dataset.capture_percentage(1920, 1080, 25, 0) == 25  # no limit
+    assert dataset.capture_percentage(100_000, 100, 100, 160) == 1  # never below 1 %
 
 
 def test_dataset_writer_and_training_views_round_trip(tmp_path):
@@ -260,3 +269,80 @@ def test_training_settings_survive_json():
     assert TRAINING.check(json.loads(json.dumps(chosen))) == chosen
     with pytest.raises(ValueError, match="checkpoint_every"):
         training_settings(checkpoint_every=-1)
+
+
+# ---- device defaults and estimates ----
+
+def test_device_defaults_cover_the_same_settings_and_are_copies():
+    gpu, cpu = defaults.defaults_for("cuda"), defaults.defaults_for("cpu")
+    assert gpu.keys() == cpu.keys()
+    assert defaults.defaults_for("mps") == cpu and defaults.defaults_for(None) == cpu  # no CUDA: the CPU's
+    gpu["orbit_count"] = -1
+    assert defaults.defaults_for("cuda")["orbit_count"] == 32
+    # The GPU keeps the full-size capture and the preset's schedule; the CPU a small, short preview.
+    assert (gpu["resolution_percentage"], gpu["max_side"], gpu["custom_steps"]) == (100, 0, False)
+    assert cpu["orbit_count"] <= 16 and 100 <= cpu["max_side"] <= 160 and cpu["point_count"] <= 2000
+    assert cpu["custom_steps"] and cpu["render_engine"] == "CYCLES" and 0 < cpu["samples"] <= 32
+
+
+def test_schedule_steps_are_the_backends():
+    policy = pytest.importorskip("backend.policy")
+    for preset, cfg in policy.PRESETS.items():
+        assert defaults.schedule_steps("cuda", preset, None) == cfg.iterations
+    assert defaults.schedule_steps("cpu", "quality", None) == policy.CPU_ITERATIONS
+    assert defaults.schedule_steps("cuda", "quality", 123) == 123
+
+
+def test_cpu_preview_training_estimate_is_a_couple_of_minutes():
+    cpu = defaults.defaults_for("cpu")
+    width, height = 1920 * 8 // 100, 1080 * 8 // 100  # the startup scene's preview views
+    seconds = defaults.training_seconds("cpu", cpu["iterations"], width, height)
+    assert 60 <= seconds <= 180
+    assert defaults.training_seconds("cpu", 600, width, height) == pytest.approx(2 * seconds)
+    assert defaults.training_seconds("cpu", 300, 2 * width, height) > defaults.training_seconds("cpu", 300, width,
+                                                                                                   height)
+    assert defaults.training_seconds("cuda", 30_000, 1920, 1080) < 600
+
+
+def test_messages_are_one_line_and_labels_fit_the_width():
+    assert messages.one_line("load ply:\n  not a PLY\tfile ") == "load ply: not a PLY file"
+    text = "No local backend process is running; start it with Start Backend in the Backend panel"
+    lines = messages.wrap(text, 20)
+    assert len(lines) == 4 and lines[-1].endswith(messages.ELLIPSIS)  # cut after max_lines, and says so
+    shown = " ".join(lines)[:-1]
+    assert all(len(line) <= 20 for line in lines) and text.startswith(shown)
+    assert messages.wrap("short", 20) == ["short"] and messages.wrap("", 20) == [""]
+    assert messages.wrap("a" * 25, 10, max_lines=3) == ["a" * 10, "a" * 10, "a" * 5]  # a long word is broken
+
+
+def test_last_error_line_is_the_backends_reason_not_a_warnings_tail():
+    log = ["splatwright serve: listening on 127.0.0.1:5000",
+           "/venv/torch/nn/functional.py:1234: UserWarning: something is deprecated",
+           "  warnings.warn(",
+           "error: out of memory: tried to allocate 2.0 GiB; lower the Gaussian cap",
+           "  return torch._C._nn.something(x)"]
+    assert messages.last_error_line(log) == "error: out of memory: tried to allocate 2.0 GiB; lower the Gaussian cap"
+    crash = ["splatwright serve: session a: opened", "Traceback (most recent call last):",
+             '  File "backend/engine.py", line 1, in run', "    step()", "RuntimeError: CUDA error: device lost",
+             "/venv/torch/cuda/__init__.py:9: UserWarning: no GPU", "  warnings.warn("]
+    assert messages.last_error_line(crash) == "RuntimeError: CUDA error: device lost"
+    assert messages.last_error_line(["UserWarning: only chatter", "  warnings.warn("]) == ""
+
+
+def test_a_training_cpu_backend_gets_five_frames_worth_of_time_between_frames():
+    assert frames.training_frame_gap(0.0) == frames.CPU_MIN_SECONDS
+    assert frames.training_frame_gap(2.0) == 2.0 * frames.FRAME_SHARE_FACTOR
+    assert 1 / (1 + frames.FRAME_SHARE_FACTOR) <= 0.2  # frames take at most a fifth of the backend's time
+
+
+def test_a_frame_stream_lets_another_thread_start_its_own():
+    handed = []
+    stream = frames.FrameStream(lambda: None, start=handed.append)
+    assert len(handed) == 1 and not handed[0].is_alive()  # Thread.start would have waited for it to run
+    stream.ask(Camera(np.eye(4), intrinsics(10.0, 10.0, 4.0, 4.0), 8, 8))
+    handed[0].start()
+    deadline = time.monotonic() + 5
+    while not stream.error and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stream.close()
+    assert stream.error == "the backend is not connected"

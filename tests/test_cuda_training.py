@@ -86,8 +86,8 @@ def test_gradient_statistics_kernel_matches_torch():
     cpu_out = RasterOutput(None, None, None, means2d.detach().cpu().requires_grad_(), radii.cpu())
     cpu_out.means2d.grad = means2d.grad.cpu()
     for _ in range(3):
-        cuda_strategy._accumulate(out, width, height, n)
-        cpu_strategy._accumulate(cpu_out, width, height, n)
+        cuda_strategy.accumulate(1, out, width, height, n)
+        cpu_strategy.accumulate(1, cpu_out, width, height, n)
     torch.testing.assert_close(cuda_strategy.grad_sum.cpu(), cpu_strategy.grad_sum, rtol=1e-6, atol=1e-9)
     torch.testing.assert_close(cuda_strategy.count.cpu(), cpu_strategy.count)
 

@@ -107,8 +107,13 @@ def test_unknown_type_consumes_nothing_after_it():
 
 
 @pytest.mark.parametrize("fields, problem", [
-    ({"name": "../etc"}, "does not match"),
-    ({"name": ""}, "does not match"),
+    ({"name": "../etc"}, "use up to 64 letters"),
+    ({"name": ""}, "use up to 64 letters"),
+    ({"name": "a."}, "ends with a dot"),
+    ({"name": "CON"}, "device name on Windows"),
+    ({"name": "nul"}, "device name on Windows"),
+    ({"name": "com1"}, "device name on Windows"),
+    ({"name": "Aux.scene"}, "device name on Windows"),
     ({"name": "a" * 65}, "more than 64"),
     ({"name": 3}, "expected a string"),
     ({"name": "ok", "create": 1}, "expected true or false"),

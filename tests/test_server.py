@@ -39,12 +39,12 @@ SIZE = 32
 class ServerProcess:
     """`python -m backend serve` on loopback, its stderr in a log file next to the workdir."""
 
-    def __init__(self, workdir: Path, *args: str):
+    def __init__(self, workdir: Path, *args: str, **popen):
         self.log_path = workdir.parent / f"{workdir.name}-server-{time.monotonic_ns()}.log"
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "backend", "serve", "--port", "0", "--workdir", str(workdir),
-                 "--device", "cpu", *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True)
+                 "--device", "cpu", *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, **popen)
         line = self.proc.stdout.readline()
         assert line, f"server exited before its ready line:\n{self.log_path.read_text()}"
         ready = json.loads(line)
@@ -53,6 +53,14 @@ class ServerProcess:
 
     def client(self, token: str = "", **kwargs) -> Client:
         return Client("127.0.0.1", self.port, token, timeout=30, **kwargs)
+
+    def rss(self) -> int:
+        """The server's resident memory in bytes."""
+        status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        return int(status.split("VmRSS:")[1].split()[0]) * 1024
+
+    def log(self) -> str:
+        return self.log_path.read_text()
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -65,8 +73,8 @@ class ServerProcess:
 def start_server():
     servers = []
 
-    def start(workdir: Path, *args: str) -> ServerProcess:
-        servers.append(ServerProcess(workdir, *args))
+    def start(workdir: Path, *args: str, **popen) -> ServerProcess:
+        servers.append(ServerProcess(workdir, *args, **popen))
         return servers[-1]
     yield start
     for s in servers:
@@ -159,7 +167,9 @@ def test_session_end_to_end(tmp_path, start_server, scene):
     assert client.set_points(model.means.numpy(), colors)["points"] == 300
     started = client.call("start_training", iterations=20_000, checkpoint_every=25, progress_interval=0.1,
                                     max_gaussians=600, sh_degree=1)
-    assert started["state"] == "training" and started["continued"] is False and started["gaussians"] == 300
+    assert started["state"] == "training" and started["continued"] is False
+    # The set-up (the initial Gaussians' neighbour search) runs on the training thread; a state event follows.
+    assert wait_for(client, lambda e: e["event"] == "state" and e["gaussians"] > 0)["gaussians"] == 300
     with pytest.raises(RemoteError, match="already running"):
         client.call("start_training")
 
@@ -418,7 +428,8 @@ def test_kill_during_training_then_resume(tmp_path, start_server, scene):
         reopened = client.call("open_session", name="durable", create=False)
         assert reopened["views"] == 4 and reopened["checkpoint"] and reopened["state"] == "idle"
         started = client.call("start_training", checkpoint_every=every, progress_interval=0.05)
-        assert started["continued"] and started["step"] >= saved
+        assert started["continued"]
+        assert wait_for(client, lambda e: e["event"] == "state" and e["step"] > 0)["step"] >= saved
         event = wait_for(client, lambda e: e["event"] == "progress")
         assert event["step"] > saved  # continued from the checkpoint, not restarted from 0
         assert event["iterations"] == 100_000  # the checkpoint's configuration

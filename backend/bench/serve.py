@@ -26,6 +26,7 @@ import torch
 
 from blender_addon.core.cameras import Camera, intrinsics_from_fov_x, look_at
 from blender_addon.core.client import Client
+from blender_addon.frames import training_frame_gap
 from ..policy import device_name, resolve_device
 from ..gaussians import Gaussians
 from ..render import render
@@ -64,9 +65,10 @@ def start_backend(workdir: str, device: str) -> tuple[subprocess.Popen, int]:
 
 
 def render_round_trips(client: Client, width: int, height: int, seconds: float, fps: float | None,
-                       stop: threading.Event | None = None) -> list[float]:
+                       stop: threading.Event | None = None, throttled: bool = False) -> list[float]:
     """Milliseconds per frame, the camera orbiting a little each frame; `fps` paces the requests (None: back
-    to back), the way a viewport asks for frames."""
+    to back), the way a viewport asks for frames, or `throttled` as the add-on's live view does while a CPU
+    backend trains (frames.training_frame_gap)."""
     times, deadline, i = [], time.monotonic() + seconds, 0
     while time.monotonic() < deadline and not (stop and stop.is_set()):
         start = time.perf_counter()
@@ -74,7 +76,9 @@ def render_round_trips(client: Client, width: int, height: int, seconds: float, 
         elapsed = time.perf_counter() - start
         times.append(1000 * elapsed)
         i += 1
-        if fps:
+        if throttled:
+            time.sleep(training_frame_gap(elapsed))
+        elif fps:
             time.sleep(max(0.0, 1 / fps - elapsed))
     return times
 
@@ -142,7 +146,9 @@ class LiveBench:
                         client.add_view(cam, image)
                     client.set_points(xyz, rgb)
                     client.call("start_training", iterations=10_000_000, sh_degree=0, max_gaussians=self.gaussians,
-                                          checkpoint_every=0)
+                                          checkpoint_every=0, checkpoint_seconds=0)
+                    while not client.call("status")["gaussians"]:  # the trainer is set up after the reply
+                        time.sleep(0.05)
                     client.call("pause")
                     yield client
                     client.call("stop")
@@ -172,9 +178,14 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m backend bench serve", description=__doc__.split("\n")[0])
     add_live_arguments(p)
     p.add_argument("--fps", type=float, default=30.0, help="frame rate the client asks for while training")
+    p.add_argument("--frame-size", type=int, nargs=2, metavar=("WIDTH", "HEIGHT"), default=None,
+                   help="size of the frames the client asks for while training (default: the views' size)")
+    p.add_argument("--throttled", action="store_true",
+                   help="pace the client as the add-on's live view does while a CPU backend trains, not by --fps")
     args = p.parse_args(argv)
     bench = LiveBench.from_args("serve", args)
     width, height, seconds = bench.width, bench.height, bench.seconds
+    frame_size = args.frame_size or (width, height)
 
     with bench.paused_training() as client:
         for _ in range(3):  # warm-up
@@ -186,21 +197,22 @@ def main(argv: list[str]) -> int:
         stop = threading.Event()
         frames: list[float] = []
         viewer = threading.Thread(target=lambda: frames.extend(
-            render_round_trips(client, width, height, 3600, args.fps, stop)))
+            render_round_trips(client, *frame_size, 3600, args.fps, stop, args.throttled)))
         viewer.start()
         with_client = training_rate(client, seconds)
         stop.set()
         viewer.join()
 
     idle_ms, training_ms = percentiles(idle), percentiles(frames)
+    asked = "throttled" if args.throttled else f"{args.fps:g}"
     print(f"render round trip, paused:   p50 {idle_ms['p50_ms']:8.2f} ms  "
           f"p95 {idle_ms['p95_ms']:8.2f} ms  ({len(idle)} frames)")
     print(f"render round trip, training: p50 {training_ms['p50_ms']:8.2f} ms  "
           f"p95 {training_ms['p95_ms']:8.2f} ms  ({len(frames)} frames, "
-          f"{len(frames) / seconds:.1f} of {args.fps:g} fps)")
+          f"{len(frames) / seconds:.1f} fps, asked: {asked})")
     print(f"training: {alone:.2f} it/s alone, {with_client:.2f} it/s with the client "
           f"({100 * (1 - with_client / alone) if alone else 0:.0f}% slower)")
     bench.result(render_idle=idle_ms, render_while_training=training_ms,
                  train_its=round(alone, 2), train_its_with_client=round(with_client, 2),
-                 client_fps_asked=args.fps, client_fps_got=round(len(frames) / seconds, 1))
+                 client_fps_asked=asked, client_fps_got=round(len(frames) / seconds, 1), client_frame_size=frame_size)
     return 0

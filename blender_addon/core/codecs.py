@@ -106,34 +106,89 @@ def encode_png(rgba: np.ndarray, level: int = 1) -> bytes:
             + chunk(b"IEND", b""))
 
 
-def decode_png(data: bytes, max_pixels: int = MAX_IMAGE_SIDE * MAX_IMAGE_SIDE) -> np.ndarray:
-    """(H, W, 4) uint8, rows top-down, of an 8-bit RGBA non-interlaced PNG using filters None, Sub or Up
-    (what encode_png writes). Other PNGs raise ValueError; the backend reads uploads with Pillow."""
-    if not data.startswith(_PNG_SIGNATURE):
+_PNG_SAMPLES = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}  # samples per pixel of each PNG colour type
+# Adam7 interlacing: (first column, first row, column step, row step) of each of the seven passes.
+_ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
+
+
+def _png_chunks(data: bytes):
+    """(kind, body) of each chunk up to IEND; ValueError for a file that is not a PNG or ends mid-chunk."""
+    if bytes(data[:8]) != _PNG_SIGNATURE:
         raise ValueError("not a PNG (bad signature)")
-    pos, ihdr, idat = len(_PNG_SIGNATURE), None, []
+    pos = len(_PNG_SIGNATURE)
     while pos + 8 <= len(data):
         size, kind = struct.unpack(">I4s", data[pos:pos + 8])
         body = data[pos + 8:pos + 8 + size]
         if len(body) != size:
             raise ValueError("truncated PNG chunk")
-        if kind == b"IHDR":
-            ihdr = struct.unpack(">IIBBBBB", body)
-        elif kind == b"IDAT":
-            idat.append(body)
-        elif kind == b"IEND":
-            break
+        yield kind, body
+        if kind == b"IEND":
+            return
         pos += 12 + size
-    if ihdr is None:
-        raise ValueError("PNG has no IHDR chunk")
-    w, h, depth, color, _, _, interlace = ihdr
+
+
+def png_header(data: bytes) -> tuple[int, int, int, int, int]:
+    """(width, height, bit depth, colour type, interlace) from a PNG's IHDR, reading nothing else."""
+    for kind, body in _png_chunks(data):
+        if kind == b"IHDR" and len(body) == 13:
+            w, h, depth, color, _, _, interlace = struct.unpack(">IIBBBBB", body)
+            return w, h, depth, color, interlace
+        break
+    raise ValueError("the PNG does not start with an IHDR chunk")
+
+
+def _png_data_size(w: int, h: int, depth: int, color: int, interlace: int) -> int:
+    """Bytes the decompressed image data of a PNG with this header has: each row a filter byte and its
+    samples, per interlace pass."""
+    if color not in _PNG_SAMPLES or depth not in (1, 2, 4, 8, 16):
+        raise ValueError(f"PNG colour type {color} with bit depth {depth} is not a valid PNG")
+    bits = _PNG_SAMPLES[color] * depth
+    passes = _ADAM7 if interlace else ((0, 0, 1, 1),)
+    total = 0
+    for x0, y0, dx, dy in passes:
+        pw, ph = -(-(w - x0) // dx), -(-(h - y0) // dy)
+        if pw > 0 and ph > 0:
+            total += ph * (1 + -(-pw * bits // 8))
+    return total
+
+
+def check_png_complete(data: bytes, piece: int = 1 << 20) -> None:
+    """ValueError unless the PNG's image data decompresses to exactly the size its header declares: a file
+    cut short, or one whose data stops early (decoders fill the missing rows with zeros), is refused. Memory
+    stays at `piece` bytes whatever the image size."""
+    header = png_header(data)
+    expected = _png_data_size(*header)
+    inflater = zlib.decompressobj()
+    got = 0
+    try:
+        for kind, body in _png_chunks(data):
+            if kind != b"IDAT":
+                continue
+            pending = body
+            while pending and got <= expected:
+                got += len(inflater.decompress(pending, piece))
+                pending = inflater.unconsumed_tail
+    except zlib.error as e:
+        raise ValueError(f"the PNG's image data is corrupt ({e})") from None
+    if got < expected or not inflater.eof:
+        raise ValueError(f"the PNG is truncated: its image data holds {got} of the {expected} bytes a "
+                         f"{header[0]}x{header[1]} image needs")
+    if got > expected:
+        raise ValueError(f"the PNG's image data is longer than a {header[0]}x{header[1]} image needs")
+
+
+def decode_png(data: bytes, max_pixels: int = MAX_IMAGE_SIDE * MAX_IMAGE_SIDE) -> np.ndarray:
+    """(H, W, 4) uint8, rows top-down, of an 8-bit RGBA non-interlaced PNG using filters None, Sub or Up
+    (what encode_png writes). Other PNGs raise ValueError; the backend reads uploads with Pillow."""
+    w, h, depth, color, interlace = png_header(data)
     if (depth, color, interlace) != (8, 6, 0):
         raise ValueError("only 8-bit RGBA non-interlaced PNGs are supported here")
     if not (0 < w and 0 < h and w * h <= max_pixels):
         raise ValueError(f"PNG size {w}x{h} is empty or over the cap of {max_pixels} pixels")
+    idat = b"".join(body for kind, body in _png_chunks(data) if kind == b"IDAT")
     stride = w * 4 + 1
     inflater = zlib.decompressobj()
-    raw = inflater.decompress(b"".join(idat), h * stride + 1)  # bounded: a zip bomb cannot grow past this
+    raw = inflater.decompress(idat, h * stride + 1)  # bounded: a zip bomb cannot grow past this
     if len(raw) != h * stride:
         raise ValueError(f"PNG image data is {len(raw)} bytes, expected {h * stride}")
     rows = np.frombuffer(raw, dtype=np.uint8).reshape(h, stride)

@@ -15,23 +15,29 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 import socket
 import struct
+import time
 from dataclasses import dataclass
 
 from .codecs import CAMERA, FRAME_FORMATS, MAX_IMAGE_BYTES, MAX_IMAGE_SIDE, MAX_POINTS, UPLOAD_FORMATS
 from .schema import MAX_TEXT_CHARS, AnyObject, Bool, Fields, Float, Int, Kind, Maybe, MessageSpec, Str, optional
 from .settings import BACKGROUND, TRAINING
 
-PROTOCOL_VERSION = 2  # 2: replies and events declared and checked by the client; start_training takes seed
+PROTOCOL_VERSION = 3  # 3: warning events; 2: replies and events declared and checked by the client
 MAGIC = b"SPW\x00"
 PREFIX = struct.Struct(">4sI")  # magic, header length
 
 MAX_HEADER_BYTES = 64 * 1024
+MAX_HELLO_HEADER_BYTES = 32 * 1024  # all a peer may send before its hello is accepted (hello has no payload)
 MAX_PAYLOAD_BYTES = 1 << 30
+READ_CHUNK_BYTES = 1 << 20  # payloads are read in pieces of this size: memory grows with what arrives
 MAX_ID = 2**53  # JSON numbers stay exact below this
 MAX_TOKEN_CHARS = 4096
 SESSION_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
+# Names Windows keeps for devices, with any extension: a folder of that name cannot be made there.
+_DEVICE_NAME = re.compile(r"(con|prn|aux|nul|conin\$|conout\$|com[0-9]|lpt[0-9])(\..*)?", re.IGNORECASE)
 
 # Error codes of "error" messages and "error" events.
 BAD_FRAME = "bad_frame"  # the byte stream is not a frame; the connection is closed
@@ -64,6 +70,22 @@ class ConnectionClosed(Exception):
     """The peer closed the connection cleanly between frames."""
 
 
+class SessionName(Kind):
+    """A session's folder name, the same on every system: up to 64 letters, digits and _ . - starting with a
+    letter or digit, not ending in a dot, and not a Windows device name (CON, NUL, COM1, ...)."""
+
+    def check(self, value):
+        name = Str(64).check(value)
+        if not re.fullmatch(SESSION_NAME, name):
+            raise ValueError(f"{name[:40]!r}: use up to 64 letters, digits, '_', '.' and '-', starting with a "
+                             "letter or digit")
+        if name.endswith("."):
+            raise ValueError(f"{name!r} ends with a dot, which Windows drops from folder names")
+        if _DEVICE_NAME.fullmatch(name):
+            raise ValueError(f"{name!r} is a device name on Windows; choose another name")
+        return name
+
+
 # ---- the messages ----
 
 COUNT = Int(0, 2**53)
@@ -74,7 +96,7 @@ REQUESTS: dict[str, MessageSpec] = {
                                 client=optional(Str(200), ""))),
     "capabilities": MessageSpec(),
     "status": MessageSpec(),
-    "open_session": MessageSpec(Fields(name=Str(64, pattern=SESSION_NAME), create=optional(Bool(), True))),
+    "open_session": MessageSpec(Fields(name=SessionName(), create=optional(Bool(), True))),
     "add_view": MessageSpec(Fields(camera=CAMERA, format=Str(choices=UPLOAD_FORMATS),
                                    name=optional(Str(200), "")), MAX_IMAGE_BYTES),
     "set_points": MessageSpec(Fields(count=Int(1, MAX_POINTS)), MAX_POINTS * 15),
@@ -127,6 +149,8 @@ EVENTS: dict[str, Fields] = {
                        gpu_memory_mb=Maybe(NUMBER)),  # loss and psnr are null until measured
     "state": STATUS,
     "error": ERROR,
+    # Something the user should know that failed nothing, e.g. the unreadable parts a session opened without.
+    "warning": Fields(message=Str(MAX_TEXT_CHARS)),
 }
 
 
@@ -153,7 +177,7 @@ class Message:
     type: str
     id: int
     fields: dict
-    payload: bytes = b""
+    payload: bytes | bytearray = b""  # a received payload is the bytearray it was read into (no copy)
 
 
 # ---- framing ----
@@ -206,40 +230,47 @@ def send_message(sock: socket.socket, parts: list[bytes | memoryview]) -> None:
             sock.sendall(part)
 
 
-def recv_exact(sock: socket.socket, n: int, at_boundary: bool = False) -> bytearray:
-    """Exactly `n` bytes. A peer that closes before the first byte at a frame boundary raises
-    ConnectionClosed; one that closes anywhere else left a frame unfinished."""
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            if at_boundary and got == 0:
+def recv_exact(sock: socket.socket, n: int, at_boundary: bool = False, deadline: float | None = None) -> bytearray:
+    """Exactly `n` bytes, received in pieces of at most READ_CHUNK_BYTES, so a size declared but not sent
+    costs no memory. A peer that closes before the first byte at a frame boundary raises ConnectionClosed;
+    one that closes anywhere else left a frame unfinished. `deadline` (time.monotonic()) bounds the whole
+    read: TimeoutError once it passes, however slowly the bytes trickle in."""
+    buf = bytearray()
+    while len(buf) < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the deadline passed")
+            sock.settimeout(left)
+        piece = sock.recv(min(n - len(buf), READ_CHUNK_BYTES))
+        if not piece:
+            if at_boundary and not buf:
                 raise ConnectionClosed("peer closed the connection")
-            raise ProtocolError(BAD_FRAME, f"connection closed mid-frame ({got} of {n} bytes received)",
+            raise ProtocolError(BAD_FRAME, f"connection closed mid-frame ({len(buf)} of {n} bytes received)",
                                 fatal=True)
-        got += k
+        buf += piece
     return buf
 
 
-def read_message(sock: socket.socket, specs: dict[str, MessageSpec]) -> Message:
+def read_message(sock: socket.socket, specs: dict[str, MessageSpec], max_header: int = MAX_HEADER_BYTES,
+                 deadline: float | None = None) -> Message:
     """Read and validate one frame. Raises ConnectionClosed at a clean end of stream and ProtocolError
-    for a bad frame (fatal when the stream can no longer be followed)."""
-    magic, header_size = PREFIX.unpack(recv_exact(sock, PREFIX.size, at_boundary=True))
+    for a bad frame (fatal when the stream can no longer be followed). A payload over its type's cap in
+    `specs` is refused before any of it is read; `deadline` as recv_exact's."""
+    magic, header_size = PREFIX.unpack(recv_exact(sock, PREFIX.size, at_boundary=True, deadline=deadline))
     if magic != MAGIC:
         raise ProtocolError(BAD_FRAME, f"frame does not start with {MAGIC!r} (got {bytes(magic)!r}); "
                             "is the peer a Splatwright client or server of this protocol?", fatal=True)
-    if header_size > MAX_HEADER_BYTES:
-        raise ProtocolError(TOO_LARGE, f"header of {header_size} bytes exceeds the cap of {MAX_HEADER_BYTES}",
+    if header_size > max_header:
+        raise ProtocolError(TOO_LARGE, f"header of {header_size} bytes exceeds the cap of {max_header}",
                             fatal=True)
-    type, request_id, payload_size, fields = parse_header(recv_exact(sock, header_size))
+    type, request_id, payload_size, fields = parse_header(recv_exact(sock, header_size, deadline=deadline))
     spec = specs.get(type)
     max_payload = spec.max_payload if spec else 0
     if payload_size > max_payload:
         raise ProtocolError(TOO_LARGE, f"{type[:40]!r}: payload of {payload_size} bytes exceeds its cap of "
                             f"{max_payload}", fatal=True, request_id=request_id)
-    payload = bytes(recv_exact(sock, payload_size)) if payload_size else b""
+    payload = recv_exact(sock, payload_size, deadline=deadline) if payload_size else b""
     if spec is None:
         raise ProtocolError(BAD_REQUEST, f"unknown message type {type[:40]!r}; known: {', '.join(specs)}",
                             request_id=request_id)

@@ -20,6 +20,8 @@ TRAINING = Fields(
                          "random initial Gaussians when there are no initial points (default: the schedule's)"),
     background=optional(BACKGROUND, [1.0, 1.0, 1.0], "colour the views are composited over, r,g,b in [0, 1]"),
     checkpoint_every=optional(Int(0, 10_000_000), 500, "steps between checkpoints (0: only at stop and finish)"),
+    checkpoint_seconds=optional(Float(0.0, 86_400.0), 30.0,
+                                "seconds of training between checkpoints, besides the steps (0: by steps only)"),
     progress_interval=optional(Float(0.05, 3600.0), 0.5, "seconds between progress reports"),
     seed=optional(Int(0, 2**31 - 1), 0, "random seed of the initialisation"),
 )

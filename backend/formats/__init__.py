@@ -1,0 +1,102 @@
+"""The splat formats read and written, one module each, and the choice between them. A file's format is
+found from its content, never from its name alone; the format written is named by the output's name.
+
+| format                      | module                   | recognised by                                  | written for       |
+|-----------------------------|--------------------------|------------------------------------------------|-------------------|
+| official 3DGS PLY           | backend.ply              | a "ply" header without a `chunk` element       | *.ply             |
+| PlayCanvas compressed PLY   | formats.compressed_ply   | a "ply" header with a `chunk` element          | *.compressed.ply  |
+| Niantic SPZ                 | formats.spz              | gzip's bytes 1f 8b, or "NGSP" (version 4)      | *.spz             |
+| antimatter15 .splat         | formats.splat            | no magic: a name ending .splat, then checked   | *.splat           |
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from blender_addon.core.errors import SplatwrightError
+from blender_addon.core.files import write_atomic
+from ..gaussians import Gaussians, sh_coeff_count
+from ..ply import encode_ply, read_ply
+from . import compressed_ply, splat, spz
+
+FORMATS = ("ply", "compressed_ply", "spz", "splat")
+# Output names, the longer suffix first.
+SUFFIXES = {".compressed.ply": "compressed_ply", ".ply": "ply", ".spz": "spz", ".splat": "splat"}
+DECODERS = {"ply": read_ply, "compressed_ply": compressed_ply.decode, "spz": spz.decode, "splat": splat.decode}
+ENCODERS = {"ply": encode_ply, "compressed_ply": compressed_ply.encode, "spz": spz.encode, "splat": splat.encode}
+_HEAD = 1 << 16  # bytes read to recognise a file: PLY headers end well within them
+
+
+def detect(head: bytes, name: str) -> str:
+    """The format of a file from its first bytes (up to 64 KiB); `name` counts only for .splat, which has no magic."""
+    if spz.is_spz(head):
+        return "spz"
+    if head.startswith((b"ply\n", b"ply\r\n")):
+        end = head.find(b"end_header")
+        header = head[:max(end, 0)].decode("ascii", "replace")
+        return "compressed_ply" if compressed_ply.is_compressed_ply(header) else "ply"
+    if str(name).lower().endswith(".splat"):
+        return "splat"
+    raise SplatwrightError(f"{name}: not a splat file Splatwright reads (not a PLY, not an SPZ, "
+                           "and not named *.splat)")
+
+
+def read_any(source: str | Path | bytes, name: str = "the splat file", fmt: str | None = None) -> Gaussians:
+    """Gaussians from a file in any supported format, or from its bytes (`name` then says what they are in
+    errors, and a .splat must be named so). `fmt` names the format instead of recognising it."""
+    if isinstance(source, bytes):
+        head = source[:_HEAD]
+    else:
+        path = Path(source)
+        name = str(path)
+        if not path.is_file():
+            raise SplatwrightError(f"{path}: no such file")
+        with open(path, "rb") as f:
+            head = f.read(_HEAD)
+    if fmt is None:
+        fmt = detect(head, name)
+    elif fmt not in FORMATS:
+        raise SplatwrightError(f"unknown splat format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if fmt == "ply":
+        return read_ply(source, name)  # by path: plyfile maps the file rather than copying it
+    data = source if isinstance(source, bytes) else path.read_bytes()
+    return DECODERS[fmt](data, name)
+
+
+def format_for_path(path: str | Path) -> str:
+    lower = Path(path).name.lower()
+    for suffix, fmt in SUFFIXES.items():
+        if lower.endswith(suffix):
+            return fmt
+    raise SplatwrightError(f"{path}: no splat format has this name; use *.ply (3DGS PLY), *.compressed.ply "
+                           "(PlayCanvas), *.spz (Niantic) or *.splat (antimatter15)")
+
+
+def encode_any(g: Gaussians, fmt: str) -> bytes:
+    if fmt not in ENCODERS:
+        raise SplatwrightError(f"unknown splat format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    return ENCODERS[fmt](g)
+
+
+def notes(g: Gaussians, fmt: str) -> list[str]:
+    """What writing `g` in `fmt` leaves out, beyond the format's quantisation."""
+    return splat.notes(g) if fmt == "splat" else []
+
+
+def write_any(path: str | Path, g: Gaussians) -> list[str]:
+    """Write `g` atomically in the format `path` names; returns `notes` on what the format left out."""
+    fmt = format_for_path(path)
+    write_atomic(path, encode_any(g, fmt))
+    return notes(g, fmt)
+
+
+def with_sh_degree(g: Gaussians, degree: int) -> Gaussians:
+    """`g` with SH up to `degree`: higher bands dropped, missing ones zero."""
+    if not 0 <= degree <= 3:
+        raise SplatwrightError(f"SH degree {degree}: choose 0 to 3")
+    k = sh_coeff_count(degree) - 1
+    rest = g.sh_rest.detach()[:, :k]
+    if rest.shape[1] < k:
+        rest = torch.cat([rest, rest.new_zeros(len(g), k - rest.shape[1], 3)], dim=1)
+    return Gaussians(**{**g.detached().tensors(), "sh_rest": rest.clone()})

@@ -1,0 +1,308 @@
+"""Niantic's SPZ format (github.com/nianticlabs/spz): quantised columns, about 10x smaller than a PLY.
+
+Versions 2 and 3 are one gzip stream: a 16-byte header (uint32 magic 0x5053474e "NGSP", uint32 version,
+uint32 splat count, then uint8 SH degree, fractional bits, flags, reserved), then each column for all splats
+in turn:
+- positions: 3 x 24-bit signed fixed point with `fractional bits` bits after the point;
+- alphas: sigmoid(opacity) x 255;
+- colours: SH DC x (0.15 x 255) + 127.5;
+- scales: (log scale + 10) x 16;
+- rotations: version 2 keeps x, y, z of the quaternion with w >= 0, as (q + 1) x 127.5 in 3 bytes; version 3
+  the "smallest three" in a little-endian uint32: 2 bits naming the largest component (x, y, z, w order),
+  then for each other component in that order a sign bit and 9 bits of |q| / sqrt(1/2);
+- SH beyond DC: coefficient-major with the colour channel inner, x 128 + 128, kept to 5 bits for degree 1
+  and 4 bits above (the low bits zeroed to help gzip).
+Each byte value is the nearest integer, clamped to [0, 255]. Version 4 (read when the zstandard package is
+installed) has a 32-byte plain header (adding the stream count and the offset of a table of contents) and
+each column zstd-compressed on its own. Files flagged 0x2 carry extension records (uint32 type, uint32 length,
+payload) after the columns (2, 3) or between header and table (4); of those only the coordinate-system record
+changes how the data reads. We write version 3 (which every SPZ reader since 2024 reads).
+
+Coordinates: SPZ stores RUB (x right, y up, z back); the official 3DGS PLY and our model, both in the world
+frame as trained, are RDF (x right, y down, z forward), as Niantic's PLY tools take a PLY. Between the two,
+y and z are negated: positions (x, y, z) -> (x, -y, -z), quaternions (w, x, y, z) -> (w, x, -y, -z), and each
+SH coefficient is multiplied by the sign its basis function takes under the flip. That is a half turn about
+x, its own inverse, so a write then a read gives back the model as it was (up to quantisation).
+"""
+from __future__ import annotations
+
+import gzip
+import math
+import struct
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from blender_addon.core.errors import SplatwrightError
+from ..gaussians import Gaussians
+from .common import (OTHER_COMPONENTS, byte_logit, columns, gaussians_from_columns, round_half_away, sh_degree_of,
+                     sigmoid, to_byte, unit_quats, unpack_bits)
+
+MAGIC = 0x5053474E
+GZIP_MAGIC = b"\x1f\x8b"
+NGSP_MAGIC = b"NGSP"
+LEGACY_HEADER = struct.Struct("<IIIBBBB")  # magic, version, splats, SH degree, fractional bits, flags, reserved
+NGSP_HEADER = struct.Struct("<IIIBBBBI12x")  # ... , stream count, table of contents offset, reserved
+WRITTEN_VERSION = 3
+FLAG_EXTENSIONS = 0x2
+COORDINATE_SYSTEM_RECORD = 0xADBE0003
+# Niantic's numbers of the axis conventions 1..8: of n - 1, bit 0 is x right, bit 1 y up, bit 2 z forward.
+RUB, RDF = 4, 6
+COLOR_SCALE = 0.15
+SH_BITS = (5, 4)  # bits kept of degree-1 coefficients and of higher ones
+MAX_FRACTIONAL_BITS = 12  # ~0.25 mm steps, as Niantic writes
+SQRT1_2 = math.sqrt(0.5)
+
+
+@dataclass(frozen=True)
+class Header:
+    version: int
+    count: int
+    sh_degree: int
+    fractional_bits: int
+    flags: int
+
+
+def is_spz(head: bytes) -> bool:
+    return head[:2] == GZIP_MAGIC or head[:4] == NGSP_MAGIC
+
+
+def decode(data: bytes, name: str = "the SPZ") -> Gaussians:
+    if data[:4] == NGSP_MAGIC:
+        header, streams, records = _read_ngsp(data, name)
+    elif data[:2] == GZIP_MAGIC:
+        header, streams, records = _read_legacy(_gunzip(data, name), name)
+    else:
+        raise SplatwrightError(f"{name}: not an SPZ file (it starts neither with gzip's bytes 1f 8b nor with 'NGSP')")
+    stored = _unpack(header, streams)
+    return gaussians_from_columns(_flipped(stored, _signs_to_ours(_coordinate_system(records, name))), name)
+
+
+def encode(g: Gaussians) -> bytes:
+    """Version 3 SPZ bytes of `g` (SH degree 0 to 3)."""
+    c = _flipped(columns(g), _signs_to_ours(RUB))  # the flip is its own inverse
+    n, degree = len(c["means"]), sh_degree_of(c["sh_rest"])
+    if n == 0:
+        raise SplatwrightError("SPZ: no splats to write")
+    fractional_bits = _fractional_bits(c["means"])
+    fixed = round_half_away(c["means"].astype(np.float64) * (1 << fractional_bits)).astype(np.int32) & 0xFFFFFF
+    sh_bits = np.full(c["sh_rest"].shape[1], SH_BITS[1])
+    sh_bits[:3] = SH_BITS[0]
+    body = [
+        fixed.astype("<u4").view(np.uint8).reshape(-1, 4)[:, :3],
+        to_byte(sigmoid(c["opacity_logits"]) * 255.0),
+        to_byte(c["sh_dc"] * (COLOR_SCALE * 255.0) + 127.5),
+        to_byte((c["log_scales"] + 10.0) * 16.0),
+        _pack_smallest_three(c["quats"]),
+        _quantize_sh(c["sh_rest"], sh_bits[None, :, None]),
+    ]
+    header = LEGACY_HEADER.pack(MAGIC, WRITTEN_VERSION, n, degree, fractional_bits, 0, 0)
+    return gzip.compress(header + b"".join(np.ascontiguousarray(a).tobytes() for a in body), compresslevel=6, mtime=0)
+
+
+# --- reading ----------------------------------------------------------------------------------------------
+
+def _gunzip(data: bytes, name: str) -> bytes:
+    try:
+        return gzip.decompress(data)
+    except (EOFError, OSError, zlib.error) as e:
+        raise SplatwrightError(f"{name}: SPZ's gzip stream is truncated or corrupt ({e})") from None
+
+
+def _check_header(h: Header, name: str) -> Header:
+    if h.version == 1:
+        raise SplatwrightError(f"{name}: SPZ version 1 (float16 positions) is not supported; versions 2-4 are")
+    if h.version not in (2, 3, 4):
+        raise SplatwrightError(f"{name}: SPZ version {h.version} is not supported; versions 2-4 are")
+    if h.count == 0:
+        raise SplatwrightError(f"{name}: the SPZ holds no splats")
+    if h.sh_degree > 3:
+        raise SplatwrightError(f"{name}: SH degree {h.sh_degree}; Splatwright reads SH degrees 0-3")
+    if h.fractional_bits > 23:
+        raise SplatwrightError(f"{name}: {h.fractional_bits} fractional bits in 24-bit positions")
+    return h
+
+
+def _column_sizes(h: Header) -> list[int]:
+    """Bytes of positions, alphas, colours, scales, rotations and SH."""
+    n, dim = h.count, (h.sh_degree + 1) ** 2 - 1
+    return [9 * n, n, 3 * n, 3 * n, (3 if h.version == 2 else 4) * n, 3 * dim * n]
+
+
+def _read_legacy(raw: bytes, name: str) -> tuple[Header, list[bytes], dict[int, bytes]]:
+    if len(raw) < LEGACY_HEADER.size:
+        raise SplatwrightError(f"{name}: truncated SPZ: {len(raw)} bytes, shorter than the 16-byte header")
+    magic, version, count, degree, bits, flags, _ = LEGACY_HEADER.unpack_from(raw)
+    if magic != MAGIC:
+        raise SplatwrightError(f"{name}: gzip data that is not SPZ (magic {magic:#010x}, expected {MAGIC:#010x})")
+    if version == 4:
+        raise SplatwrightError(f"{name}: SPZ version 4 inside gzip; version 4 files start with 'NGSP'")
+    header = _check_header(Header(version, count, degree, bits, flags), name)
+    sizes = _column_sizes(header)
+    body, need = raw[LEGACY_HEADER.size:], sum(sizes)
+    if len(body) < need:
+        raise SplatwrightError(f"{name}: truncated SPZ: {count} splats need {need} bytes of columns, "
+                               f"the file holds {len(body)}")
+    if len(body) > need and not flags & FLAG_EXTENSIONS:
+        raise SplatwrightError(f"{name}: {len(body) - need} bytes after the columns of {count} splats; "
+                               "the splat count does not match the data")
+    ends = np.cumsum([0] + sizes)
+    streams = [body[a:b] for a, b in zip(ends[:-1], ends[1:])]
+    return header, streams, _records(body[need:], name) if flags & FLAG_EXTENSIONS else {}
+
+
+def _read_ngsp(data: bytes, name: str) -> tuple[Header, list[bytes], dict[int, bytes]]:
+    if len(data) < NGSP_HEADER.size:
+        raise SplatwrightError(f"{name}: truncated SPZ: {len(data)} bytes, shorter than the 32-byte header")
+    magic, version, count, degree, bits, flags, n_streams, toc = NGSP_HEADER.unpack_from(data)
+    if version != 4:
+        raise SplatwrightError(f"{name}: an 'NGSP' header with version {version}; it belongs to version 4")
+    header = _check_header(Header(version, count, degree, bits, flags), name)
+    sizes = _column_sizes(header)
+    stored = [s for s in sizes if s]  # empty columns (no SH) are not stored
+    if n_streams != len(stored):
+        raise SplatwrightError(f"{name}: {n_streams} streams where SH degree {degree} has {len(stored)} columns")
+    start = toc + 16 * n_streams
+    if toc < NGSP_HEADER.size or start > len(data):
+        raise SplatwrightError(f"{name}: truncated SPZ: its table of contents ends past the file's end")
+    try:
+        import zstandard
+    except ImportError:
+        raise SplatwrightError(f"{name}: SPZ version 4 is zstd-compressed; install the zstandard package "
+                               "(pip install zstandard) to read it") from None
+    table = np.frombuffer(data, "<u8", 2 * n_streams, toc).reshape(-1, 2)
+    streams, offset = [], start
+    for i, ((packed, unpacked), size) in enumerate(zip(table.tolist(), stored)):
+        if unpacked != size:
+            raise SplatwrightError(f"{name}: stream {i} unpacks to {unpacked} bytes but {count} splats need {size}; "
+                                   "the counts do not match")
+        if offset + packed > len(data):
+            raise SplatwrightError(f"{name}: truncated SPZ: stream {i} ends past the file's end")
+        try:
+            column = zstandard.ZstdDecompressor().decompress(data[offset:offset + packed], max_output_size=size)
+        except zstandard.ZstdError as e:
+            raise SplatwrightError(f"{name}: stream {i} is corrupt ({e})") from None
+        if len(column) != size:
+            raise SplatwrightError(f"{name}: stream {i} unpacks to {len(column)} bytes, expected {size}")
+        streams.append(column)
+        offset += packed
+    if offset != len(data):
+        raise SplatwrightError(f"{name}: {len(data) - offset} bytes after the last stream")
+    streams += [b""] * (len(sizes) - len(streams))
+    return header, streams, _records(data[NGSP_HEADER.size:toc], name) if flags & FLAG_EXTENSIONS else {}
+
+
+def _records(data: bytes, name: str) -> dict[int, bytes]:
+    """Extension records by type."""
+    records, offset = {}, 0
+    while offset < len(data):
+        if offset + 8 > len(data):
+            raise SplatwrightError(f"{name}: truncated SPZ extension record")
+        kind, length = struct.unpack_from("<II", data, offset)
+        if offset + 8 + length > len(data):
+            raise SplatwrightError(f"{name}: truncated SPZ extension record {kind:#010x}")
+        records[kind] = data[offset + 8:offset + 8 + length]
+        offset += 8 + length
+    return records
+
+
+def _coordinate_system(records: dict[int, bytes], name: str) -> int:
+    payload = records.get(COORDINATE_SYSTEM_RECORD)
+    if payload is None:
+        return RUB
+    if len(payload) != 4:
+        raise SplatwrightError(f"{name}: coordinate-system record of {len(payload)} bytes, expected 4")
+    system = int.from_bytes(payload, "little")
+    if system == 0:  # "unspecified": stored without conversion, as the writer's data was
+        return RDF
+    if not 1 <= system <= 8:
+        raise SplatwrightError(f"{name}: stored in coordinate system {system}, one that swaps axes; "
+                               "Splatwright reads the systems 1-8 (axis flips only)")
+    return system
+
+
+def _unpack(h: Header, streams: list[bytes]) -> dict[str, np.ndarray]:
+    """The columns as stored (in the file's axes)."""
+    positions, alphas, colors, scales, rotations, sh = (np.frombuffer(s, np.uint8) for s in streams)
+    n = h.count
+    p = positions.reshape(3 * n, 3).astype(np.int32)
+    fixed = p[:, 0] | p[:, 1] << 8 | p[:, 2] << 16
+    fixed = (fixed ^ 0x800000) - 0x800000  # sign-extend 24 bits
+    return {
+        "means": (fixed.reshape(n, 3) / float(1 << h.fractional_bits)).astype(np.float32),
+        "log_scales": (scales.reshape(n, 3) / 16.0 - 10.0).astype(np.float32),
+        "quats": _unpack_first_three(rotations.reshape(n, 3)) if h.version == 2 else _unpack_smallest_three(
+            rotations.view("<u4")),
+        "opacity_logits": byte_logit(alphas),
+        "sh_dc": ((colors.reshape(n, 3) / 255.0 - 0.5) / COLOR_SCALE).astype(np.float32),
+        "sh_rest": ((sh.reshape(n, -1, 3).astype(np.float32) - 128.0) / 128.0),
+    }
+
+
+def _unpack_first_three(r: np.ndarray) -> np.ndarray:
+    xyz = r / 127.5 - 1.0
+    w = np.sqrt(np.maximum(0.0, 1.0 - (xyz ** 2).sum(axis=1)))
+    return unit_quats(np.concatenate([w[:, None], xyz], axis=1))
+
+
+def _unpack_smallest_three(comp: np.ndarray) -> np.ndarray:
+    largest = (comp >> np.uint32(30)).astype(np.intp)
+    fields = np.stack([unpack_bits(comp, shift, 10) for shift in (20, 10, 0)], axis=1)  # ascending index order
+    values = (fields & 511) * (SQRT1_2 / 511) * np.where(fields >> 9 & 1, -1.0, 1.0)
+    rows = np.arange(len(comp))
+    q = np.zeros((len(comp), 4))
+    q[rows[:, None], OTHER_COMPONENTS[largest]] = values
+    q[rows, largest] = np.sqrt(np.maximum(0.0, 1.0 - (values ** 2).sum(axis=1)))
+    return unit_quats(q[:, [3, 0, 1, 2]])  # x, y, z, w -> w, x, y, z
+
+
+# --- axes -------------------------------------------------------------------------------------------------
+
+def _signs_to_ours(system: int) -> tuple[int, int, int]:
+    """Axis signs taking coordinate system `system` (1..8) to ours, RDF."""
+    bits = system - 1
+    return (1 if bits & 1 else -1), (-1 if bits & 2 else 1), (1 if bits & 4 else -1)
+
+
+def _flipped(c: dict[str, np.ndarray], signs: tuple[int, int, int]) -> dict[str, np.ndarray]:
+    """The model with its axes multiplied by `signs`: positions flip, rotations are conjugated by the flip and
+    each SH coefficient takes the sign of its basis function under it."""
+    sx, sy, sz = signs
+    sh_signs = np.array([sy, sz, sx,  # degree 1: y, z, x
+                         sx * sy, sy * sz, 1, sx * sz, 1,  # degree 2: xy, yz, 3z^2 - 1, xz, x^2 - y^2
+                         sy, sx * sy * sz, sy, sz, sx, sz, sx], np.float32)  # degree 3
+    return {**c,
+            "means": c["means"] * np.array(signs, np.float32),
+            "quats": c["quats"] * np.array([1, sy * sz, sx * sz, sx * sy], np.float32),
+            "sh_rest": c["sh_rest"] * sh_signs[:c["sh_rest"].shape[1], None]}
+
+
+# --- writing ----------------------------------------------------------------------------------------------
+
+def _fractional_bits(means: np.ndarray) -> int:
+    """Niantic's 12 fractional bits, fewer where positions would not fit 24 bits."""
+    extent = float(np.abs(means).max(initial=0.0))
+    for bits in range(MAX_FRACTIONAL_BITS, -1, -1):
+        if extent * (1 << bits) < (1 << 23) - 1:
+            return bits
+    raise SplatwrightError(f"SPZ: positions reach {extent:.0f}, beyond the format's 24-bit range (+-8388607)")
+
+
+def _pack_smallest_three(q_wxyz: np.ndarray) -> np.ndarray:
+    q = q_wxyz[:, [1, 2, 3, 0]].astype(np.float64)  # SPZ's order x, y, z, w
+    rows = np.arange(len(q))
+    largest = np.argmax(np.abs(q), axis=1)
+    others = q[rows[:, None], OTHER_COMPONENTS[largest]]
+    magnitude = np.minimum(np.floor(511 * np.abs(others) / SQRT1_2 + 0.5), 511).astype(np.uint32)
+    negative = ((others < 0) ^ (q[rows, largest] < 0)[:, None]).astype(np.uint32)  # -q is the same rotation
+    fields = negative << np.uint32(9) | magnitude
+    comp = (largest.astype(np.uint32) << np.uint32(30) | fields[:, 0] << np.uint32(20)
+            | fields[:, 1] << np.uint32(10) | fields[:, 2])
+    return comp.astype("<u4").view(np.uint8)
+
+
+def _quantize_sh(x: np.ndarray, bits: np.ndarray) -> np.ndarray:
+    bucket = 2.0 ** (8 - bits)
+    q = round_half_away(x.astype(np.float64) * 128.0) + 128.0
+    return np.clip(np.floor((q + bucket // 2) / bucket) * bucket, 0, 255).astype(np.uint8)

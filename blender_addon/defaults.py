@@ -1,0 +1,48 @@
+"""The capture and training settings a scene starts with, per backend device, and the panel's estimate of how
+long training takes (bpy-free). A GPU backend gets full-size captures and the backend's quality schedule; the
+CPU backend gets a preview that captures and trains Blender's startup scene within a few minutes on two cores.
+"""
+from __future__ import annotations
+
+GPU, CPU = "cuda", "cpu"  # the backend's devices, as its capabilities name them
+
+# The panel's settings (Scene.splatwright) per device; the GPU's are the properties' own defaults.
+DEVICE_DEFAULTS = {
+    GPU: {"orbit_count": 32, "resolution_percentage": 100, "max_side": 0, "point_count": 20_000,
+          "render_engine": "SCENE", "samples": 0, "custom_steps": False, "iterations": 7000},
+    CPU: {"orbit_count": 16, "resolution_percentage": 100, "max_side": 160, "point_count": 2000,
+          "render_engine": "CYCLES", "samples": 16, "custom_steps": True, "iterations": 300},
+}
+
+# The steps of the backend's schedules when the panel leaves the count to them (backend/policy.py).
+PRESET_STEPS = {"quality": 30_000, "fast": 5000}
+CPU_STEPS = 3000
+
+# Seconds per training step: a fixed part plus a part per pixel of the step's view (rough: the splats' sizes
+# matter as much). CPU: the reference rasterizer (backend/policy.py's cpu_config) on 2 cores, 300 steps of the
+# CPU previews: Blender's startup cube at 153x86 px in 137 s, the demo scene at 151x151 px in 104 s.
+# GPU: the CUDA rasterizer on an H200 (fast preset on lego, 800x800: 9 s for 5000 steps).
+STEP_SECONDS = {CPU: (0.15, 1.5e-5), GPU: (0.0005, 2.0e-9)}
+
+
+def device_of(device: str | None) -> str:
+    """The defaults' device for a backend's reported device (anything but a CUDA GPU trains on the CPU)."""
+    return GPU if device == GPU else CPU
+
+
+def defaults_for(device: str | None) -> dict:
+    """The settings a scene starts with on this device."""
+    return dict(DEVICE_DEFAULTS[device_of(device)])
+
+
+def schedule_steps(device: str | None, preset: str, steps: int | None) -> int:
+    """The steps a training run makes: the chosen count, else the schedule's on this device."""
+    if steps:
+        return steps
+    return PRESET_STEPS[preset] if device_of(device) == GPU else CPU_STEPS
+
+
+def training_seconds(device: str | None, steps: int, width: int, height: int) -> float:
+    """About how long `steps` training steps on views of width x height take on this device."""
+    fixed, per_pixel = STEP_SECONDS[device_of(device)]
+    return steps * (fixed + per_pixel * width * height)
