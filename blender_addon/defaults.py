@@ -19,10 +19,11 @@ PRESET_STEPS = {"quality": 30_000, "fast": 5000}
 CPU_STEPS = 3000
 
 # Seconds per training step: a fixed part plus a part per pixel of the step's view (rough: the splats' sizes
-# matter as much). CPU: the reference rasterizer (backend/policy.py's cpu_config) on 2 cores, 300 steps of the
-# CPU previews: Blender's startup cube at 153x86 px in 137 s, the demo scene at 151x151 px in 104 s.
+# matter too). CPU: the reference rasterizer (backend/policy.py's cpu_config) on 2 idle cores, 300 steps of
+# the CPU previews: Blender's startup cube at 153x86 px in 33 s, the demo scene at 151x151 px in 45 s
+# (`python -m backend bench defaults`; other work on the same cores makes it several times slower).
 # GPU: the CUDA rasterizer on an H200 (fast preset on lego, 800x800: 9 s for 5000 steps).
-STEP_SECONDS = {CPU: (0.15, 1.5e-5), GPU: (0.0005, 2.0e-9)}
+STEP_SECONDS = {CPU: (0.05, 4.5e-6), GPU: (0.0005, 2.0e-9)}
 
 
 def device_of(device: str | None) -> str:

@@ -293,14 +293,14 @@ def test_schedule_steps_are_the_backends():
     assert defaults.schedule_steps("cuda", "quality", 123) == 123
 
 
-def test_cpu_preview_training_estimate_is_a_couple_of_minutes():
+def test_cpu_preview_training_estimate_is_under_a_few_minutes():
     cpu = defaults.defaults_for("cpu")
     width, height = 1920 * 8 // 100, 1080 * 8 // 100  # the startup scene's preview views
     seconds = defaults.training_seconds("cpu", cpu["iterations"], width, height)
-    assert 60 <= seconds <= 180
-    assert defaults.training_seconds("cpu", 600, width, height) == pytest.approx(2 * seconds)
-    assert defaults.training_seconds("cpu", 300, 2 * width, height) > defaults.training_seconds("cpu", 300, width,
-                                                                                                   height)
+    assert 20 <= seconds <= 180  # measured: 33 s on two idle cores (bench defaults)
+    steps = cpu["iterations"]
+    assert defaults.training_seconds("cpu", 2 * steps, width, height) == pytest.approx(2 * seconds)
+    assert defaults.training_seconds("cpu", steps, 2 * width, height) > seconds
     assert defaults.training_seconds("cuda", 30_000, 1920, 1080) < 600
 
 
