@@ -380,6 +380,8 @@ def test_checkpoints_by_time_and_a_fresh_start_keeps_the_old_model_until_its_fir
         started = client.call("start_training", fresh=True, iterations=100_000, init_points=200,
                               checkpoint_every=0, checkpoint_seconds=3600, progress_interval=0.05)
         assert not started["continued"] and started["checkpoint"]
+        # The stopped run's last events may still be queued: first the new run's trainer, set up at step 0.
+        wait_for(client, lambda e: e["event"] == "state" and e["state"] == "training" and e["step"] == 0)
         wait_for(client, lambda e: e["event"] == "progress" and e["step"] >= 5)
         paused = client.call("pause")["step"]
         assert paused < old and load_checkpoint(checkpoint)["step"] == old  # the old model stays meanwhile

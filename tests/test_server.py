@@ -108,7 +108,8 @@ def expected_frame(g, cam, sh_degree: int, background) -> np.ndarray:
     return (rgba.clamp(0, 1) * 255 + 0.5).to(torch.uint8).numpy()[::-1]
 
 
-def wait_for(client: Client, predicate, timeout: float = 30.0) -> dict:
+def wait_for(client: Client, predicate, timeout: float = 120.0) -> dict:
+    """The first event `predicate` accepts; the timeout is generous for a loaded CI machine."""
     deadline = time.monotonic() + timeout
     for event in client.events(timeout=timeout):
         if predicate(event):
