@@ -343,6 +343,10 @@ def crash_while_training(s, out: Path) -> dict:
     op("train_stop")
     wait_for(lambda: live.backend.status.get("state") == "stopped" and not live.backend.in_flight, "stop training")
     result["continued_to"] = live.backend.status["step"]
+    ply = out / "continued.ply"  # the model the session's checkpoint now holds
+    op("export_ply", filepath=str(ply))
+    wait_for(lambda: ply.is_file() and not live.backend.in_flight, "export of the continued model")
+    result["exported"] = str(ply)
     s.iterations = 150
     return result
 

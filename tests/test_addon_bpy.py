@@ -350,7 +350,8 @@ def test_command_line_animation_render_reopens_the_session(scenario, addon_zip, 
     assert run.returncode == 0 and len(frames) == 2, run.stdout[-3000:] + run.stderr[-3000:]
     cam = camera_from_wire(json.loads((tmp_path / "setup.json").read_text()))
     with torch.no_grad():
-        expected = render(read_ply(scenario["exported"]), cam, 1, (1.0, 1.0, 1.0)).image.clamp(0, 1)
+        # The session's last model: the run the crash test started over and continued.
+        expected = render(read_ply(scenario["crash"]["exported"]), cam, 1, (1.0, 1.0, 1.0)).image.clamp(0, 1)
     for frame in frames:
         got = np.asarray(Image.open(frame), dtype=np.float32)[..., :3] / 255.0
         assert got.shape == (48, 64, 3)
