@@ -202,10 +202,11 @@ class FakeClient:
                          args=(None if error else Message("reply", index + 1, fields, payload), error)).start()
 
 
-def wait_until(condition, timeout=5.0):
+def wait_until(condition, timeout=60.0):
+    """Wait for `condition`; the timeout only ends a hang."""
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, "timed out"
+        assert time.monotonic() < deadline, "hung: the condition never came true"
         time.sleep(0.005)
 
 
@@ -297,7 +298,7 @@ def test_cpu_preview_training_estimate_is_under_a_few_minutes():
     cpu = defaults.defaults_for("cpu")
     width, height = 1920 * 8 // 100, 1080 * 8 // 100  # the startup scene's preview views
     seconds = defaults.training_seconds("cpu", cpu["iterations"], width, height)
-    assert 20 <= seconds <= 180  # measured: 33 s on two idle cores (bench defaults)
+    assert 20 <= seconds <= 180  # the estimate's own arithmetic, not a timing (bench defaults measured 33 s)
     steps = cpu["iterations"]
     assert defaults.training_seconds("cpu", 2 * steps, width, height) == pytest.approx(2 * seconds)
     assert defaults.training_seconds("cpu", steps, 2 * width, height) > seconds
