@@ -71,5 +71,8 @@ def _run(rank: int, work: Callable[..., None], world: int, device: str, port: in
                             rank=rank, world_size=world)
     try:
         work(Group(rank, world), f"cuda:{rank}" if device == "cuda" else "cpu", *args)
+        # Tear down together: a process whose peer already closed its connections can abort in gloo's
+        # destructors ("terminate called without an active exception").
+        dist.barrier()
     finally:
         dist.destroy_process_group()

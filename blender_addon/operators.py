@@ -2,11 +2,12 @@
 through the live.poll timer. poll() explains itself through blocked(), which the panels show as hints."""
 import sys
 from pathlib import Path
+from typing import Callable
 
 import bpy
 import numpy as np
 from bpy.props import EnumProperty, StringProperty
-from bpy.types import Operator
+from bpy.types import Context, Operator
 from bpy_extras.io_utils import ExportHelper, ImportHelper
 
 from . import live
@@ -51,6 +52,18 @@ class Guarded:
         if reason:
             cls.poll_message_set(reason)
         return not reason
+
+
+def button(name: str, label: str, description: str, blocked: Callable[[Context], str],
+           run: Callable[[Context], object]) -> type:
+    """An operator that does one thing, run(context), when blocked(context) gives no reason against it (the
+    reason is the button's hint): the shape of most of the sidebar's buttons."""
+    def execute(self, context):
+        run(context)
+        return {"FINISHED"}
+    return type(f"SPLATWRIGHT_OT_{name}", (Guarded, Operator), {
+        "__doc__": description, "bl_idname": f"splatwright.{name}", "bl_label": label,
+        "blocked": classmethod(lambda cls, context: blocked(context)), "execute": execute})
 
 
 class SPLATWRIGHT_OT_report(Operator):
@@ -105,22 +118,14 @@ class SPLATWRIGHT_OT_setup_backend(Guarded, Operator):
         return {"FINISHED"}
 
 
-class SPLATWRIGHT_OT_setup_cancel(Guarded, Operator):
-    """Stop the running set-up (what it installed stays; Set Up Backend goes on from there)"""
-    bl_idname = "splatwright.setup_cancel"
-    bl_label = "Cancel"
-
-    @classmethod
-    def blocked(cls, context):
-        return "" if setup_running() else "No set-up is running"
-
-    def execute(self, context):
-        live.setup.cancel()
-        return {"FINISHED"}
-
-
 def setup_running() -> bool:
     return live.setup is not None and live.setup.returncode is None
+
+
+SPLATWRIGHT_OT_setup_cancel = button(
+    "setup_cancel", "Cancel", "Stop the running set-up (what it installed stays; Set Up Backend goes on from there)",
+    blocked=lambda context: "" if setup_running() else "No set-up is running",
+    run=lambda context: live.setup.cancel())
 
 
 def connect(context) -> None:
@@ -128,19 +133,12 @@ def connect(context) -> None:
     live.backend.connect(prefs(context).connect_settings(), reopen=context.scene.splatwright.session)
 
 
-class SPLATWRIGHT_OT_backend_start(Guarded, Operator):
-    """Start the local backend (or connect to the remote one); it reopens the scene's last session and model"""
-    bl_idname = "splatwright.backend_start"
-    bl_label = "Start Backend"
-
-    @classmethod
-    def blocked(cls, context):
-        return {"connected": "The backend is running", "connecting": "The backend is starting"}.get(
-            live.backend.connection, "")
-
-    def execute(self, context):
-        connect(context)
-        return {"FINISHED"}
+SPLATWRIGHT_OT_backend_start = button(
+    "backend_start", "Start Backend",
+    "Start the local backend (or connect to the remote one); it reopens the scene's last session and model",
+    blocked=lambda context: {"connected": "The backend is running", "connecting": "The backend is starting"}.get(
+        live.backend.connection, ""),
+    run=connect)
 
 
 class SPLATWRIGHT_OT_backend_check(Guarded, Operator):
@@ -167,37 +165,29 @@ class SPLATWRIGHT_OT_backend_check(Guarded, Operator):
                 f"GPU {caps.get('gpu') or 'none'}, {caps.get('gpu_memory_gb') or '-'} GB")
 
 
-class SPLATWRIGHT_OT_backend_stop(Guarded, Operator):
-    """Stop the backend cleanly (training is checkpointed); a remote backend is only disconnected"""
-    bl_idname = "splatwright.backend_stop"
-    bl_label = "Stop Backend"
-
-    @classmethod
-    def blocked(cls, context):
-        b = live.backend
-        alive = b.server is not None and b.server.alive
-        return "" if b.connection == "connected" or alive else "The backend is not running"
-
-    def execute(self, context):
-        live.backend.stop()
-        return {"FINISHED"}
+def backend_not_running(context) -> str:
+    b = live.backend
+    alive = b.server is not None and b.server.alive
+    return "" if b.connection == "connected" or alive else "The backend is not running"
 
 
-class SPLATWRIGHT_OT_backend_kill(Guarded, Operator):
-    """End the local backend process now; frees all of its GPU memory (unsaved training steps are lost)"""
-    bl_idname = "splatwright.backend_kill"
-    bl_label = "Kill Backend"
+SPLATWRIGHT_OT_backend_stop = button(
+    "backend_stop", "Stop Backend",
+    "Stop the backend cleanly (training is checkpointed); a remote backend is only disconnected",
+    blocked=backend_not_running, run=lambda context: live.backend.stop())
 
-    @classmethod
-    def blocked(cls, context):
-        server = live.backend.server
-        if prefs(context).mode != "LOCAL":
-            return "A remote backend can only be stopped"
-        return "" if server is not None and server.alive else "No local backend process is running"
 
-    def execute(self, context):
-        live.backend.kill()
-        return {"FINISHED"}
+def no_local_process(context) -> str:
+    server = live.backend.server
+    if prefs(context).mode != "LOCAL":
+        return "A remote backend can only be stopped"
+    return "" if server is not None and server.alive else "No local backend process is running"
+
+
+SPLATWRIGHT_OT_backend_kill = button(
+    "backend_kill", "Kill Backend",
+    "End the local backend process now; frees all of its GPU memory (unsaved training steps are lost)",
+    blocked=no_local_process, run=lambda context: live.backend.kill())
 
 
 # ---- capture ----
@@ -283,18 +273,11 @@ class SPLATWRIGHT_OT_capture(Guarded, Operator):
         return {"FINISHED"} if level == "INFO" else {"CANCELLED"}
 
 
-class SPLATWRIGHT_OT_capture_cancel(Guarded, Operator):
-    """Stop the running capture now, a render midway included; the views rendered so far are kept and sent"""
-    bl_idname = "splatwright.capture_cancel"
-    bl_label = "Cancel Capture"
-
-    @classmethod
-    def blocked(cls, context):
-        return "" if live.capture is not None else "No capture is running"
-
-    def execute(self, context):
-        live.capture.cancel()
-        return {"FINISHED"}
+SPLATWRIGHT_OT_capture_cancel = button(
+    "capture_cancel", "Cancel Capture",
+    "Stop the running capture now, a render midway included; the views rendered so far are kept and sent",
+    blocked=lambda context: "" if live.capture is not None else "No capture is running",
+    run=lambda context: live.capture.cancel())
 
 
 class SPLATWRIGHT_OT_send_views(Guarded, Operator):
@@ -391,41 +374,22 @@ def started(reply: dict) -> str:
     return f"training {how} in session {status['session']}"
 
 
-class TrainingControl(Guarded):
+def training_control(name: str, label: str, description: str, request: str, states: tuple, hint: str) -> type:
     """Pause, resume, stop: one request each, allowed in some training states."""
-    request = ""
-    states = ()
-    hint = ""
-
-    @classmethod
-    def blocked(cls, context):
-        return not_connected() or ("" if training_state() in cls.states else cls.hint)
-
-    def execute(self, context):
-        request = self.request
-        live.backend.call(request, lambda c: c.call(request), set_status)
-        return {"FINISHED"}
+    return button(name, label, description,
+                  blocked=lambda context: not_connected() or ("" if training_state() in states else hint),
+                  run=lambda context: live.backend.call(request, lambda c: c.call(request), set_status))
 
 
-class SPLATWRIGHT_OT_train_pause(TrainingControl, Operator):
-    """Pause training after the current step"""
-    bl_idname = "splatwright.train_pause"
-    bl_label = "Pause"
-    request, states, hint = "pause", ("training",), "Training is not running"
-
-
-class SPLATWRIGHT_OT_train_resume(TrainingControl, Operator):
-    """Resume paused training, or continue stopped training from its checkpoint"""
-    bl_idname = "splatwright.train_resume"
-    bl_label = "Resume"
-    request, states, hint = "resume", ("paused", "stopped", "failed"), "Nothing paused or stopped to resume"
-
-
-class SPLATWRIGHT_OT_train_stop(TrainingControl, Operator):
-    """Stop training and write a checkpoint"""
-    bl_idname = "splatwright.train_stop"
-    bl_label = "Stop Training"
-    request, states, hint = "stop", ("training", "paused"), "Training is not running"
+SPLATWRIGHT_OT_train_pause = training_control(
+    "train_pause", "Pause", "Pause training after the current step", "pause", ("training",),
+    "Training is not running")
+SPLATWRIGHT_OT_train_resume = training_control(
+    "train_resume", "Resume", "Resume paused training, or continue stopped training from its checkpoint",
+    "resume", ("paused", "stopped", "failed"), "Nothing paused or stopped to resume")
+SPLATWRIGHT_OT_train_stop = training_control(
+    "train_stop", "Stop Training", "Stop training and write a checkpoint", "stop", ("training", "paused"),
+    "Training is not running")
 
 
 # ---- view and export ----
@@ -434,14 +398,17 @@ def nothing_to_show() -> str:
     return not_connected() or ("" if live.backend.status.get("gaussians") else "Train or load a PLY first")
 
 
-class SPLATWRIGHT_OT_render_preview(Guarded, Operator):
-    """Render the model from the 3D viewport (or the scene camera) into the image 'Splatwright Preview'"""
-    bl_idname = "splatwright.render_preview"
-    bl_label = "Render Preview"
-
+class NeedsModel(Guarded):
+    """An operator on the backend's model: allowed once there is one."""
     @classmethod
     def blocked(cls, context):
         return nothing_to_show()
+
+
+class SPLATWRIGHT_OT_render_preview(NeedsModel, Operator):
+    """Render the model from the 3D viewport (or the scene camera) into the image 'Splatwright Preview'"""
+    bl_idname = "splatwright.render_preview"
+    bl_label = "Render Preview"
 
     def execute(self, context):
         scene = context.scene
@@ -469,13 +436,16 @@ def show_preview(rgba: np.ndarray) -> str:
     return ""
 
 
-class SPLATWRIGHT_OT_load_ply(Guarded, Operator, ImportHelper):
+class PlyFile:
+    """The file browser of the PLY operators: .ply files only."""
+    filename_ext = ".ply"
+    filter_glob: StringProperty(default="*.ply", options={"HIDDEN"})
+
+
+class SPLATWRIGHT_OT_load_ply(Guarded, PlyFile, Operator, ImportHelper):
     """View a 3D Gaussian Splatting PLY through the backend"""
     bl_idname = "splatwright.load_ply"
     bl_label = "Load Splats PLY"
-
-    filename_ext = ".ply"
-    filter_glob: StringProperty(default="*.ply", options={"HIDDEN"})
 
     @classmethod
     def blocked(cls, context):
@@ -497,17 +467,10 @@ class SPLATWRIGHT_OT_load_ply(Guarded, Operator, ImportHelper):
         return {"FINISHED"}
 
 
-class SPLATWRIGHT_OT_export_ply(Guarded, Operator, ExportHelper):
+class SPLATWRIGHT_OT_export_ply(NeedsModel, PlyFile, Operator, ExportHelper):
     """Save the trained (or viewed) Gaussians as a 3DGS PLY"""
     bl_idname = "splatwright.export_ply"
     bl_label = "Export Splats PLY"
-
-    filename_ext = ".ply"
-    filter_glob: StringProperty(default="*.ply", options={"HIDDEN"})
-
-    @classmethod
-    def blocked(cls, context):
-        return nothing_to_show()
 
     def execute(self, context):
         path = self.filepath
