@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument(Limits.flag(limit.name), type=positive_int, default=limit.default, metavar="N",
                        help=f"most {limit.metadata['help']} (default: {limit.default:,})")
 
-    p = sub.add_parser("bench", help="benchmarks (raster, train, serve, profile, viewport)", add_help=False)
+    p = sub.add_parser("bench", help="benchmarks (raster, train, serve, profile, viewport, defaults, cpu)", add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)
 
     args = parser.parse_args(argv)

@@ -6,7 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
-BENCHMARKS = ("raster", "train", "serve", "profile", "viewport", "defaults")
+BENCHMARKS = ("raster", "train", "serve", "profile", "viewport", "defaults", "cpu")
 ROOT = Path(__file__).resolve().parents[2]  # the checkout
 RESULTS = ROOT / "bench" / "results"
 

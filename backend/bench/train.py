@@ -1,4 +1,4 @@
-"""`python -m backend bench train`: train on lego with our trainer and, where gsplat is importable, with a
+"""`python -m backend bench train`: train on a scene (lego unless told) with our trainer and, where gsplat is importable, with a
 gsplat-based trainer following the same recipe, on the same data and initial Gaussians in the same run."""
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def main(argv: list[str]) -> int:
         import gsplat
         name = f"gsplat {gsplat.__version__}" + (" + opacity reset" if opacity_reset else "")
         rows[name] = run_gsplat(train_set, test_set, cfg, init, opacity_reset)
-    report(rows, cfg, args.preset)
+    report(rows, cfg, args.preset, Path(args.data).resolve().name)
     return 0
 
 
@@ -159,9 +159,9 @@ def run_gsplat(train_set: Dataset, test_set: Dataset, cfg: TrainConfig, init: Ga
             "peak_bytes": peak}
 
 
-def report(rows: dict, cfg: TrainConfig, preset: str) -> None:
+def report(rows: dict, cfg: TrainConfig, preset: str, scene: str) -> None:
     commit = git_commit()
-    header = (f"lego, preset {preset} ({cfg.iterations} steps), {torch.cuda.get_device_name()}, "
+    header = (f"{scene}, preset {preset} ({cfg.iterations} steps), {torch.cuda.get_device_name()}, "
               f"commit {commit}, {datetime.now(timezone.utc):%Y-%m-%d}")
     lines = [header, "", "| trainer | steps | train s | PSNR | SSIM | Gaussians | peak GB |", "|---|---|---|---|---|---|---|"]
     for name, r in rows.items():
@@ -177,6 +177,6 @@ def report(rows: dict, cfg: TrainConfig, preset: str) -> None:
     text = "\n".join(lines)
     print(text)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = f"train-{preset}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
+    stem = f"train-{scene}-{preset}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
     (RESULTS / f"{stem}.md").write_text(text + "\n")
     (RESULTS / f"{stem}.json").write_text(json.dumps({"header": header, "rows": rows}, indent=2))
