@@ -229,8 +229,10 @@ def _intrinsics(meta: dict, frame: dict, w: int, h: int, what: str) -> np.ndarra
 
 
 def scene_bounds(cameras: list[Camera]) -> tuple[np.ndarray, float]:
-    """Centre and half-size of the region the cameras look at: the point nearest to all optical axes,
-    and half the width the nearest camera sees there."""
+    """Centre and half-size of the region to fill with initial Gaussians. Cameras around an object look at a
+    common region: the point nearest to all optical axes, and half the width the nearest camera sees there.
+    Cameras among the scene (a room seen from inside, looking outward) have no such region: a cube around
+    the cameras, 1.5x their extent, so the walls they see are inside it."""
     centres = np.stack([c.position for c in cameras])
     axes = np.stack([c.c2w[:3, 2] for c in cameras])
     A = np.zeros((3, 3))
@@ -244,6 +246,9 @@ def scene_bounds(cameras: list[Camera]) -> tuple[np.ndarray, float]:
     else:  # parallel axes: fall back to a point in front of the mean camera
         center = centres.mean(0) + axes.mean(0)
     dist = np.linalg.norm(centres - center, axis=1)
+    facing = ((center - centres) * axes).sum(1) > 0.5 * dist  # the centre within 60 degrees of the axis
+    if facing.mean() < 0.5:
+        return centres.mean(0), 1.5 * camera_extent(cameras)
     nearest = int(np.argmin(dist))
     cam = cameras[nearest]
     half_width = 0.5 * dist[nearest] * cam.width / cam.K[0, 0]

@@ -8,6 +8,7 @@ from PIL import Image
 from backend.data import load_cameras, load_split, parse_background, scene_bounds
 from blender_addon.core.errors import SplatwrightError
 from backend.data import LEGO
+from blender_addon.core.cameras import Camera
 from conftest import orbit_cameras
 
 
@@ -87,3 +88,15 @@ def test_lego_bounds_hold_the_object():
     center, half = scene_bounds(cams)
     assert np.linalg.norm(center) < 0.3  # lego sits at the origin
     assert 1.0 < half < 2.5
+
+
+def test_bounds_of_cameras_looking_at_an_object_and_out_of_a_room():
+    around = orbit_cameras(12, 64, 48, radius=3.0)
+    center, half = scene_bounds(around)
+    assert np.linalg.norm(center) < 0.2 and half < 3.0  # the object's region, not the cameras'
+    turn = np.diag([-1.0, 1.0, -1.0, 1.0])  # half a turn about each camera's y axis: the same places, looking out
+    inside = [Camera(c.c2w @ turn, c.K, c.width, c.height) for c in orbit_cameras(12, 64, 48, radius=1.0)]
+    center, half = scene_bounds(inside)
+    positions = np.stack([c.position for c in inside])
+    assert np.all(np.abs(positions - center) < half)  # the cameras are inside it
+    assert half >= 1.5  # and the walls they look at, beyond them

@@ -1,5 +1,6 @@
-"""`python -m backend bench train`: train on a scene (lego unless told) with our trainer and, where gsplat is importable, with a
-gsplat-based trainer following the same recipe, on the same data and initial Gaussians in the same run."""
+"""`python -m backend bench train`: train on a scene (lego unless told) with our trainer and, where gsplat is
+importable, with gsplat's simple_trainer recipe (its defaults, initialisation and strategy, on the same data)
+in the same run."""
 from __future__ import annotations
 
 import argparse
@@ -12,18 +13,17 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from ..data import LEGO
+from ..data import LEGO, Dataset, load_split, scene_bounds
 from ..policy import PRESETS
-from ..data import Dataset, camera_extent, load_split, scene_bounds
 from ..gaussians import Gaussians
 from ..metrics import photometric_loss
 from ..progress import Progress
 from ..render import camera_tensors
 from ..train import Trainer, TrainConfig, evaluate, load_checkpoint, score
 from . import RESULTS, git_commit
-
 
 
 def main(argv: list[str]) -> int:
@@ -35,6 +35,9 @@ def main(argv: list[str]) -> int:
                    help="the gsplat loop with its DefaultStrategy as shipped, with opacity resets made by the loop "
                         "(gsplat 1.5.3's strategy never resets: its test `step %% reset_every == 0 & step > 0` is "
                         "always false), both, or no peer")
+    p.add_argument("--peer-steps", type=int, default=None,
+                   help="the peer's step count (default: 7000 against the fast preset, else 30000, simple_trainer's "
+                        "evaluation points)")
     p.add_argument("--resume-check", action="store_true",
                    help="also train ours stopped halfway, checkpointed and resumed, and compare the two")
     args = p.parse_args(argv)
@@ -57,10 +60,11 @@ def main(argv: list[str]) -> int:
     if variants and importlib.util.find_spec("gsplat") is None:
         print("gsplat is not importable: peer skipped", file=sys.stderr)
         variants = []
+    peer_steps = args.peer_steps or PEER_STEPS.get(args.preset, PEER_DEFAULT_STEPS)
     for opacity_reset in variants:
         import gsplat
-        name = f"gsplat {gsplat.__version__}" + (" + opacity reset" if opacity_reset else "")
-        rows[name] = run_gsplat(train_set, test_set, cfg, init, opacity_reset)
+        name = f"gsplat {gsplat.__version__} simple_trainer" + (" + opacity reset" if opacity_reset else "")
+        rows[name] = run_gsplat(train_set, test_set, peer_steps, cfg.background, cfg.seed, opacity_reset)
     report(rows, cfg, args.preset, Path(args.data).resolve().name)
     return 0
 
@@ -97,66 +101,99 @@ def run_ours(train_set: Dataset, test_set: Dataset, cfg: TrainConfig, init: Gaus
     return {"steps": trainer.step, "seconds": seconds, **scores, "gaussians": len(trainer.g), "peak_bytes": peak}
 
 
-def run_gsplat(train_set: Dataset, test_set: Dataset, cfg: TrainConfig, init: Gaussians,
+# gsplat 1.5.3's examples/simple_trainer.py, as its users run it on a scene without SfM points (init_type
+# "random"): its Config defaults. Steps: its two evaluation points, 7k against our fast preset, 30k otherwise.
+SIMPLE_TRAINER = {"init_num_pts": 100_000, "init_extent": 3.0, "init_opa": 0.1, "means_lr": 1.6e-4,
+                  "scales_lr": 5e-3, "opacities_lr": 5e-2, "quats_lr": 1e-3, "sh0_lr": 2.5e-3, "shN_lr": 2.5e-3 / 20,
+                  "sh_degree": 3, "sh_degree_interval": 1000, "ssim_lambda": 0.2, "means_lr_final_ratio": 0.01}
+PEER_STEPS = {"fast": 7_000}
+PEER_DEFAULT_STEPS = 30_000
+PEER_DEVIATIONS = (
+    "random init in a world-axis cube (simple_trainer's cube is in its normalised frame, rotated to the cameras' "
+    "mean up); images composited over the dataset's background and rendered with that background "
+    "(simple_trainer reads COLMAP photos, which have no alpha); our SSIM in the loss (simple_trainer: fused_ssim)")
+
+
+def simple_trainer_init(cameras, seed: int) -> tuple[Gaussians, float]:
+    """simple_trainer's random initialisation and scene scale: its parser centres the world on the median of
+    each camera's forward ray's nearest point to the origin and its scale is 1.1 x the largest distance of a
+    camera from their mean; points fill a cube of half-size init_extent x scale, with random colours, random
+    (unnormalised) quaternions, opacity 0.1 and scales from the three nearest neighbours."""
+    positions = np.stack([c.position for c in cameras])
+    forwards = np.stack([c.c2w[:3, 2] for c in cameras])
+    nearest = positions - (positions * forwards).sum(1, keepdims=True) * forwards
+    center = np.median(nearest, axis=0)
+    scene_scale = 1.1 * float(np.linalg.norm(positions - positions.mean(0), axis=1).max())
+    gen = torch.Generator().manual_seed(seed)
+    n = SIMPLE_TRAINER["init_num_pts"]
+    half = SIMPLE_TRAINER["init_extent"] * scene_scale
+    points = torch.as_tensor(center, dtype=torch.float32) + half * (torch.rand(n, 3, generator=gen) * 2 - 1)
+    g = Gaussians.from_points(points.cuda(), torch.rand(n, 3, generator=gen).cuda(), SIMPLE_TRAINER["sh_degree"],
+                              opacity=SIMPLE_TRAINER["init_opa"])
+    g.quats = torch.rand(n, 4, generator=gen).cuda()
+    return g, scene_scale
+
+
+def run_gsplat(train_set: Dataset, test_set: Dataset, steps: int, background, seed: int,
                opacity_reset: bool = False) -> dict:
-    """A plain gsplat training loop: same loss, learning rates, SH schedule and densification settings.
-    With `opacity_reset` the loop resets opacities at the strategy's reset steps, which its own test skips."""
+    """gsplat's simple_trainer loop with its defaults (SIMPLE_TRAINER, DefaultStrategy as constructed there),
+    on our data: shuffled epochs of one view a step, SH degree growing every 1000 steps, means' learning rate
+    decaying to 1% over the run. With `opacity_reset` the loop also resets opacities at the strategy's
+    reset steps, which gsplat 1.5.3's own test skips."""
     from gsplat import rasterization
     from gsplat.strategy import DefaultStrategy
     from gsplat.strategy.ops import reset_opa
 
-    extent = camera_extent(train_set.cameras)
-    g = init.to("cuda")
+    st = SIMPLE_TRAINER
+    g, scene_scale = simple_trainer_init(train_set.cameras, seed)
     params = torch.nn.ParameterDict({
         "means": g.means, "scales": g.log_scales, "quats": g.quats, "opacities": g.opacity_logits,
         "sh0": g.sh_dc, "shN": g.sh_rest})
-    lr = {"means": cfg.lr.means * extent, "scales": cfg.lr.log_scales, "quats": cfg.lr.quats,
-          "opacities": cfg.lr.opacity_logits, "sh0": cfg.lr.sh_dc, "shN": cfg.lr.sh_rest}
-    optimizers = {k: torch.optim.Adam([{"params": params[k], "lr": lr[k], "name": k}], eps=1e-15, fused=True)
+    lr = {"means": st["means_lr"] * scene_scale, "scales": st["scales_lr"], "quats": st["quats_lr"],
+          "opacities": st["opacities_lr"], "sh0": st["sh0_lr"], "shN": st["shN_lr"]}
+    optimizers = {k: torch.optim.Adam([{"params": params[k], "lr": lr[k], "name": k}], eps=1e-15)
                   for k in params}
     means_decay = torch.optim.lr_scheduler.ExponentialLR(
-        optimizers["means"], gamma=(cfg.lr.means_final / cfg.lr.means) ** (1.0 / cfg.iterations))
-    d = cfg.densify
-    strategy = DefaultStrategy(prune_opa=d.prune_opacity, grow_grad2d=d.grad_threshold, grow_scale3d=d.percent_dense,
-                               prune_scale3d=d.prune_scale, refine_start_iter=d.start, refine_stop_iter=d.stop,
-                               reset_every=d.reset_opacity_every, refine_every=d.every)
+        optimizers["means"], gamma=st["means_lr_final_ratio"] ** (1.0 / steps))
+    strategy = DefaultStrategy()
     strategy.check_sanity(params, optimizers)
-    state = strategy.initialize_state(scene_scale=extent)
-    background = torch.tensor([cfg.background], dtype=torch.float32, device="cuda")
+    state = strategy.initialize_state(scene_scale=scene_scale)
+    bg = torch.tensor([background], dtype=torch.float32, device="cuda")
     cams = [camera_tensors(c, "cuda") for c in train_set.cameras]
-    generator = torch.Generator().manual_seed(cfg.seed)
-    bar = Progress(cfg.iterations, "gsplat")
+    generator = torch.Generator().manual_seed(seed)
+    bar = Progress(steps, "gsplat simple_trainer")
 
     def render(view, K, width, height, sh_degree):
         colors = torch.cat([params["sh0"], params["shN"]], 1)
         img, _, info = rasterization(params["means"], params["quats"], torch.exp(params["scales"]),
                                      torch.sigmoid(params["opacities"]), colors, view[None], K[None], width, height,
-                                     sh_degree=sh_degree, packed=False, backgrounds=background)
+                                     sh_degree=sh_degree, packed=False, backgrounds=bg)
         return img[0], info
 
     def loop():
-        for step in range(cfg.iterations):
-            i = int(torch.randint(len(train_set), (1,), generator=generator))
+        order: list[int] = []
+        for step in range(steps):
+            if not order:
+                order = torch.randperm(len(train_set), generator=generator).tolist()
+            i = order.pop()
             cam = train_set.cameras[i]
-            sh_degree = min(cfg.sh_degree, step // cfg.sh_interval)
-            img, info = render(*cams[i], cam.width, cam.height, sh_degree)
+            img, info = render(*cams[i], cam.width, cam.height, min(step // st["sh_degree_interval"], st["sh_degree"]))
             strategy.step_pre_backward(params, optimizers, state, step, info)
-            loss = photometric_loss(img, train_set.images[i], cfg.ssim_weight)
+            loss = photometric_loss(img, train_set.images[i], st["ssim_lambda"])
             loss.backward()
             for opt in optimizers.values():
                 opt.step()
                 opt.zero_grad(set_to_none=True)
             means_decay.step()
             strategy.step_post_backward(params, optimizers, state, step, info, packed=False)
-            if opacity_reset and d.reset_opacity_every and 0 < step < d.stop and step % d.reset_opacity_every == 0:
-                reset_opa(params, optimizers, state, value=2 * d.prune_opacity)
+            if opacity_reset and 0 < step < strategy.refine_stop_iter and step % strategy.reset_every == 0:
+                reset_opa(params, optimizers, state, value=strategy.prune_opa * 2.0)
             bar.update(step + 1, gaussians=len(params["means"]))
     seconds, peak = _measure(loop)
     bar.close()
-    scores = score(lambda cam: render(*camera_tensors(cam, "cuda"), cam.width, cam.height, cfg.sh_degree)[0],
+    scores = score(lambda cam: render(*camera_tensors(cam, "cuda"), cam.width, cam.height, st["sh_degree"])[0],
                    test_set)
-    return {"steps": cfg.iterations, "seconds": seconds, **scores, "gaussians": len(params["means"]),
-            "peak_bytes": peak}
+    return {"steps": steps, "seconds": seconds, **scores, "gaussians": len(params["means"]), "peak_bytes": peak}
 
 
 def report(rows: dict, cfg: TrainConfig, preset: str, scene: str) -> None:
@@ -172,6 +209,9 @@ def report(rows: dict, cfg: TrainConfig, preset: str, scene: str) -> None:
         if name.startswith("gsplat"):
             lines.append(f"\nours/{name}: time {ours['seconds'] / r['seconds']:.2f}, "
                          f"PSNR {ours['psnr'] - r['psnr']:+.2f} dB, memory {ours['peak_bytes'] / r['peak_bytes']:.2f}")
+            if name == next(n for n in rows if n.startswith("gsplat")):
+                lines.append(f"Peer: {name}, {r['steps']} steps, simple_trainer's defaults; deviations: "
+                             f"{PEER_DEVIATIONS}.")
         elif name != "splatwright":
             lines.append(f"\n{name} vs uninterrupted: PSNR {r['psnr'] - ours['psnr']:+.3f} dB")
     text = "\n".join(lines)
