@@ -21,7 +21,7 @@ from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.settings import TRAINING
 from .frames import QueuedFrame, encode_frame, queue_frame, view_rgb
 from .gaussians import Gaussians
-from .formats import read_any
+from .formats import encode_any, format_for_path, notes, read_any
 from .ply import encode_ply
 from .policy import make_config, system_report
 from .render import camera_tensors
@@ -520,15 +520,18 @@ class Engine:
                   "sh_degree": sh_degree, "background": [float(c) for c in background]}
         return fields, frame
 
-    def export_ply(self) -> tuple[dict, bytes]:
+    def export_ply(self, name: str = "splats.ply") -> tuple[dict, bytes]:
+        """The shown model in the format the file `name` is for."""
+        fmt = format_for_path(name)
         with self.model_lock:  # a snapshot only: encoding a large model must not hold up training or rendering
             g, _, _, step = self._shown_model()
             g, trained = g.detached(), self.viewed is None
-        data = encode_ply(g)
+        data = encode_any(g, fmt)
         path = ""
-        if trained:  # the session's trained model is also kept beside its checkpoint; a viewed PLY is not
-            path = self.session.write_file("splats.ply", data)
-        return {"path": path, "gaussians": len(g), "step": step}, data
+        if trained:  # the session's trained model is also kept beside its checkpoint, as a PLY; a viewed one is not
+            path = self.session.write_file("splats.ply", data if fmt == "ply" else encode_ply(g))
+        fields = {"path": path, "gaussians": len(g), "step": step, "format": fmt, "note": "; ".join(notes(g, fmt))}
+        return fields, data
 
     def save_checkpoint(self) -> dict:
         with self.model_lock:
@@ -553,11 +556,12 @@ class Engine:
         self._emit_state()
         return self.status()
 
-    def load_ply(self, data: bytes, background) -> dict:
+    def load_ply(self, data: bytes, background, name: str = "") -> dict:
+        """View the splat file `data` (any format, told by its content; `name`, its file name, tells a .splat)."""
         with self.cond:
             if self.state in protocol.RUNNING:
-                raise SplatwrightError("training is running; stop it before loading a PLY to view")
-        g = read_any(bytes(data), "the uploaded model").to(self.device)  # any format, told by its content
+                raise SplatwrightError("training is running; stop it before loading a model to view")
+        g = read_any(bytes(data), name or "the uploaded model").to(self.device)
         with self.model_lock:
             self.viewed = (g, tuple(background))
         self._emit_state()

@@ -186,10 +186,10 @@ class Server:
             "start_training": lambda m: (self.engine.start_training(m.fields), b""),
             "pause": lambda m: (self.engine.pause(), b""), "resume": lambda m: (self.engine.resume(), b""),
             "stop": lambda m: (self.engine.stop(), b""),
-            "export_ply": lambda m: self.engine.export_ply(),
+            "export_ply": lambda m: self.engine.export_ply(m.fields["name"]),
             "save_checkpoint": lambda m: (self.engine.save_checkpoint(), b""),
             "load_checkpoint": lambda m: (self.engine.load_checkpoint(), b""),
-            "load_ply": lambda m: (self.engine.load_ply(m.payload, m.fields["background"]), b""),
+            "load_ply": lambda m: (self.engine.load_ply(m.payload, m.fields["background"], m.fields["name"]), b""),
         }
 
     def serve_forever(self) -> None:

@@ -1,4 +1,4 @@
-"""The 'Splats' tab of the 3D viewport's sidebar: Backend, Capture, Train, View, Export."""
+"""The 'Splats' tab of the 3D viewport's sidebar: Backend, Capture, Photos, Train, View, Export."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,12 +6,13 @@ from pathlib import Path
 import bpy
 
 from . import live, properties
+from .colmap_import import SPLATWRIGHT_OT_import_colmap, SPLATWRIGHT_OT_send_photos, imported_model, photo_counts
 from .defaults import CPU, device_of, schedule_steps, training_seconds
+from .io_formats import SPLATWRIGHT_OT_export_splats, SPLATWRIGHT_OT_import_splats
 from .messages import wrap
 from .operators import (SPLATWRIGHT_OT_backend_check, SPLATWRIGHT_OT_backend_kill, SPLATWRIGHT_OT_backend_start,
                         SPLATWRIGHT_OT_backend_stop, SPLATWRIGHT_OT_capture, SPLATWRIGHT_OT_capture_cancel,
-                        SPLATWRIGHT_OT_export_ply,
-                        SPLATWRIGHT_OT_load_ply, SPLATWRIGHT_OT_render_preview, SPLATWRIGHT_OT_send_views,
+                        SPLATWRIGHT_OT_render_preview, SPLATWRIGHT_OT_send_views,
                         SPLATWRIGHT_OT_train_pause, SPLATWRIGHT_OT_train_resume, SPLATWRIGHT_OT_train_start,
                         SPLATWRIGHT_OT_train_stop)
 from .scene_io import animation_frames, capture_cameras, capture_size
@@ -125,6 +126,19 @@ class SPLATWRIGHT_PT_capture(SplatsPanel, bpy.types.Panel):
             layout.label(text=f"Last capture: {Path(s.capture_folder).name}")
 
 
+class SPLATWRIGHT_PT_photos(SplatsPanel, bpy.types.Panel):
+    bl_label = "Photos"
+
+    def draw(self, context):
+        layout = self.layout
+        empty = imported_model(context)
+        if empty is not None:
+            train, test = photo_counts(empty)
+            layout.label(text=f"{empty.name}: {train} training, {test} held-out photos", icon="IMAGE_DATA")
+        layout.prop(context.scene.splatwright, "max_side")
+        buttons(layout, context, SPLATWRIGHT_OT_import_colmap, SPLATWRIGHT_OT_send_photos, icons=("IMPORT", "EXPORT"))
+
+
 def draw_estimate(layout, scene) -> None:
     """How many views at what size, how long training them takes on the connected backend's device, and
     that the CPU trains a preview."""
@@ -186,7 +200,7 @@ class SPLATWRIGHT_PT_view(SplatsPanel, bpy.types.Panel):
 
     def draw(self, context):
         layout = self.layout
-        buttons(layout, context, SPLATWRIGHT_OT_load_ply, SPLATWRIGHT_OT_render_preview,
+        buttons(layout, context, SPLATWRIGHT_OT_import_splats, SPLATWRIGHT_OT_render_preview,
                 icons=("IMPORT", "IMAGE_DATA"))
         gaussians = live.backend.status.get("gaussians")
         if gaussians:
@@ -197,9 +211,9 @@ class SPLATWRIGHT_PT_export(SplatsPanel, bpy.types.Panel):
     bl_label = "Export"
 
     def draw(self, context):
-        buttons(self.layout, context, SPLATWRIGHT_OT_export_ply, icons=("EXPORT",))
+        buttons(self.layout, context, SPLATWRIGHT_OT_export_splats, icons=("EXPORT",))
 
 
-CLASSES = (SPLATWRIGHT_PT_backend, SPLATWRIGHT_PT_capture, SPLATWRIGHT_PT_train, SPLATWRIGHT_PT_view,
-           SPLATWRIGHT_PT_export)
+CLASSES = (SPLATWRIGHT_PT_backend, SPLATWRIGHT_PT_capture, SPLATWRIGHT_PT_photos, SPLATWRIGHT_PT_train,
+           SPLATWRIGHT_PT_view, SPLATWRIGHT_PT_export)
 register, unregister = bpy.utils.register_classes_factory(CLASSES)

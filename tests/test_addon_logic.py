@@ -24,7 +24,8 @@ from blender_addon.core.protocol import REQUESTS, Message
 
 ADDON = Path(__file__).resolve().parent.parent / "blender_addon"
 # The add-on's modules that need Blender; every other module must import without it.
-NEEDS_BPY = {"capture", "engine", "live", "operators", "panels", "preferences", "properties", "scene_io"}
+NEEDS_BPY = {"capture", "colmap_import", "engine", "io_formats", "live", "operators", "panels", "preferences",
+             "properties", "scene_io"}
 
 
 def module_names() -> list[str]:

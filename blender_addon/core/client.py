@@ -202,8 +202,9 @@ class Client:
         """The (H, W, 4) uint8 frame, rows bottom-up (ready for a GPU texture; np.flipud for top-down)."""
         return decode_frame(self.submit_render(camera, format).result(self.timeout if timeout is None else timeout))
 
-    def load_ply(self, data: bytes, background=(1.0, 1.0, 1.0)) -> dict:
-        return self.request("load_ply", {"background": [float(c) for c in background]}, data).fields
+    def load_ply(self, data: bytes, background=(1.0, 1.0, 1.0), name: str = "") -> dict:
+        """View a splat file of any supported format; `name` is its file name (a .splat is known by it)."""
+        return self.request("load_ply", {"background": [float(c) for c in background], "name": name}, data).fields
 
     # ---- reader thread ----
 

@@ -25,7 +25,9 @@ from .codecs import CAMERA, FRAME_FORMATS, MAX_IMAGE_BYTES, MAX_IMAGE_SIDE, MAX_
 from .schema import MAX_TEXT_CHARS, AnyObject, Bool, Fields, Float, Int, Kind, Maybe, MessageSpec, Str, optional
 from .settings import BACKGROUND, TRAINING
 
-PROTOCOL_VERSION = 3  # 3: warning events; 2: replies and events declared and checked by the client
+# 4: load_ply and export_ply name their files (the splat format); 3: warning events; 2: replies and events
+# declared and checked by the client
+PROTOCOL_VERSION = 4
 MAGIC = b"SPW\x00"
 PREFIX = struct.Struct(">4sI")  # magic, header length
 
@@ -107,10 +109,15 @@ REQUESTS: dict[str, MessageSpec] = {
     "stop": MessageSpec(),
     "render": MessageSpec(Fields(camera=CAMERA, format=optional(Str(choices=FRAME_FORMATS), "rgba8"),
                                  depth=optional(Bool(), False))),
-    "export_ply": MessageSpec(),
+    # `name`: the file the model is exported to, whose ending picks the format (backend/formats: *.ply,
+    # *.compressed.ply, *.spz, *.splat).
+    "export_ply": MessageSpec(Fields(name=optional(Str(255), "splats.ply"))),
     "save_checkpoint": MessageSpec(),
     "load_checkpoint": MessageSpec(),
-    "load_ply": MessageSpec(Fields(background=optional(BACKGROUND, [1.0, 1.0, 1.0])), MAX_PAYLOAD_BYTES),
+    # Payload: a splat file in any format backend/formats reads, recognised by its content; `name`, the file's
+    # name, is for messages and for .splat, the one format without magic bytes.
+    "load_ply": MessageSpec(Fields(background=optional(BACKGROUND, [1.0, 1.0, 1.0]), name=optional(Str(255), "")),
+                            MAX_PAYLOAD_BYTES),
     "shutdown": MessageSpec(),
 }
 
@@ -135,8 +142,9 @@ REPLIES: dict[str, Fields] = {
     "render": Fields(width=Int(1, MAX_IMAGE_SIDE), height=Int(1, MAX_IMAGE_SIDE), format=Str(choices=FRAME_FORMATS),
                      step=COUNT, sh_degree=Int(0, 3), background=BACKGROUND,  # what the frame is composited over
                      depth_offset=optional(Maybe(COUNT))),
-    # Payload: the PLY file. `path`: where the session keeps its trained model (empty for a viewed PLY).
-    "export_ply": Fields(path=Str(), gaussians=COUNT, step=COUNT),
+    # Payload: the file in the format its name gave. `path`: where the session keeps its trained model as a PLY
+    # (empty for a viewed model). `note`: what the format left out (a .splat keeps no SH beyond degree 0).
+    "export_ply": Fields(path=Str(), gaussians=COUNT, step=COUNT, format=Str(40), note=Str()),
     "save_checkpoint": Fields(step=COUNT, path=Str()),
     "load_ply": Fields(gaussians=COUNT, sh_degree=Int(0, 3)),
 }
