@@ -20,7 +20,7 @@ from mathutils import Matrix
 from . import live
 from .colors import linear_to_srgb8, srgb_to_linear
 from .core import colmap, protocol
-from .core.cameras import BLENDER_TO_OPENCV, Camera, from_blender_c2w
+from .core.cameras import BLENDER_TO_OPENCV, Camera, blender_lens, from_blender_c2w
 from .core.errors import SplatwrightError
 from .operators import Guarded, not_connected, set_status, training_state
 
@@ -76,7 +76,7 @@ def import_model(context, directory: str, up_axis: str, centre: bool, scale: flo
         collection.objects.link(points)
 
     first = next(i for i, cam in enumerate(cameras) if (cam.width, cam.height) == (width, height))
-    _, size = colmap.lens_for(cameras[first].K, width, height)
+    _, size = blender_lens(cameras[first].K, width, height)
     r = scene.render
     r.resolution_x, r.resolution_y, r.resolution_percentage = size.resolution_x, size.resolution_y, 100
     r.pixel_aspect_x, r.pixel_aspect_y = size.pixel_aspect_x, size.pixel_aspect_y
@@ -100,7 +100,7 @@ def model_extent(cameras: list[Camera], xyz: np.ndarray) -> float:
 
 def camera_object(name: str, cam: Camera, extent: float):
     """A camera object seeing what `cam` sees, placed in COLMAP's coordinates (its parent places those)."""
-    lens, _ = colmap.lens_for(cam.K, cam.width, cam.height)
+    lens, _ = blender_lens(cam.K, cam.width, cam.height)
     data = bpy.data.cameras.new(name)
     data.type, data.lens, data.sensor_fit = lens.type, lens.lens, lens.sensor_fit
     data.sensor_width, data.sensor_height = lens.sensor_width, lens.sensor_height

@@ -1,10 +1,10 @@
 """COLMAP captures as datasets: text and binary models read to the same cameras, the held-out split, COLMAP's
 pose and pixel conventions, training from the model's points, and malformed models refused in one line.
 
-No small public COLMAP model of real photos with a licence was found, so the captures here are synthetic: a
-random Gaussian model rendered from our own orbit cameras, written as a COLMAP model by the writer below
-(from COLMAP's documented file layouts), with the model's points as points3D and their projections as the
-images' 2D observations.
+The captures here are synthetic, so that every value is known: a random Gaussian model rendered from our
+own orbit cameras, written as a COLMAP model by the writer below (from COLMAP's documented file layouts),
+with the model's points as points3D and their projections as the images' 2D observations. A reconstruction
+of real photos (tests/data/colmap_skull) is read and imported into Blender in tests/test_colmap_bpy.py.
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from backend.data import load_split
 from backend.formats import read_any
 from backend.render import render
 from blender_addon.core import colmap
-from blender_addon.core.cameras import Camera, blender_intrinsics, intrinsics, look_at
+from blender_addon.core.cameras import Camera, blender_intrinsics, blender_lens, intrinsics, look_at
 from blender_addon.core.codecs import camera_from_wire
 from blender_addon.core.errors import SplatwrightError
 from conftest import ROOT
@@ -41,7 +41,7 @@ def model() -> colmap.Model:
     (intrinsics(500.0, 480.0, 100.3, 260.7), 200, 500),  # portrait
 ])
 def test_the_blender_lens_of_intrinsics_renders_them(K, width, height):
-    lens, size = colmap.lens_for(K, width, height)
+    lens, size = blender_lens(K, width, height)
     assert min(size.pixel_aspect_x, size.pixel_aspect_y) == 1.0  # Blender allows no pixel aspect below 1
     got, got_width, got_height = blender_intrinsics(lens, size)
     assert (got_width, got_height) == (width, height) and np.allclose(got, K, rtol=0, atol=1e-9)

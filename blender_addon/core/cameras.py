@@ -193,6 +193,17 @@ def blender_intrinsics(lens: BlenderLens, size: RenderSize) -> tuple[np.ndarray,
     return intrinsics(fx, fx / ycor, cx, cy), width, height
 
 
+def blender_lens(K: np.ndarray, width: int, height: int, sensor_width: float = 36.0) -> tuple[BlenderLens, RenderSize]:
+    """The Blender camera and render size that see through intrinsics `K` at `width` x `height`: what
+    blender_intrinsics turns back into `K` (horizontal sensor fit, non-square pixels as pixel aspect)."""
+    fx, fy, cx, cy = K[0, 0], K[1, 1], K[0, 2], K[1, 2]
+    ycor = fx / fy  # a pixel's height over its width
+    aspect = (1.0, ycor) if ycor >= 1.0 else (1.0 / ycor, 1.0)  # Blender's pixel aspects are at least 1
+    lens = BlenderLens("PERSP", fx * sensor_width / width, sensor_width, sensor_width * ycor * height / width,
+                       "HORIZONTAL", (0.5 * width - cx) / width, (cy - 0.5 * height) * ycor / width)
+    return lens, RenderSize(width, height, 100, *aspect)
+
+
 def from_blender_camera(matrix_world: np.ndarray, lens: BlenderLens, size: RenderSize,
                         what: str = "camera") -> Camera:
     """The camera Blender renders through: a camera object's world matrix (its scale is ignored, as

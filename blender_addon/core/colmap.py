@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .cameras import BlenderLens, Camera, RenderSize, check_rigid, intrinsics, rigid_inverse
+from .cameras import Camera, check_rigid, intrinsics, rigid_inverse
 from .errors import SplatwrightError
 
 IMAGES_FOLDER = "images"
@@ -184,17 +184,6 @@ def rotation_onto(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return 2.0 * np.outer(axis, axis) - np.eye(3)
     k = np.array([[0.0, -v[2], v[1]], [v[2], 0.0, -v[0]], [-v[1], v[0], 0.0]])
     return np.eye(3) + k + k @ k / (1.0 + c)
-
-
-def lens_for(K: np.ndarray, width: int, height: int, sensor_width: float = 36.0) -> tuple[BlenderLens, RenderSize]:
-    """The Blender camera and render size that see through intrinsics `K` at `width` x `height`: what
-    cameras.blender_intrinsics turns back into `K` (horizontal sensor fit, non-square pixels as pixel aspect)."""
-    fx, fy, cx, cy = K[0, 0], K[1, 1], K[0, 2], K[1, 2]
-    ycor = fx / fy  # a pixel's height over its width
-    aspect = (1.0, ycor) if ycor >= 1.0 else (1.0 / ycor, 1.0)  # Blender's pixel aspects are at least 1
-    lens = BlenderLens("PERSP", fx * sensor_width / width, sensor_width, sensor_width * ycor * height / width,
-                       "HORIZONTAL", (0.5 * width - cx) / width, (cy - 0.5 * height) * ycor / width)
-    return lens, RenderSize(width, height, 100, *aspect)
 
 
 # --- the files ------------------------------------------------------------------------------------------------
