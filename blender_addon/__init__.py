@@ -15,10 +15,12 @@ bl_info = {
 
 def _modules():
     """The modules that need bpy, in registration order. Imported here rather than at the top so that the
-    package and its bpy-free modules (core/, dataset, colors, frames, training, runtime) import without
+    package and its bpy-free modules (core/, dataset, colors, frames, placement, training, runtime) import without
     Blender, as the backend and the tests import them."""
-    from . import colmap_import, engine, io_formats, live, operators, panels, preferences, properties
-    return (live, preferences, properties, operators, io_formats, colmap_import, panels, engine)
+    from . import (colmap_import, composite, engine, io_formats, live, operators, overlay, panels, preferences,
+                   properties, scene_splats)
+    return (live, preferences, properties, operators, io_formats, colmap_import, panels, engine, scene_splats, overlay,
+            composite)
 
 
 def register():

@@ -12,7 +12,7 @@ import numpy as np
 from .colors import display_pixels
 from .core import protocol
 from .core.cameras import Camera
-from .core.client import Client, PendingReply, RemoteError, decode_frame
+from .core.client import Client, PendingReply, RemoteError, decode_depth, decode_frame
 from .core.protocol import Message
 
 # A CPU backend renders with the cores training uses, so while it trains a live view asks for frames only once it
@@ -46,6 +46,7 @@ class Frame:
     fields: dict  # the render reply's: width, height, step, ...
     pixels: np.ndarray  # display_pixels of the frame, rows bottom-up
     seconds: float = 0.0  # from its request's send to its reply
+    depth: np.ndarray | None = None  # with FrameStream.depth: the view depth plane, flat float32, rows bottom-up
 
 
 class FrameStream:
@@ -55,7 +56,9 @@ class FrameStream:
 
     `client_of()` gives the connected Client or None; frames use its frame_format. `on_frame(frame)` is
     called on the stream's thread when a frame is ready. `start(thread)` starts the stream's thread; Blender's
-    drawing passes one that hands it to another thread, as Thread.start waits until the thread runs."""
+    drawing passes one that hands it to another thread, as Thread.start waits until the thread runs.
+    With `depth` (settable until the first ask) frames also carry their view depth plane, for views that
+    composite them with the scene by depth."""
 
     def __init__(self, client_of: Callable[[], "Client | None"], on_frame: Callable[[Frame], None] | None = None,
                  start: Callable[[threading.Thread], None] = threading.Thread.start):
@@ -68,6 +71,7 @@ class FrameStream:
         self._closed = False
         self.frame: Frame | None = None
         self.error = ""  # why the last request failed; cleared by the next frame
+        self.depth = False
         self._thread = threading.Thread(target=self._run, name="splatwright-frames", daemon=True)
         start(self._thread)
 
@@ -104,7 +108,8 @@ class FrameStream:
         self._sent += 1
         seq, sent_at = self._sent, time.monotonic()
         try:
-            client.submit_render(camera, on_done=lambda p: self._answered(seq, tag, p, time.monotonic() - sent_at))
+            client.submit_render(camera, depth=self.depth,
+                                 on_done=lambda p: self._answered(seq, tag, p, time.monotonic() - sent_at))
         except (ConnectionError, ValueError) as e:
             self.error = str(e)
 
@@ -128,9 +133,10 @@ class FrameStream:
     def _prepare(self, seq: int, tag: object, reply: Message, seconds: float) -> None:
         try:
             pixels = display_pixels(decode_frame(reply))
+            depth = decode_depth(reply).ravel() if self.depth else None
         except ValueError as e:
             self.error = f"bad frame from the backend: {e}"
             return
-        self.frame, self.error = Frame(seq, tag, reply.fields, pixels, seconds), ""
+        self.frame, self.error = Frame(seq, tag, reply.fields, pixels, seconds, depth), ""
         if self._on_frame is not None:
             self._on_frame(self.frame)

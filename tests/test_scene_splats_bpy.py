@@ -1,0 +1,161 @@
+"""Splats in the scene's final renders, in real Blender (the bpy modules 4.5 and 5.0): a trained session's model
+added to the scene as an object and moved, rendered F12 with Cycles beside a wall through its middle and a cube
+in front of it. tests/blender_splats_scenario.py runs in Blender; these tests check its renders against the
+backend's own render of the model through the scene camera taken into the model's space."""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from blender_addon.colors import linear_to_srgb, srgb_to_linear
+from blender_addon.core.codecs import camera_from_wire
+from blender_addon.placement import camera_in_model
+from backend.gaussians import Gaussians, rgb_to_sh_dc
+from backend.render import render
+from conftest import ROOT, orbit_cameras, random_gaussians
+from test_addon_bpy import BLENDERS, addon_zip, run_scenario  # noqa: F401  (addon_zip is a fixture)
+
+SCENARIO = ROOT / "tests" / "blender_splats_scenario.py"
+SESSION = "splat-model"
+BACKGROUND = (0.3, 0.5, 0.7)  # the session's, which the frames are composited over and which is taken out
+MARKER_AT, MARKER_RGB = (0.0, -0.5, 1.25), (1.0, 0.1, 0.1)  # an isolated Gaussian (in front of the wall)
+DEPTH_MARGIN = 0.05  # splats this close to a surface may fall either side of it in a pixel
+LEVEL = 1 / 255
+
+
+def splat_model() -> Gaussians:
+    """A cluster of mostly opaque Gaussians around the origin and, above it, one red marker Gaussian."""
+    g = random_gaussians(300, seed=5, sh_degree=1, scale=0.07)
+    g.opacity_logits = g.opacity_logits + 3.0
+    marker = Gaussians(means=torch.tensor([MARKER_AT]), log_scales=torch.full((1, 3), math.log(0.06)),
+                       quats=torch.tensor([[1.0, 0.0, 0.0, 0.0]]), opacity_logits=torch.tensor([5.0]),
+                       sh_dc=rgb_to_sh_dc(torch.tensor([[MARKER_RGB]])), sh_rest=torch.zeros(1, 3, 3))
+    return Gaussians(**{k: torch.cat([getattr(g, k), getattr(marker, k)]) for k in Gaussians.names()})
+
+
+def trained_session(workdir: Path, model: Gaussians, name: str = SESSION) -> str:
+    """A backend session in `workdir` whose checkpoint holds `model`, as training leaves one (two small views)."""
+    from backend.session import Session
+    from backend.train import TrainConfig, Trainer
+    workdir.mkdir(parents=True, exist_ok=True)
+    session = Session.open(workdir, name, create=True)
+    for i, cam in enumerate(orbit_cameras(2, 16, 16)):
+        with torch.no_grad():
+            image = render(model, cam, model.max_sh_degree, BACKGROUND).image.clamp(0, 1)
+        session.add_view(cam, (image.numpy() * 255 + 0.5).astype(np.uint8), f"view_{i}")
+    cfg = TrainConfig(iterations=1, sh_degree=model.max_sh_degree, sh_interval=1, background=BACKGROUND)
+    trainer = Trainer(session.dataset(BACKGROUND), cfg, "cpu", model.detached())
+    trainer.step = 1  # past the SH schedule: the full degree shows
+    trainer.save_checkpoint(session.checkpoint_path)
+    return name
+
+
+def backend_frame(model: Gaussians, cam) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What the backend sends for `cam`, rows top-down: the straight display colours with the background taken
+    out, alpha, and the view depth (alpha-normalised), from its RGBA8 frame."""
+    with torch.no_grad():
+        out = render(model, cam, model.max_sh_degree, BACKGROUND)
+    rgba = (torch.cat([out.image, out.alpha[..., None]], -1).clamp(0, 1) * 255 + 0.5).to(torch.uint8).numpy()
+    alpha = rgba[..., 3:] / 255.0
+    straight = np.clip((rgba[..., :3] / 255.0 - np.array(BACKGROUND) * (1 - alpha)) / np.maximum(alpha, 1e-6), 0, 1)
+    depth = (out.depth / out.alpha.clamp_min(1e-12)).numpy()
+    return straight, alpha[..., 0], depth
+
+
+def png(path: str) -> np.ndarray:
+    return np.asarray(Image.open(path), dtype=np.float64) / 255.0
+
+
+@pytest.fixture(scope="module", params=BLENDERS)
+def renders(addon_zip, tmp_path_factory, request) -> dict:  # noqa: F811
+    home = tmp_path_factory.mktemp(f"blender-splats-{request.param}")
+    model = splat_model()
+    workdir = home / "sessions"
+    trained_session(workdir, model)
+    result = run_scenario(SCENARIO, home, "--zip", str(addon_zip), "--workdir", str(workdir), "--session", SESSION,
+                          "--out", str(home / "out"), "--python", sys.executable, timeout=240, blender=request.param)
+    cam, depth_scale = camera_in_model(camera_from_wire(result["camera"]), np.array(result["model_matrix"]))
+    straight, alpha, depth = backend_frame(model, cam)
+    return {**result, "blender": request.param, "straight": straight, "alpha": alpha,
+            "splat_depth": np.where(alpha > 0, depth * depth_scale, np.inf), "placed": cam}
+
+
+def test_the_model_is_added_as_a_cube_around_it(renders):
+    added = renders["added"]
+    assert added["display"] == "CUBE" and added["selected"]
+    np.testing.assert_allclose(added["location"], [0.0, 0.0, 0.0], atol=0.1)  # the cluster's centre
+    assert 0.6 < added["size"] < 0.9  # half its side (the random cluster spans about 1.5)
+    assert renders["reopened_object"] == SESSION and renders["errors"] == ""
+    assert f"{SESSION}: session {SESSION}" in renders["panel"]  # the sidebar lists it
+
+
+def test_an_uneven_scale_leaves_the_splats_out_and_says_why(renders):
+    assert np.array_equal(png(renders["uneven"]), png(renders["hidden"]))
+    said = [line for line in renders["reports"] if "left out of this render" in line]
+    assert said == [f"Error: {SESSION} is left out of this render: it is scaled unevenly (1, 2, 1) or sheared; "
+                    "splat models take one scale for all axes, so give X, Y and Z the same scale"], renders["reports"]
+
+
+def test_a_render_without_the_splat_object_is_blenders_own(renders):
+    hidden, raw = png(renders["hidden"]), png(renders["raw"])
+    assert np.array_equal(hidden, raw)  # the muted Z Combine passes the render on as it is
+
+
+def test_cycles_depth_pass_is_the_planar_distance_the_splats_depth_is(renders):
+    """On the wall (the plane y = 0 facing the camera), Cycles' Depth is the distance along the camera's axis,
+    as the backend's view depth is, not the distance along each pixel's ray."""
+    cam, depth = camera_from_wire(renders["camera"]), np.load(renders["depth"])
+    height, width = depth.shape
+    j, i = np.mgrid[0:height, 0:width] + 0.5
+    rays = np.stack([(i - cam.K[0, 2]) / cam.K[0, 0], (j - cam.K[1, 2]) / cam.K[1, 1], np.ones_like(i)], -1)
+    directions = rays @ cam.c2w[:3, :3].T
+    t = -cam.c2w[1, 3] / directions[..., 1]  # along each ray to y = 0
+    on_wall = np.all(np.abs(png(renders["hidden"])[..., :3] - srgb8(renders["wall_color"])) < 0.5 * LEVEL, -1)
+    planar, along_ray = t[on_wall], (t * np.linalg.norm(directions, axis=-1))[on_wall]
+    planar_error = np.abs(depth[on_wall] - planar).max()
+    ray_error = np.abs(depth[on_wall] - along_ray).max()
+    print(f"Cycles Depth on {on_wall.sum()} wall pixels: {planar_error:.2e} from the planar depth, "
+          f"{ray_error:.2e} from the ray distance ({renders['blender']})")
+    assert on_wall.sum() > 1000 and planar_error < 1e-3 < ray_error
+
+
+def srgb8(linear) -> np.ndarray:
+    """The display values a PNG holds for scene-linear colours, in [0, 1]."""
+    return np.round(linear_to_srgb(np.asarray(linear)) * 255) / 255
+
+
+def test_f12_composites_the_splats_with_the_meshes_by_depth(renders):
+    """Where the splats are in front (over the wall) the render is the backend's frame, blended over the render
+    behind it where they are transparent (in scene-linear, as Blender composites); where the cube or the wall
+    is in front, it is Blender's render."""
+    hidden, shown = png(renders["hidden"])[..., :3], png(renders["shown"])
+    straight, alpha, splat_depth = renders["straight"], renders["alpha"], renders["splat_depth"]
+    scene_depth = np.load(renders["depth"])
+    assert shown.shape == (60, 80, 4) and shown[..., 3].min() == 1.0
+    on_cube = np.all(np.abs(hidden - srgb8(renders["cube"][2])) < 0.5 * LEVEL, -1)
+    front = (splat_depth < scene_depth - DEPTH_MARGIN) & (alpha > 0.05)
+    mesh_shown = (splat_depth > scene_depth + DEPTH_MARGIN) & (alpha > 0.5)
+    opaque = front & (alpha == 1.0)
+    a = alpha[front][:, None]
+    blended = linear_to_srgb(srgb_to_linear(hidden[front]) * (1 - a) + srgb_to_linear(straight[front]) * a)
+    front_error = np.abs(shown[..., :3][front] - blended).max()
+    opaque_error = np.abs(shown[..., :3][opaque] - straight[opaque]).max()
+    mesh_error = np.abs(shown[..., :3][mesh_shown] - hidden[mesh_shown]).max()
+    print(f"F12 ({renders['blender']}): {opaque.sum()} opaque splat pixels in front of the wall, max error "
+          f"{opaque_error * 255:.2f}/255 from the backend's frame; {front.sum()} splat pixels in front in all, "
+          f"max error {front_error * 255:.2f}/255 from it blended over Blender's render; {mesh_shown.sum()} "
+          f"behind a mesh ({(mesh_shown & on_cube).sum()} behind the cube), max error {mesh_error * 255:.2f}/255 "
+          "from Blender's render")
+    assert opaque.sum() > 50 and (mesh_shown & ~on_cube).sum() > 30 and (mesh_shown & on_cube).sum() > 20
+    assert opaque_error <= 2 * LEVEL and front_error <= 2 * LEVEL
+    assert mesh_error == 0.0
+
+
+def test_a_saved_and_reopened_file_renders_the_splats_again(renders):
+    assert np.array_equal(png(renders["reopened"]), png(renders["shown"]))
