@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"step {status.get('step')}/{status.get('iterations')}, PSNR {progress.get('psnr') or 0:.2f} dB, "
             f"{progress.get('gaussians')} Gaussians")
     train_seconds = time.monotonic() - start
-    bpy.ops.splatwright.export_ply(filepath=str(out / "splats.ply"))
+    bpy.ops.splatwright.export_splats(filepath=str(out / "splats.ply"))
     wait(lambda: not live.backend.in_flight, "PLY export", 300)
 
     # The held-out views through the render engine (engine.render), from the cameras Cycles rendered them with.

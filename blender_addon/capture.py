@@ -47,6 +47,7 @@ class Capture:
         self._saved = [(scene, "camera", scene.camera), (scene, "frame_current", scene.frame_current)]
         self._orbit_camera = None
         self._render: RenderJob | None = None
+        self._keep_render_window = render_window(context) is not None  # the user's own, open before
         self.stop_reason = ""  # why the capture was cancelled, once it was
         self.session, self.folder = _new_session(_dataset_root(s.folder))
         self.writer = DatasetWriter(self.folder)
@@ -130,6 +131,8 @@ class Capture:
         capture with training views becomes the one Send Views sends."""
         if self._render is not None:
             self.cancel()
+        if not self._keep_render_window:
+            close_render_window()
         for owner, attr, value in reversed(self._saved):
             setattr(owner, attr, value)
         self._saved = []
@@ -276,10 +279,8 @@ class RenderJob:
 
     def stop(self) -> None:
         """End the render now (Blender waits for the renderer to notice, a fraction of a second)."""
-        window = render_window(bpy.context)
-        if window is not None and self.running:
-            with bpy.context.temp_override(window=window):
-                bpy.ops.wm.window_close()
+        if self.running:
+            close_render_window()
 
 
 def render_window(context):
@@ -289,6 +290,13 @@ def render_window(context):
         if screen.is_temporary and len(screen.areas) == 1 and screen.areas[0].type == "IMAGE_EDITOR":
             return window
     return None
+
+
+def close_render_window() -> None:
+    window = render_window(bpy.context)
+    if window is not None:
+        with bpy.context.temp_override(window=window):
+            bpy.ops.wm.window_close()
 
 
 def _check_camera(camera, scene) -> None:

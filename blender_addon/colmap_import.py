@@ -19,10 +19,10 @@ from mathutils import Matrix
 
 from . import live
 from .colors import linear_to_srgb8, srgb_to_linear
-from .core import colmap, protocol
+from .core import colmap
 from .core.cameras import BLENDER_TO_OPENCV, Camera, blender_lens, from_blender_c2w
 from .core.errors import SplatwrightError
-from .operators import Guarded, not_connected, set_status, training_state
+from .operators import Guarded, cannot_send, set_status
 
 EMPTY_PREFIX = "COLMAP "
 MODEL_KEY = "splatwright_colmap"  # on the Empty: the model folder
@@ -260,11 +260,7 @@ class SPLATWRIGHT_OT_send_photos(Guarded, Operator):
 
     @classmethod
     def blocked(cls, context):
-        if reason := not_connected():
-            return reason
-        if live.capture is not None or training_state() in protocol.RUNNING:
-            return "Wait for the capture or training to end"
-        return "" if imported_model(context) is not None else "Import COLMAP, then select its Empty"
+        return cannot_send() or ("" if imported_model(context) is not None else "Import COLMAP, then select its Empty")
 
     def execute(self, context):
         s, empty = context.scene.splatwright, imported_model(context)

@@ -1,5 +1,6 @@
 """Colour conversions between the backend's display-referred sRGB values and Blender's scene-linear buffers:
-the one definition of the sRGB curve in the add-on (bpy-free)."""
+the one definition of the sRGB curve in the add-on (bpy-free). View transforms other than Standard take the
+inverse view_transform.py makes."""
 from __future__ import annotations
 
 import numpy as np
@@ -40,16 +41,23 @@ def linear_pixels(rgba: np.ndarray) -> np.ndarray:
     return pixels
 
 
-def combined_pass(rgba: np.ndarray, background, transparent: bool) -> np.ndarray:
-    """The Combined pass (H * W * 4,) float32 of a bottom-up RGBA8 frame: scene-linear RGB, which the
-    Standard view transform shows as the frame's display values. With a transparent film the background the
-    frame was composited over is taken out again and RGB is premultiplied, as Blender's engines give it."""
-    pixels = linear_pixels(rgba).reshape(-1, 4)
-    if not transparent:
+def combined_pass(rgba: np.ndarray, background, transparent: bool, inverse=None) -> np.ndarray:
+    """The Combined pass (H * W * 4,) float32 of a bottom-up RGBA8 frame: the scene-linear RGB that the
+    scene's view transform shows as the frame's display values. `inverse` maps display values (N, 3) to
+    those (view_transform.Inverse); None where the view transform is Standard, which shows the sRGB curve's
+    values as they are. With a transparent film the background the frame was composited over is taken out
+    again and RGB is premultiplied, as Blender's engines give it."""
+    flat = rgba.reshape(-1, 4)
+    if inverse is None and not transparent:
+        pixels = linear_pixels(rgba).reshape(-1, 4)  # a table lookup per byte
         pixels[:, 3] = 1.0
         return pixels.reshape(-1)
-    alpha = pixels[:, 3:]
-    display = rgba.reshape(-1, 4)[:, :3] / np.float32(255.0)
-    straight = (display - np.asarray(background, np.float32) * (1.0 - alpha)) / np.maximum(alpha, 1e-6)
-    pixels[:, :3] = srgb_to_linear(straight) * alpha
+    display = flat[:, :3] / np.float32(255.0)
+    alpha = np.ones((len(flat), 1), np.float32)
+    if transparent:
+        alpha = flat[:, 3:] / np.float32(255.0)
+        display = (display - np.asarray(background, np.float32) * (1.0 - alpha)) / np.maximum(alpha, 1e-6)
+    pixels = np.empty(flat.shape, np.float32)
+    pixels[:, :3] = (srgb_to_linear if inverse is None else inverse)(display) * alpha
+    pixels[:, 3:] = alpha
     return pixels.reshape(-1)

@@ -16,7 +16,7 @@ import bpy
 import numpy as np
 from bpy.app.handlers import persistent
 
-from . import live, scene_splats  # scene_splats imports this module too: its names are looked up when used
+from . import live, scene_splats, view_colors  # scene_splats imports this module too: its names are looked up when used
 from .colors import combined_pass
 from .core import codecs, protocol
 from .core.client import RemoteError, decode_depth, decode_frame, wait_done
@@ -120,7 +120,7 @@ def render_pre(scene, *args) -> None:
                           f"{', '.join(o.name for o in objects[1:])}")
     try:
         tree = prepare(scene).id_data
-        planes = splat_planes(*fetch(scene, obj))
+        planes = splat_planes(*fetch(scene, obj), view_inverse(scene))
     except (SplatwrightError, RemoteError, TimeoutError, OSError, ValueError) as e:
         report("ERROR", f"{obj.name} is left out of this render: {e}")
         tree = compositor_tree(scene, create=False)
@@ -128,6 +128,19 @@ def render_pre(scene, *args) -> None:
             return
         planes = empty_planes(*current_size(tree))
     fill_images(tree, *planes)
+
+
+def view_inverse(scene):
+    """The inverse of the scene's view transform for the splats' colours (None: the sRGB curve's values as they
+    are, also where it could not be built, with a warning)."""
+    key = view_colors.view_key(scene)
+    if key is None:
+        return None
+    try:
+        return view_colors.render_inverse(key, never)
+    except SplatwrightError as e:
+        report("WARNING", f"the splats' colours follow the Standard view transform in this render: {e}")
+        return None
 
 
 def current_size(tree) -> tuple[int, int]:
@@ -163,11 +176,12 @@ def never() -> bool:
     return False  # Python cannot see a render's Esc
 
 
-def splat_planes(reply, depth_scale: float) -> tuple[int, int, np.ndarray, np.ndarray]:
-    """The size of a render reply, its straight scene-linear colours with alpha, and its depths in the scene's
-    units (the background's as the Depth pass has it), each flat RGBA."""
+def splat_planes(reply, depth_scale: float, inverse=None) -> tuple[int, int, np.ndarray, np.ndarray]:
+    """The size of a render reply, its straight scene-linear colours with alpha (through `inverse`, the scene's
+    view transform undone, where it is not Standard), and its depths in the scene's units (the background's as
+    the Depth pass has it), each flat RGBA."""
     width, height = reply.fields["width"], reply.fields["height"]
-    color = combined_pass(decode_frame(reply), reply.fields["background"], transparent=True).reshape(-1, 4)
+    color = combined_pass(decode_frame(reply), reply.fields["background"], True, inverse).reshape(-1, 4)
     alpha = color[:, 3:]
     # Z Combine mixes by the nearer image's alpha: mix(behind, front, alpha). Blender takes a float image's
     # pixels as premultiplied and passes them on as they are, so straight colours give front * alpha once.

@@ -12,9 +12,9 @@ import blf
 import bpy
 import gpu
 import numpy as np
-from gpu_extras.presets import draw_texture_2d
+from gpu_extras.batch import batch_for_shader
 
-from . import live
+from . import live, view_colors
 from .core.cameras import Camera
 from .colors import combined_pass
 from .core.client import RemoteError, decode_depth, decode_frame, wait_done
@@ -23,12 +23,14 @@ from .frames import CPU_TRAINING_SCALE, border_rect, training_frame_gap
 from .operators import nothing_to_show
 from .preferences import prefs
 from .scene_io import camera_of, region_camera
+from .view_transform import ENCODING_OFFSET, ENCODING_STOPS, Inverse, grey_ends
 
 MOVING_SCALE = 0.5  # frame size while the view moves
 REST_SECONDS = 0.2  # a view that stayed put this long gets full-size frames
 WATCH_INTERVAL = 0.01  # seconds between checks for a frame to show
 RENDER_TIMEOUT = 600.0
 MESSAGE_COLOR = (1.0, 1.0, 1.0, 1.0)
+SRGB_TEXTURE, DISPLAY_TEXTURE = "SRGB8_A8", "RGBA8"  # a frame's texture, with or without the view's inverse
 
 # Main-thread seconds of each viewport redraw and of each frame upload in it, newest last (tests read them).
 draw_seconds: deque[float] = deque(maxlen=500)
@@ -50,6 +52,8 @@ class LiveView:
         self.held_until: float | None = None  # when a request held back on a training CPU backend is due
         self.texture = None
         self.texture_seq = 0
+        self.texture_format = ""
+        self.shown_key = None  # the view key of the inverse the view was last drawn through, or None
         self.shown_wait = -1  # the whole seconds of waiting the view shows
 
     def update(self, cam: Camera) -> None:
@@ -111,14 +115,14 @@ class LiveView:
         self.shown_wait = int(time.monotonic() - self.first_asked_at)
         return f"Splatwright: waiting for the first frame\u2026 {self.shown_wait} s"
 
-    def texture_of_newest(self):
-        """The newest frame as a texture, uploaded here when it is new: the stream's thread already made
-        the float buffer, so this is one copy."""
+    def texture_of_newest(self, texture_format: str):
+        """The newest frame as a texture of that format, uploaded here when it is new: the stream's thread
+        already made the float buffer, so this is one copy."""
         frame = self.stream.frame
-        if frame is not None and frame.seq != self.texture_seq:
+        if frame is not None and (frame.seq, texture_format) != (self.texture_seq, self.texture_format):
             start = time.perf_counter()
-            self.texture = frame_texture(frame.pixels, frame.fields["width"], frame.fields["height"])
-            self.texture_seq = frame.seq
+            self.texture = frame_texture(frame.pixels, frame.fields["width"], frame.fields["height"], texture_format)
+            self.texture_seq, self.texture_format = frame.seq, texture_format
             upload_seconds.append(time.perf_counter() - start)
         return self.texture
 
@@ -131,12 +135,133 @@ def training_on_cpu() -> bool:
     return b.capabilities.get("device") == "cpu" and b.status.get("state") == "training"
 
 
-def frame_texture(pixels: np.ndarray, width: int, height: int):
-    """A GPU texture of a frame's sRGB-encoded float buffer (client.display_pixels). The sRGB texture format
-    makes the GPU decode to the scene-linear values the viewport expects when it samples, so the CPU does
-    no per-pixel colour conversion. (Blender's GPUTexture takes FLOAT buffers only.)"""
+def frame_texture(pixels: np.ndarray, width: int, height: int, texture_format: str = SRGB_TEXTURE):
+    """A GPU texture of a frame's sRGB-encoded float buffer (colors.display_pixels). SRGB_TEXTURE makes the
+    GPU decode to the scene-linear values the Standard view transform shows as they were, so the CPU does no
+    per-pixel colour conversion; DISPLAY_TEXTURE keeps the display values, for the inverse of another view
+    transform. (Blender's GPUTexture takes FLOAT buffers only.)"""
     buffer = gpu.types.Buffer("FLOAT", len(pixels), pixels)
-    return gpu.types.GPUTexture((width, height), format="SRGB8_A8", data=buffer)
+    return gpu.types.GPUTexture((width, height), format=texture_format, data=buffer)
+
+
+class FrameDrawing:
+    """Covers the region with a frame, opaque: the frame is composited over the session's background
+    already, and the viewport would blend what alpha it has over the world's colour. A SRGB_TEXTURE shows as
+    the GPU decodes it; a DISPLAY_TEXTURE goes through the inverse of the scene's view transform
+    (view_transform.Inverse: its table as a 3D texture, its shaper as a row texture). Made in a redraw,
+    where the GPU module works."""
+
+    def __init__(self):
+        self.decoded = self._shader(("frame",), (), DECODED_FRAGMENT)
+        self.through_inverse = self._shader(("frame", "table", "shaper"), ("darkest", "brightest"), INVERSE_FRAGMENT)
+        self.inverse: Inverse | None = None  # the one whose textures these are
+        self.inverse_textures = {}
+
+    @staticmethod
+    def _shader(samplers, vectors, fragment: str):
+        interface = gpu.types.GPUStageInterfaceInfo("splatwright_frame_interface")
+        interface.smooth("VEC2", "uv")
+        info = gpu.types.GPUShaderCreateInfo()
+        info.vertex_in(0, "VEC2", "position")
+        info.vertex_out(interface)
+        for slot, name in enumerate(samplers):
+            info.sampler(slot, "FLOAT_3D" if name == "table" else "FLOAT_2D", name)
+        for name in vectors:
+            info.push_constant("VEC3", name)
+        info.fragment_out(0, "VEC4", "color")
+        info.vertex_source(FRAME_VERTEX)
+        info.fragment_source(fragment)
+        shader = gpu.shader.create_from_info(info)
+        return shader, batch_for_shader(shader, "TRI_FAN", {"position": ((-1, -1), (1, -1), (1, 1), (-1, 1))})
+
+    def draw(self, frame, inverse: Inverse | None) -> None:
+        """`frame`: a SRGB_TEXTURE without an inverse, a DISPLAY_TEXTURE with one."""
+        shader, batch = self.decoded if inverse is None else self.through_inverse
+        shader.bind()
+        shader.uniform_sampler("frame", frame)
+        if inverse is not None:
+            if inverse is not self.inverse:
+                self.inverse_textures, self.inverse = inverse_textures(inverse), inverse
+            for name, texture in self.inverse_textures.items():
+                shader.uniform_sampler(name, texture)
+            for name, value in zip(("darkest", "brightest"), grey_ends(inverse.forward)):
+                shader.uniform_float(name, tuple(float(v) for v in value))
+        batch.draw(shader)
+
+
+def inverse_textures(inverse: Inverse) -> dict:
+    table = np.zeros(inverse.table.shape[:3] + (4,), np.float32)
+    table[..., :3] = inverse.table.transpose(2, 1, 0, 3)  # red varies fastest, along the texture's x
+    shaper = np.zeros((len(inverse.shaper), 4), np.float32)
+    shaper[:, :3] = inverse.shaper
+    return {"table": gpu.types.GPUTexture(table.shape[:3], format="RGBA32F",
+                                          data=gpu.types.Buffer("FLOAT", table.size, table.reshape(-1))),
+            "shaper": gpu.types.GPUTexture((len(shaper), 1), format="RGBA32F",
+                                           data=gpu.types.Buffer("FLOAT", shaper.size, shaper.reshape(-1)))}
+
+
+FRAME_VERTEX = """
+void main()
+{
+  uv = position * 0.5 + 0.5;
+  gl_Position = vec4(position, 0.0, 1.0);
+}
+"""
+DECODED_FRAGMENT = """
+void main()
+{
+  color = vec4(texture(frame, uv).rgb, 1.0);
+}
+"""
+# view_transform.Inverse.__call__ on the GPU: the table (over the grey range) trilinearly, each channel's shaper
+# linearly, decode.
+INVERSE_FRAGMENT = """
+vec3 table_at(ivec3 i, ivec3 corner) { return texelFetch(table, i + corner, 0).rgb; }
+float shaper_at(int i, int channel) { return texelFetch(shaper, ivec2(i, 0), 0)[channel]; }
+
+void main()
+{
+  vec3 display = texture(frame, uv).rgb;
+  int n = textureSize(table, 0).x - 1;
+  vec3 q = clamp((display - darkest) / max(brightest - darkest, vec3(1e-6)), 0.0, 1.0) * float(n);
+  ivec3 i = min(ivec3(q), ivec3(n - 1));
+  vec3 t = q - vec3(i);
+  vec3 s = mix(mix(mix(table_at(i, ivec3(0, 0, 0)), table_at(i, ivec3(1, 0, 0)), t.x),
+                   mix(table_at(i, ivec3(0, 1, 0)), table_at(i, ivec3(1, 1, 0)), t.x), t.y),
+               mix(mix(table_at(i, ivec3(0, 0, 1)), table_at(i, ivec3(1, 0, 1)), t.x),
+                   mix(table_at(i, ivec3(0, 1, 1)), table_at(i, ivec3(1, 1, 1)), t.x), t.y), t.z);
+  int m = textureSize(shaper, 0).x - 1;
+  vec3 p = clamp(s, 0.0, 1.0) * float(m);
+  ivec3 j = min(ivec3(p), ivec3(m - 1));
+  vec3 f = p - vec3(j);
+  vec3 u;
+  for (int c = 0; c < 3; c++) {
+    u[c] = mix(shaper_at(j[c], c), shaper_at(j[c] + 1, c), f[c]);
+  }
+  color = vec4((exp2(STOPS * u) - 1.0) / OFFSET, 1.0);
+}
+""".replace("STOPS", f"{ENCODING_STOPS:.1f}").replace("OFFSET", f"{ENCODING_OFFSET:.1f}")
+_frame_drawing: FrameDrawing | None = None
+
+
+def drawn_inverse(scene) -> tuple[tuple | None, Inverse | None, str]:
+    """The view key of the scene's colour management, the inverse the viewport draws through (None where
+    Standard needs none, and until it is ready: the frame shows as Standard would), and why there is none
+    where it cannot be built."""
+    key = view_colors.view_key(scene)
+    if key is None:
+        return None, None, ""
+    try:
+        return key, view_colors.ready_inverse(key), ""
+    except SplatwrightError as e:
+        return key, None, str(e)
+
+
+def draw_frame(texture, inverse: Inverse | None) -> None:
+    global _frame_drawing
+    if _frame_drawing is None:
+        _frame_drawing = FrameDrawing()
+    _frame_drawing.draw(texture, inverse)
 
 
 def _watch() -> float | None:
@@ -206,12 +331,14 @@ class SPLATWRIGHT_RE_engine(bpy.types.RenderEngine):
             self.view = LiveView()
             _views.add(self.view)
         self.view.update(cam)
-        texture = self.view.texture_of_newest()
+        key, inverse, colors_error = drawn_inverse(context.scene)
+        texture = self.view.texture_of_newest(SRGB_TEXTURE if inverse is None else DISPLAY_TEXTURE)
         if texture is not None:
             gpu.state.blend_set("NONE")  # the frame is already composited over the session's background
-            draw_texture_2d(texture, (0, 0), region.width, region.height)
-        if self.view.stream.error:
-            draw_message(region, f"Splatwright: {self.view.stream.error}")
+            draw_frame(texture, inverse)
+            self.view.shown_key = key if inverse is not None else None
+        if self.view.stream.error or colors_error:
+            draw_message(region, f"Splatwright: {self.view.stream.error or colors_error}")
         elif texture is None:
             draw_message(region, self.view.waiting_note())
 
@@ -225,6 +352,7 @@ class SPLATWRIGHT_RE_engine(bpy.types.RenderEngine):
     def render(self, depsgraph):
         scene = depsgraph.scene
         try:
+            inverse = self.view_inverse(scene)
             reply = self.fetch(scene)
         except InterruptedError:
             return
@@ -234,12 +362,25 @@ class SPLATWRIGHT_RE_engine(bpy.types.RenderEngine):
         width, height = reply.fields["width"], reply.fields["height"]
         result = self.begin_result(0, 0, width, height)
         layer = result.layers[0]
-        combined = combined_pass(decode_frame(reply), reply.fields["background"], scene.render.film_transparent)
+        combined = combined_pass(decode_frame(reply), reply.fields["background"], scene.render.film_transparent,
+                                 inverse)
         set_pass(layer.passes["Combined"], combined)
         depth = layer.passes.get("Depth")
         if depth is not None:
             set_pass(depth, decode_depth(reply).ravel())
         self.end_result(result)
+
+    def view_inverse(self, scene) -> Inverse | None:
+        """The inverse of the scene's view transform, None where it shows the sRGB curve's values as they
+        are; where it cannot be built, None too, with a warning."""
+        key = view_colors.view_key(scene)
+        if key is None:
+            return None
+        try:
+            return view_colors.render_inverse(key, self.test_break)
+        except SplatwrightError as e:
+            self.report({"WARNING"}, f"Splatwright: {e}")
+            return None
 
     def fetch(self, scene):
         """The backend's frame and depth of the scene camera at the output size, or of its render border."""
@@ -279,12 +420,14 @@ def compatible_panels():
 
 
 def register():
+    view_colors.register()
     bpy.utils.register_class(SPLATWRIGHT_RE_engine)
     for panel in compatible_panels():
         panel.COMPAT_ENGINES.add(SPLATWRIGHT_RE_engine.bl_idname)
 
 
 def unregister():
+    global _frame_drawing
     for panel in compatible_panels():
         panel.COMPAT_ENGINES.discard(SPLATWRIGHT_RE_engine.bl_idname)
     if bpy.app.timers.is_registered(_watch):
@@ -292,3 +435,5 @@ def unregister():
     for view in list(_views):
         view.close()
     bpy.utils.unregister_class(SPLATWRIGHT_RE_engine)
+    view_colors.unregister()
+    _frame_drawing = None

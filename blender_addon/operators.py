@@ -8,7 +8,6 @@ import bpy
 import numpy as np
 from bpy.props import EnumProperty, StringProperty
 from bpy.types import Context, Operator
-from bpy_extras.io_utils import ExportHelper, ImportHelper
 
 from . import live
 from .colors import display_pixels
@@ -20,7 +19,7 @@ from .dataset import training_views
 from .environment import Setup, blender_python
 from .preferences import data_folder, prefs, sources
 from .scene_io import camera_of, viewport_camera
-from .training import background_rgb, training_fields
+from .training import training_fields
 
 PREVIEW_IMAGE = "Splatwright Preview"
 PREVIEW_MAX_SIDE = 512
@@ -280,6 +279,14 @@ SPLATWRIGHT_OT_capture_cancel = button(
     run=lambda context: live.capture.cancel())
 
 
+def cannot_send() -> str:
+    """Why views cannot be sent to the backend now, or ''."""
+    if reason := not_connected():
+        return reason
+    return "Wait for the capture or training to end" if live.capture is not None or \
+        training_state() in protocol.RUNNING else ""
+
+
 class SPLATWRIGHT_OT_send_views(Guarded, Operator):
     """Send the last capture's training views (and its initial points) to the backend, e.g. after capturing
     while no backend ran; views the backend already has are not sent again"""
@@ -288,11 +295,7 @@ class SPLATWRIGHT_OT_send_views(Guarded, Operator):
 
     @classmethod
     def blocked(cls, context):
-        if reason := not_connected():
-            return reason
-        if live.capture is not None or training_state() in protocol.RUNNING:
-            return "Wait for the capture or training to end"
-        return "" if context.scene.splatwright.capture_folder else "Capture views first"
+        return cannot_send() or ("" if context.scene.splatwright.capture_folder else "Capture views first")
 
     def execute(self, context):
         s = context.scene.splatwright
@@ -436,59 +439,10 @@ def show_preview(rgba: np.ndarray) -> str:
     return ""
 
 
-class PlyFile:
-    """The file browser of the PLY operators: .ply files only."""
-    filename_ext = ".ply"
-    filter_glob: StringProperty(default="*.ply", options={"HIDDEN"})
-
-
-class SPLATWRIGHT_OT_load_ply(Guarded, PlyFile, Operator, ImportHelper):
-    """View a 3D Gaussian Splatting PLY through the backend"""
-    bl_idname = "splatwright.load_ply"
-    bl_label = "Load Splats PLY"
-
-    @classmethod
-    def blocked(cls, context):
-        return not_connected() or ("Stop training before viewing a PLY" if training_state() in protocol.RUNNING else "")
-
-    def execute(self, context):
-        s = context.scene.splatwright
-        path, background = self.filepath, background_rgb(s.background, s.background_color)
-
-        def load(client):
-            reply = client.load_ply(Path(path).read_bytes(), background)
-            return reply, client.call("status")
-
-        def loaded(result) -> str:
-            reply, status = result
-            set_status(status)
-            return f"loaded {reply['gaussians']} Gaussians (SH degree {reply['sh_degree']}) from {path}"
-        live.backend.call("load_ply", load, loaded)
-        return {"FINISHED"}
-
-
-class SPLATWRIGHT_OT_export_ply(NeedsModel, PlyFile, Operator, ExportHelper):
-    """Save the trained (or viewed) Gaussians as a 3DGS PLY"""
-    bl_idname = "splatwright.export_ply"
-    bl_label = "Export Splats PLY"
-
-    def execute(self, context):
-        path = self.filepath
-
-        def export(client):
-            reply = client.request("export_ply")
-            Path(path).write_bytes(reply.payload)
-            return reply.fields
-        live.backend.call("export_ply", export,
-                          lambda f: f"exported {f['gaussians']} Gaussians (step {f['step']}) to {path}")
-        return {"FINISHED"}
-
-
 CLASSES = (SPLATWRIGHT_OT_report, SPLATWRIGHT_OT_setup_backend, SPLATWRIGHT_OT_setup_cancel,
            SPLATWRIGHT_OT_backend_start, SPLATWRIGHT_OT_backend_check, SPLATWRIGHT_OT_backend_stop,
            SPLATWRIGHT_OT_backend_kill,
            SPLATWRIGHT_OT_capture, SPLATWRIGHT_OT_capture_cancel, SPLATWRIGHT_OT_send_views,
            SPLATWRIGHT_OT_train_start, SPLATWRIGHT_OT_train_pause,
-           SPLATWRIGHT_OT_train_resume, SPLATWRIGHT_OT_train_stop, SPLATWRIGHT_OT_render_preview,
-           SPLATWRIGHT_OT_load_ply, SPLATWRIGHT_OT_export_ply)
+           SPLATWRIGHT_OT_train_resume, SPLATWRIGHT_OT_train_stop, SPLATWRIGHT_OT_render_preview)
 register, unregister = bpy.utils.register_classes_factory(CLASSES)

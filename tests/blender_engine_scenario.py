@@ -1,6 +1,7 @@
 """The render engine's final render in real Blender (the bpy module): install the built zip, start a CPU
 backend through the add-on, view a PLY, and render F12 with the Splatwright engine, Combined to a PNG and the
-Depth pass through the compositor's Viewer node. Prints `RESULT <json>` for pytest.
+Depth pass through the compositor's Viewer node, then under other view transforms (VIEWS), keeping the
+backend's frames and the view transforms' inverses the add-on made. Prints `RESULT <json>` for pytest.
 
     python tests/blender_engine_scenario.py --zip dist/splatwright-X.zip --ply model.ply --out DIR [--python PY]
 """
@@ -19,6 +20,8 @@ from blender_scenario import addon, build_scene, op, report, wait_for  # noqa: E
 
 SIZE = (80, 60)
 BORDER = (0.25, 0.8, 0.1, 0.6)  # render border: min x, max x, min y, max y (fractions, y from the bottom)
+# View transforms other than Standard, each rendered once: (view transform, look, exposure, gamma).
+VIEWS = (("AgX", "None", 0.0, 1.0), ("Filmic", "Medium High Contrast", 0.5, 1.2))
 
 
 def compositor(scene):
@@ -47,16 +50,50 @@ def depth_to_file(scene, folder: Path) -> None:
     scene.render.use_compositing = True
 
 
+def keep_frames(engine) -> list:
+    """The frames (top-down RGBA8) the engine's renders get from the backend, as they come."""
+    frames, fetch = [], engine.SPLATWRIGHT_RE_engine.fetch
+
+    def kept_fetch(self, scene):
+        reply = fetch(self, scene)
+        frames.append(addon().core.client.decode_frame(reply)[::-1])
+        return reply
+    engine.SPLATWRIGHT_RE_engine.fetch = kept_fetch
+    return frames
+
+
+def render_views(scene, frames: list, out: Path) -> list[dict]:
+    """F12 under each of VIEWS: the PNG, the backend's frame and the inverse the add-on showed it through."""
+    views, settings = [], scene.view_settings
+    for view in VIEWS:
+        settings.view_transform, settings.look, settings.exposure, settings.gamma = view
+        name = settings.view_transform.lower()
+        scene.render.filepath = str(out / f"{name}.png")
+        start = time.perf_counter()
+        bpy.ops.render.render(write_still=True)
+        seconds = time.perf_counter() - start
+        colors = addon().view_colors
+        inverse = colors.render_inverse(colors.view_key(scene), lambda: False)  # the one the render made
+        np.savez(out / f"{name}_inverse.npz", **vars(inverse))
+        np.save(out / f"{name}_frame.npy", frames[-1])
+        views.append({"view": list(view), "png": str(out / f"{name}.png"),
+                      "frame": str(out / f"{name}_frame.npy"), "inverse": str(out / f"{name}_inverse.npz"),
+                      "seconds": seconds})
+    settings.view_transform = "Standard"
+    return views
+
+
 def run(zip_path: Path, ply: Path, out: Path, python: str) -> dict:
     build_scene()
     bpy.ops.preferences.addon_install(filepath=str(zip_path), overwrite=True)
     bpy.ops.preferences.addon_enable(module="splatwright")
     live = addon().live
+    frames = keep_frames(addon().engine)
     prefs = bpy.context.preferences.addons["splatwright"].preferences
     prefs.python, prefs.workdir = python, str(out / "sessions")
     op("backend_start")
     wait_for(lambda: live.backend.connection == "connected", "backend start", 120)
-    op("load_ply", filepath=str(ply))
+    op("import_splats", filepath=str(ply))
     wait_for(lambda: live.backend.status.get("gaussians") and not live.backend.in_flight, "load PLY")
 
     scene = bpy.context.scene
@@ -84,8 +121,10 @@ def run(zip_path: Path, ply: Path, out: Path, python: str) -> dict:
         scene.render.use_crop_to_border = crop
         scene.render.filepath = str(out / f"border_crop{int(crop)}.png")
         bpy.ops.render.render(write_still=True)
+    scene.render.use_border = False
+    views = render_views(scene, frames, out)
     result = {"png": str(out / "f12.png"), "border": BORDER, "depth": str(out / "depth.npy"), "seconds": seconds,
-              "camera": addon().core.codecs.camera_to_wire(cam),
+              "camera": addon().core.codecs.camera_to_wire(cam), "views": views,
               "errors": live.backend.last_error}
     op("backend_stop")
     wait_for(lambda: live.backend.connection == "disconnected" and not live.backend.in_flight, "stop")

@@ -1,7 +1,8 @@
 """The live viewport in a real Blender window (Debian's Blender 3.4 under Xvfb, run by test_viewport_gui.py):
 install the built zip as a legacy add-on, start a CPU backend through it, load a PLY, switch the 3D viewport to
-Rendered with the Splatwright engine, wait for a full-size frame and take a screenshot. Writes result.json into
-the output folder for pytest, then quits.
+Rendered with the Splatwright engine, wait for a full-size frame and take a screenshot, under the Standard
+view transform and then under Filmic, keeping the frame the view showed. Writes result.json into the output
+folder for pytest, then quits.
 
     blender --factory-startup -p 0 0 1280 800 --python tests/blender_gui_scenario.py -- --zip Z --ply P --python PY --out DIR
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -46,6 +48,22 @@ def until(condition, what: str, timeout: float):
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what}: not within {timeout:.0f} s")
         yield 0.05
+
+
+def shown_frame(view, out: Path, name: str) -> str:
+    """The frame `view` shows, top-down RGBA8 as the backend sent it, saved for pytest."""
+    frame = view.stream.frame
+    pixels = np.round(frame.pixels * 255.0).astype(np.uint8)
+    path = out / f"{name}_frame.npy"
+    np.save(path, pixels.reshape(frame.fields["height"], frame.fields["width"], 4)[::-1])
+    return str(path)
+
+
+def screenshot(path: Path) -> str:
+    window, area, region, _ = view3d()
+    with bpy.context.temp_override(window=window, area=area, region=region):
+        bpy.ops.screen.screenshot(filepath=str(path), check_existing=False)
+    return str(path)
 
 
 def cancelled_capture(addon, out: Path, result: dict):
@@ -119,9 +137,7 @@ def capture_during_render(addon, out: Path, result: dict):
     start, ticks_before, draws_before = time.monotonic(), len(ticks), len(draws)
     yield from until(lambda: len(ticks) - ticks_before >= TICKS_DURING_RENDER and len(draws) - draws_before >= 2,
                      "timer ticks and redraws while frame 2 renders", 90)
-    shot = out / "capture_panel.png"
-    with bpy.context.temp_override(window=window, area=area, region=region):
-        bpy.ops.screen.screenshot(filepath=str(shot), check_existing=False)
+    shot = screenshot(out / "capture_panel.png")
     rendering = bpy.app.is_job_running("RENDER")
     cancel_at = time.monotonic()
     bpy.ops.splatwright.capture_cancel()
@@ -137,8 +153,9 @@ def capture_during_render(addon, out: Path, result: dict):
         "draws": len(draws) - draws_before, "rendering_when_cancelled": rendering,
         "cancel_seconds": ended - cancel_at, "job_running_after": bpy.app.is_job_running("RENDER"),
         "frames": len(json.loads((folder / "transforms_train.json").read_text())["frames"]),
-        "pngs": sorted(p.name for p in folder.glob("*/*.png")), "panel_screenshot": str(shot),
-        "engine_restored": scene.render.engine == "CYCLES"}
+        "pngs": sorted(p.name for p in folder.glob("*/*.png")), "panel_screenshot": shot,
+        "engine_restored": scene.render.engine == "CYCLES",
+        "render_window_after": addon.capture.render_window(bpy.context) is not None}
     scene.animation_data_clear()
 
 
@@ -176,6 +193,64 @@ def info_log(window) -> list[str]:
     return bpy.context.window_manager.clipboard.splitlines()
 
 
+def under_filmic(addon, out: Path, result: dict):
+    """The view transform turns Filmic: the view draws its frame as before until the add-on's inverse of
+    Filmic is ready, then through it. A screenshot then, with the frame and the inverse."""
+    scene = bpy.context.scene
+    scene.view_settings.view_transform = "Filmic"
+    key = addon.view_colors.view_key(scene)
+    view = next(iter(addon.engine._views))
+    view3d()[1].tag_redraw()
+    start = time.monotonic()
+    yield from until(lambda: view.shown_key == key, "the view drawn through Filmic's inverse", 60)
+    seconds = time.monotonic() - start
+    yield 0.5  # a settled viewport
+    inverse = addon.view_colors.ready_inverse(key)
+    np.savez(out / "filmic_inverse.npz", **vars(inverse))
+    result["filmic"] = {"seconds": seconds, "screenshot": screenshot(out / "viewport_filmic.png"),
+                        "frame": shown_frame(view, out, "filmic"), "inverse": str(out / "filmic_inverse.npz"),
+                        "frame_seq_unchanged": view.texture_seq == view.stream.frame.seq}
+    scene.view_settings.view_transform = "Standard"
+
+
+def render_job(addon, out: Path, result: dict):
+    """F12 as Blender's render job under Filmic with an exposure, a view transform the add-on has no inverse
+    of yet: the render's thread waits while the timer samples the transform. The result as Blender saves it,
+    with the backend's frame and the inverse."""
+    scene = bpy.context.scene
+    scene.view_settings.view_transform, scene.view_settings.exposure = "Filmic", 0.5
+    scene.render.resolution_x, scene.render.resolution_y, scene.render.resolution_percentage = 80, 60, 100
+    output = scene.render.image_settings
+    output.file_format, output.color_mode, output.color_depth = "PNG", "RGB", "8"
+    engine = addon.engine.SPLATWRIGHT_RE_engine
+    frames, threads, fetch = [], [], engine.fetch
+
+    def kept_fetch(self, scene):
+        threads.append(threading.current_thread() is threading.main_thread())
+        reply = fetch(self, scene)
+        frames.append(addon.core.client.decode_frame(reply)[::-1])  # top-down
+        return reply
+    engine.fetch = kept_fetch
+    view = bpy.context.preferences.view
+    display, view.render_display_type = view.render_display_type, "NONE"
+    window, area, region, _ = view3d()
+    try:
+        with bpy.context.temp_override(window=window, area=area, region=region):
+            result["render_job_invoked"] = list(bpy.ops.render.render("INVOKE_DEFAULT"))
+        yield from until(lambda: not bpy.app.is_job_running("RENDER"), "the render job", 90)
+    finally:
+        view.render_display_type, engine.fetch = display, fetch
+    path = out / "render_job.png"
+    bpy.data.images["Render Result"].save_render(str(path), scene=scene)
+    inverse = addon.view_colors.ready_inverse(addon.view_colors.view_key(scene))
+    np.savez(out / "render_job_inverse.npz", **vars(inverse))
+    np.save(out / "render_job_frame.npy", frames[-1])
+    result["render_job"] = {"png": str(path), "frame": str(out / "render_job_frame.npy"),
+                            "inverse": str(out / "render_job_inverse.npz"), "frames": len(frames),
+                            "on_main_thread": threads}
+    scene.view_settings.view_transform, scene.view_settings.exposure = "Standard", 0.0
+
+
 def scenario(args: dict, result: dict):
     out = Path(args["out"])
     bpy.ops.preferences.addon_install(filepath=args["zip"], overwrite=True)
@@ -188,7 +263,7 @@ def scenario(args: dict, result: dict):
     yield from until(lambda: backend.connection == "connected", "backend start", 120)
     yield from cancelled_capture(addon, out, result)
     yield from capture_during_render(addon, out, result)
-    bpy.ops.splatwright.load_ply(filepath=args["ply"])
+    bpy.ops.splatwright.import_splats(filepath=args["ply"])
     yield from until(lambda: backend.status.get("gaussians") and not backend.in_flight, "load PLY", 60)
 
     scene = bpy.context.scene
@@ -227,10 +302,9 @@ def scenario(args: dict, result: dict):
     # The camera view_draw saw, from the same matrices, for pytest to render through the backend.
     cam = addon.core.cameras.from_blender_view(np.array(rv3d.view_matrix), np.array(rv3d.window_matrix),
                                                region.width, region.height)
-    shot = out / "viewport.png"
-    with bpy.context.temp_override(window=window, area=area, region=region):
-        bpy.ops.screen.screenshot(filepath=str(shot), check_existing=False)
-    result.update({"screenshot": str(shot), "region": [region.x, region.y, region.width, region.height],
+    view = next(iter(engine._views))
+    result.update({"screenshot": screenshot(out / "viewport.png"), "frame": shown_frame(view, out, "standard"),
+                   "region": [region.x, region.y, region.width, region.height],
                    "window": [window.width, window.height],
                    "camera": addon.core.codecs.camera_to_wire(cam),
                    "draw_seconds": list(engine.draw_seconds), "upload_seconds": list(engine.upload_seconds),
@@ -244,6 +318,8 @@ def scenario(args: dict, result: dict):
         engine.frame_texture(pixels, *UPLOAD_SIZE)
         timings.append(time.perf_counter() - t0)
     result["upload_1080p_seconds"] = timings
+    yield from under_filmic(addon, out, result)
+    yield from render_job(addon, out, result)
 
     space.shading.type = "SOLID"
     bpy.ops.splatwright.backend_stop()

@@ -270,12 +270,12 @@ def run(zip_path: Path, out: Path, foreign_ply: Path) -> dict:
     result["status"] = live.backend.status
 
     ply = out / "trained.ply"
-    op("export_ply", filepath=str(ply))
+    op("export_splats", filepath=str(ply))
     wait_for(lambda: ply.is_file() and not live.backend.in_flight, "export")
     result["exported"] = str(ply)
 
     if foreign_ply.is_file():
-        op("load_ply", filepath=str(foreign_ply))
+        op("import_splats", filepath=str(foreign_ply))
         wait_for(lambda: not live.backend.in_flight, "load PLY")
         result["loaded_gaussians"] = live.backend.status.get("gaussians")
         bpy.data.images.remove(bpy.data.images["Splatwright Preview"])
@@ -286,7 +286,7 @@ def run(zip_path: Path, out: Path, foreign_ply: Path) -> dict:
         result["preview_max"] = max(image.pixels[:])
 
     result["errors_before_kill"] = live.backend.last_error
-    op("load_ply", filepath=str(SCENARIO))  # not a PLY: the backend refuses, the add-on reports it
+    op("import_splats", filepath=str(SCENARIO))  # not a PLY: the backend refuses, the add-on reports it
     wait_for(lambda: not live.backend.in_flight, "bad PLY refused")
     result["bad_ply_error"] = live.backend.last_error
     server = live.backend.server
@@ -344,7 +344,7 @@ def crash_while_training(s, out: Path) -> dict:
     wait_for(lambda: live.backend.status.get("state") == "stopped" and not live.backend.in_flight, "stop training")
     result["continued_to"] = live.backend.status["step"]
     ply = out / "continued.ply"  # the model the session's checkpoint now holds
-    op("export_ply", filepath=str(ply))
+    op("export_splats", filepath=str(ply))
     wait_for(lambda: ply.is_file() and not live.backend.in_flight, "export of the continued model")
     result["exported"] = str(ply)
     s.iterations = 150

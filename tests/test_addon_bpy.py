@@ -322,6 +322,33 @@ def test_f12_with_a_render_border_renders_that_part(f12):
     assert (uncropped[outside][:, 3] == 0).all()
 
 
+def test_f12_shows_the_backends_frame_under_other_view_transforms(f12):
+    """Under AgX and Filmic (with a look, an exposure and a gamma) the saved render is the backend's frame:
+    within 2/255 where the transform can show its colours, and everywhere what the add-on's samples of the
+    transform say it shows (a very saturated colour under AgX is shown as the nearest it can show)."""
+    import numpy as np
+    from PIL import Image
+
+    from blender_addon.view_transform import Inverse
+    for view in f12["views"]:
+        frame = np.load(view["frame"]).astype(np.float32)  # the backend's, top-down RGBA8
+        got = np.asarray(Image.open(view["png"]), dtype=np.float32)
+        assert got.shape == frame.shape == (60, 80, 4)
+        inverse = Inverse(**np.load(view["inverse"]))
+        display = frame[..., :3] / 255.0
+        shown = inverse.shown(display) * 255.0
+        reachable = np.abs(shown - frame[..., :3]).max(-1) < 0.5
+        error = np.abs(got[..., :3] - frame[..., :3]).max(-1)
+        print(f"{view['view']}: {reachable.mean():.1%} of the pixels' colours can be shown; on those the render "
+              f"is off the backend's frame by at most {error[reachable].max():.0f}/255 (mean "
+              f"{error[reachable].mean():.2f}), elsewhere off what the samples predict by at most "
+              f"{np.abs(got[..., :3] - shown).max():.1f}/255; {view['seconds']:.2f} s with the inverse's build")
+        assert reachable.mean() > 0.6
+        assert error[reachable].max() <= 2.0
+        assert np.abs(got[..., :3] - shown).max() <= 3.0
+        assert (got[..., 3] == 255).all()
+
+
 def test_command_line_animation_render_reopens_the_session(scenario, addon_zip, tmp_path):
     """`blender -b scene.blend -a` in Debian's Blender 3.4: the add-on starts a backend itself, reopens the
     scene's session from its checkpoint and renders every frame of the scene camera."""

@@ -25,7 +25,7 @@ from blender_addon.core.protocol import REQUESTS, Message
 ADDON = Path(__file__).resolve().parent.parent / "blender_addon"
 # The add-on's modules that need Blender; every other module must import without it.
 NEEDS_BPY = {"capture", "colmap_import", "composite", "engine", "io_formats", "live", "operators", "overlay", "panels",
-             "preferences", "properties", "scene_io", "scene_splats"}
+             "preferences", "properties", "scene_io", "scene_splats", "view_colors"}
 
 
 def module_names() -> list[str]:

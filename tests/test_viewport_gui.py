@@ -18,6 +18,7 @@ from PIL import Image
 
 import build_addon
 from blender_addon.core.codecs import camera_from_wire
+from blender_addon.view_transform import Inverse
 from backend.metrics import psnr
 from backend.render import render
 from conftest import ROOT, viewing_model
@@ -69,24 +70,76 @@ def viewport(xvfb, tmp_path_factory) -> dict:
     assert "failure" not in result, result.get("traceback")
     ARTIFACTS.mkdir(exist_ok=True)
     shutil.copy(result["screenshot"], ARTIFACTS / "viewport_rendered.png")
+    shutil.copy(result["filmic"]["screenshot"], ARTIFACTS / "viewport_rendered_filmic.png")
     shutil.copy(result["job_capture"]["panel_screenshot"], ARTIFACTS / "capture_panel.png")
     return {**result, "model": model, "stderr": run.stderr}
+
+
+def region_of(viewport, screenshot: str) -> np.ndarray:
+    """The viewport's region in a screenshot (float32 RGB 0-255, rows top-down), without its edges: the
+    area's outline, rounded corners and corner widgets are drawn over them."""
+    shot = np.asarray(Image.open(screenshot).convert("RGB"), dtype=np.float32)
+    x, y, w, h = viewport["region"]  # from the window's bottom-left corner; the screenshot's rows go down
+    assert shot.shape[:2] == (viewport["window"][1], viewport["window"][0])
+    return shot[shot.shape[0] - y - h + EDGE:shot.shape[0] - y - EDGE, x + EDGE:x + w - EDGE]
 
 
 def test_viewport_shows_the_backends_render_of_the_view(viewport):
     cam = camera_from_wire(viewport["camera"])
     with torch.no_grad():
         expected = render(viewport["model"], cam, 1, (1.0, 1.0, 1.0)).image.clamp(0, 1)
-    shot = np.asarray(Image.open(viewport["screenshot"]).convert("RGB"), dtype=np.float32) / 255.0
-    x, y, w, h = viewport["region"]  # from the window's bottom-left corner; the screenshot's rows go down
-    assert shot.shape[:2] == (viewport["window"][1], viewport["window"][0]) and (w, h) == (cam.width, cam.height)
-    region = shot[shot.shape[0] - y - h:shot.shape[0] - y, x:x + w]
-    m = EDGE  # the area's outline, rounded corners and corner widgets are drawn over the region's edges
-    score = psnr(torch.from_numpy(np.ascontiguousarray(region[m:-m, m:-m])), expected[m:-m, m:-m])
-    print(f"viewport vs backend render: PSNR {score:.2f} dB over {w}x{h}; first full frame after "
-          f"{viewport['first_full_frame_seconds']:.2f} s")
+    assert tuple(viewport["region"][2:]) == (cam.width, cam.height)
+    region = region_of(viewport, viewport["screenshot"])
+    m = EDGE
+    score = psnr(torch.from_numpy(np.ascontiguousarray(region / 255.0)), expected[m:-m, m:-m])
+    frame = np.load(viewport["frame"])[m:-m, m:-m, :3].astype(np.float32)  # the backend's frame the view shows
+    error = np.abs(region - frame).max(-1)
+    print(f"viewport vs backend render: PSNR {score:.2f} dB over {cam.width}x{cam.height}, at most "
+          f"{error.max():.0f}/255 off the frame; first full frame after {viewport['first_full_frame_seconds']:.2f} s")
     assert score >= 25.0
+    assert error.max() <= 2.0
     assert viewport["errors"] == ""
+
+
+def test_viewport_shows_the_backends_frame_under_filmic(viewport):
+    """Under Filmic the view draws its frame through the add-on's inverse of Filmic once that is ready (the
+    first frame after the change comes from a sampling of Blender's transform and its inversion): the
+    screenshot is the frame within 2/255 where Filmic can show its colours, and what the samples predict
+    elsewhere."""
+    filmic = viewport["filmic"]
+    m = EDGE
+    frame = np.load(filmic["frame"])[m:-m, m:-m, :3].astype(np.float32)
+    region = region_of(viewport, filmic["screenshot"])
+    inverse = Inverse(**np.load(filmic["inverse"]))
+    shown = inverse.shown(frame / 255.0) * 255.0
+    reachable = np.abs(shown - frame).max(-1) < 0.5
+    error = np.abs(region - frame).max(-1)
+    print(f"viewport under Filmic, drawn through its inverse {filmic['seconds']:.2f} s after the change: "
+          f"{reachable.mean():.1%} of the pixels' colours can be shown, those at most {error[reachable].max():.0f}/255 "
+          f"(mean {error[reachable].mean():.2f}) off the frame; elsewhere at most "
+          f"{np.abs(region - shown).max():.1f}/255 off what the samples predict")
+    assert filmic["frame_seq_unchanged"]  # the screenshot shows the frame saved with it
+    assert reachable.mean() > 0.9
+    assert error[reachable].max() <= 2.0
+    assert np.abs(region - shown).max() <= 3.0
+
+
+def test_render_job_shows_the_backends_frame_under_filmic(viewport):
+    """F12 as a render job under a view transform the add-on had no inverse of: the render waits for it,
+    and Blender's saved result is the backend's frame within 2/255."""
+    job = viewport["render_job"]
+    assert viewport["render_job_invoked"] == ["RUNNING_MODAL"] and job["frames"] == 1
+    assert job["on_main_thread"] == [False]  # the job's thread, which cannot sample the transform itself
+    frame = np.load(job["frame"])[..., :3].astype(np.float32)
+    got = np.asarray(Image.open(job["png"]), dtype=np.float32)[..., :3]
+    assert got.shape == frame.shape == (60, 80, 3)
+    shown = Inverse(**np.load(job["inverse"])).shown(frame / 255.0) * 255.0
+    reachable = np.abs(shown - frame).max(-1) < 0.5
+    error = np.abs(got - frame).max(-1)
+    print(f"render job under Filmic with an exposure: {reachable.mean():.1%} of the pixels' colours can be shown, "
+          f"those at most {error[reachable].max():.0f}/255 off the frame")
+    assert reachable.mean() > 0.9 and error[reachable].max() <= 2.0
+    assert np.abs(got - shown).max() <= 3.0
 
 
 def test_capture_cancelled_with_esc_keeps_what_it_rendered(viewport):
@@ -108,7 +161,7 @@ def test_capture_renders_as_render_jobs_that_cancel_midway(viewport):
     assert c["ticks"] >= 5 and c["draws"] >= 2  # counted while that one render ran
     assert c["rendering_when_cancelled"] and not c["job_running_after"]
     assert c["frames"] == 1 and c["pngs"] == ["r_000.png"]  # the cancelled view's image is not left behind
-    assert c["engine_restored"]
+    assert c["engine_restored"] and not c["render_window_after"]  # the render window the capture opened is gone
     assert "/splatwright/" not in viewport["stderr"], viewport["stderr"][-3000:]  # no traceback through the add-on
 
 
