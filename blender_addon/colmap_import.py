@@ -17,12 +17,11 @@ from bpy.props import BoolProperty, EnumProperty, FloatProperty, StringProperty
 from bpy.types import Operator
 from mathutils import Matrix
 
-from . import live
 from .colors import linear_to_srgb8, srgb_to_linear
 from .core import colmap
 from .core.cameras import BLENDER_TO_OPENCV, Camera, blender_lens, from_blender_c2w
 from .core.errors import SplatwrightError
-from .operators import Guarded, cannot_send, set_status
+from .operators import Guarded, cannot_send, send_to_session
 
 EMPTY_PREFIX = "COLMAP "
 MODEL_KEY = "splatwright_colmap"  # on the Empty: the model folder
@@ -273,22 +272,7 @@ class SPLATWRIGHT_OT_send_photos(Guarded, Operator):
         if not photos:
             self.report({"ERROR"}, f"{empty.name} has no training photos left; import the model again")
             return {"CANCELLED"}
-        name = session_name(empty)
-
-        def send(client):
-            missing = photos[client.call("open_session", name=name)["views"]:]
-            for view_name, cam, rgba in missing:
-                client.add_view(cam, rgba, view_name)
-            if points is not None:
-                client.set_points(*points)
-            return len(missing), client.call("status")
-
-        def sent(result) -> str:
-            count, status = result
-            s.session = name
-            set_status(status)
-            return f"sent {count} photos of {empty.name} to session {name} ({status['views']} in all)"
-        live.backend.call("send_photos", send, sent)
+        send_to_session(context, "send_photos", session_name(empty), photos, points, f"photos of {empty.name}")
         return {"FINISHED"}
 
 

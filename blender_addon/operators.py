@@ -306,23 +306,31 @@ class SPLATWRIGHT_OT_send_views(Guarded, Operator):
             self.report({"ERROR"}, str(e))
             return {"CANCELLED"}
         points = folder / POINTS_FILE
-        name = folder.name  # a capture's session is named after its folder
-
-        def send(client):
-            missing = views[client.call("open_session", name=name)["views"]:]
-            for view_name, cam, image in missing:
-                client.add_view(cam, image.read_bytes(), view_name)
-            if points.is_file():
-                client.set_points(*read_points(points))
-            return len(missing), client.call("status")
-
-        def sent(result) -> str:
-            count, status = result
-            s.session = name
-            set_status(status)
-            return f"sent {count} views to session {name} ({status['views']} in all)"
-        live.backend.call("send_views", send, sent)
+        send_to_session(context, "send_views", folder.name,  # a capture's session is named after its folder
+                        views, points if points.is_file() else None, "views")
         return {"FINISHED"}
+
+
+def send_to_session(context, request: str, name: str, views: list, points, what: str) -> None:
+    """On the worker: open session `name`, send the `views` (name, camera, image) it does not have yet and
+    the initial `points`; the session becomes the scene's. An image is a frame or a file's bytes, or the path
+    of a PNG, which is read there; `points` is (xyz, rgb), the path of a points file, or None."""
+    s = context.scene.splatwright
+
+    def send(client):
+        missing = views[client.call("open_session", name=name)["views"]:]
+        for view_name, cam, image in missing:
+            client.add_view(cam, image.read_bytes() if isinstance(image, Path) else image, view_name)
+        if points is not None:
+            client.set_points(*(read_points(points) if isinstance(points, Path) else points))
+        return len(missing), client.call("status")
+
+    def sent(result) -> str:
+        count, status = result
+        s.session = name
+        set_status(status)
+        return f"sent {count} {what} to session {name} ({status['views']} in all)"
+    live.backend.call(request, send, sent)
 
 
 # ---- training ----

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -26,6 +27,17 @@ def git_commit() -> str:
     if head is None or head.returncode != 0:
         return "unknown"
     return head.stdout.strip() + ("+changes" if status.stdout.strip() else "")
+
+
+def write_results(out: Path, stem: str, result: dict, report: str) -> Path:
+    """Print a benchmark's report and keep it with its figures as out/stem.md and out/stem.json."""
+    print(report)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / stem
+    path.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    path.with_suffix(".md").write_text(report + "\n")
+    print(f"wrote {path}.json and .md")
+    return path
 
 
 def main(argv: list[str]) -> int:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ from ..data import LEGO, Dataset, load_split
 from ..policy import cpu_config
 from ..progress import Progress
 from ..train import Trainer, evaluate
-from . import RESULTS, git_commit
+from . import RESULTS, git_commit, write_results
 
 BUDGET_SECONDS = 300.0
 GAIN_DB = 6.0
@@ -62,9 +61,5 @@ def main(argv: list[str]) -> int:
         "|---|---|---|---|---|---|---|",
         f"| {seconds:.0f} | {BUDGET_SECONDS:.0f} | {seconds / BUDGET_SECONDS:.2f} | {initial:.2f} | {final:.2f} | "
         f"{final - initial:+.2f} ({GAIN_DB:+.1f}) | {len(trainer.g)} |"])
-    print(report)
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"cpu-{now.strftime('%Y%m%d-%H%M')}"
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    stem.with_suffix(".md").write_text(report + "\n")
+    write_results(args.out, f"cpu-{now.strftime('%Y%m%d-%H%M')}", result, report)
     return 0 if seconds <= BUDGET_SECONDS and final - initial >= GAIN_DB else 1

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 import build_addon
-from . import RESULTS, ROOT, git_commit
+from . import RESULTS, ROOT, git_commit, write_results
 
 SCENARIO = ROOT / "tests" / "blender_defaults_scenario.py"
 BUDGET_SECONDS = 300.0  # capture and training of each scene with the CPU defaults, on two cores
@@ -61,11 +61,6 @@ def main(argv: list[str]) -> int:
         "| scene | view size | views sent | steps | capture s | train s | total s | it/s | train PSNR |",
         "|---|---|---|---|---|---|---|---|---|", *rows, "",
         f"Budget: {BUDGET_SECONDS:.0f} s per scene for capture and training."])
-    print(report)
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"defaults-{now.strftime('%Y%m%d-%H%M')}-{result['device']}"
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    stem.with_suffix(".md").write_text(report + "\n")
-    print(f"wrote {stem}.json and .md")
+    write_results(args.out, f"defaults-{now.strftime('%Y%m%d-%H%M')}-{result['device']}", result, report)
     within = all(result[name]["total_seconds"] <= BUDGET_SECONDS for name in scenes)
     return 0 if within or result["device"] != "cpu" else 1
