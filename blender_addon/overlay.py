@@ -17,7 +17,7 @@ from gpu_extras.batch import batch_for_shader
 
 from . import live
 from .core.errors import SplatwrightError
-from .engine import WATCH_INTERVAL, LiveView
+from .engine import FRAME_VERTEX, WATCH_INTERVAL, LiveView
 from .scene_io import region_camera
 from .scene_splats import not_shown, placed_camera, splat_objects
 
@@ -28,13 +28,6 @@ DRAW_ENGINES = {"BLENDER_EEVEE", "BLENDER_EEVEE_NEXT", "BLENDER_WORKBENCH"}  # t
 # display values, so the shader raises them to this power and the viewport shows them as they are.
 UI_GAMMA = 2.2
 
-VERTEX_SOURCE = """
-void main()
-{
-  uv = position * 0.5 + 0.5;
-  gl_Position = vec4(position, 0.0, 1.0);
-}
-"""
 # The frame is the backend's RGBA8 composited over its background; the background is taken out again, so
 # Blender's scene shows through where the splats are transparent. Depths are the model's, in its units.
 FRAGMENT_SOURCE = """
@@ -102,7 +95,7 @@ def shader():
         info.fragment_out(0, "VEC4", "fragColor")
         if hasattr(info, "depth_write"):  # Blender 4.0+; the GPU backends other than OpenGL need to know
             info.depth_write("ANY")
-        info.vertex_source(VERTEX_SOURCE)
+        info.vertex_source(FRAME_VERTEX)  # the engine's: a full-region quad
         info.fragment_source(FRAGMENT_SOURCE)
         _shader = gpu.shader.create_from_info(info)
         _batch = batch_for_shader(_shader, "TRI_STRIP", {"position": [(-1, -1), (1, -1), (-1, 1), (1, 1)]})
