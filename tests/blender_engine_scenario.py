@@ -16,7 +16,7 @@ import bpy
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from blender_scenario import addon, build_scene, op, report, wait_for  # noqa: E402  (also catches the add-on's timers)
+from blender_scenario import addon, build_scene, op, report, stop_and_disable, wait_for  # noqa: E402  (also catches the add-on's timers)
 
 SIZE = (80, 60)
 BORDER = (0.25, 0.8, 0.1, 0.6)  # render border: min x, max x, min y, max y (fractions, y from the bottom)
@@ -126,9 +126,7 @@ def run(zip_path: Path, ply: Path, out: Path, python: str) -> dict:
     result = {"png": str(out / "f12.png"), "border": BORDER, "depth": str(out / "depth.npy"), "seconds": seconds,
               "camera": addon().core.codecs.camera_to_wire(cam), "views": views,
               "errors": live.backend.last_error}
-    op("backend_stop")
-    wait_for(lambda: live.backend.connection == "disconnected" and not live.backend.in_flight, "stop")
-    bpy.ops.preferences.addon_disable(module="splatwright")
+    stop_and_disable()
     return result
 
 

@@ -145,6 +145,14 @@ def newest(folder: Path) -> Path:
     return max(folder.iterdir(), key=lambda p: p.stat().st_mtime_ns)
 
 
+def stop_and_disable() -> None:
+    """End a scenario: stop the backend, wait until nothing is in flight, disable the add-on."""
+    live = addon().live
+    op("backend_stop")
+    wait_for(lambda: live.backend.connection == "disconnected" and not live.backend.in_flight, "stop")
+    bpy.ops.preferences.addon_disable(module="splatwright")
+
+
 def wait_for(condition, what: str, timeout: float = 60.0) -> float:
     start = time.monotonic()
     while not condition():

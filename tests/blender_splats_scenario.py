@@ -18,7 +18,7 @@ import bpy
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from blender_scenario import (WithLayout, addon, blender_reports, op, report, wait_for,  # noqa: E402
+from blender_scenario import (WithLayout, addon, blender_reports, op, report, stop_and_disable, wait_for,  # noqa: E402
                               pump)  # (it also catches the add-on's timers and Blender's reports)
 from blender_splats_gui_scenario import (CUBE_AT, CUBE_COLOR, CUBE_SIZE, MOVE, WALL_COLOR,  # noqa: E402
                                          add_wall_and_cube, render_with_cycles)
@@ -122,9 +122,7 @@ def run(zip_path: Path, workdir: Path, session: str, out: Path, python: str) -> 
               "reopened_object": bpy.data.objects[session].get("splatwright_session"),
               "cube": [list(CUBE_AT), CUBE_SIZE, list(CUBE_COLOR)], "wall_color": list(WALL_COLOR),
               "errors": live.backend.last_error}
-    op("backend_stop")
-    wait_for(lambda: live.backend.connection == "disconnected" and not live.backend.in_flight, "stop")
-    bpy.ops.preferences.addon_disable(module="splatwright")
+    stop_and_disable()
     return result
 
 
