@@ -13,9 +13,8 @@ from bpy.types import Operator
 from bpy_extras.io_utils import ExportHelper, ImportHelper
 
 from . import live
-from .core import protocol
 from .core.files import write_atomic
-from .operators import Guarded, nothing_to_show, not_connected, set_status, training_state
+from .operators import Guarded, nothing_to_show, not_connected, set_status, training_runs
 from .training import background_rgb
 
 SPLAT_FILES = "*.ply;*.spz;*.splat"  # what the file browsers list (a compressed PLY ends in .ply too)
@@ -32,8 +31,7 @@ class SPLATWRIGHT_OT_import_splats(Guarded, Operator, ImportHelper):
 
     @classmethod
     def blocked(cls, context):
-        return not_connected() or ("Stop training before viewing a model" if training_state() in protocol.RUNNING
-                                   else "")
+        return not_connected() or training_runs()
 
     def execute(self, context):
         path = Path(self.filepath)

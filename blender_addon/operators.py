@@ -29,6 +29,11 @@ def training_state() -> str:
     return live.backend.status.get("state") or "idle"
 
 
+def training_runs() -> str:
+    """Why nothing may change the backend's model now (training runs or is paused), or ''."""
+    return "Training is running; stop it first" if training_state() in protocol.RUNNING else ""
+
+
 def not_connected() -> str:
     """Why requests cannot be sent now, or ''."""
     b = live.backend
@@ -201,7 +206,7 @@ class SPLATWRIGHT_OT_capture(Guarded, Operator):
     def blocked(cls, context):
         if live.capture is not None:
             return "A capture is running (Esc or Cancel Capture stops it)"
-        return "Stop training before capturing new views" if training_state() in protocol.RUNNING else ""
+        return training_runs()
 
     def begin(self, context) -> Capture | None:
         backend = live.backend if live.backend.connection == "connected" else None
@@ -354,11 +359,8 @@ class SPLATWRIGHT_OT_train_start(Guarded, Operator):
 
     @classmethod
     def blocked(cls, context):
-        if reason := not_connected():
-            return reason
-        if training_state() in protocol.RUNNING:
-            return "Training is running"
-        return "" if live.backend.status.get("views") else "Capture views first (or send the last capture)"
+        return not_connected() or training_runs() or \
+            ("" if live.backend.status.get("views") else "Capture views first (or send the last capture)")
 
     def invoke(self, context, event):
         if not has_model():

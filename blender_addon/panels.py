@@ -199,12 +199,10 @@ class SPLATWRIGHT_PT_view(SplatsPanel, bpy.types.Panel):
     bl_label = "View"
 
     def draw(self, context):
-        layout = self.layout
-        buttons(layout, context, SPLATWRIGHT_OT_import_splats, SPLATWRIGHT_OT_render_preview,
+        if gaussians := live.backend.status.get("gaussians"):
+            self.layout.label(text=f"Showing {gaussians:,} Gaussians")
+        buttons(self.layout, context, SPLATWRIGHT_OT_import_splats, SPLATWRIGHT_OT_render_preview,
                 icons=("IMPORT", "IMAGE_DATA"))
-        gaussians = live.backend.status.get("gaussians")
-        if gaussians:
-            layout.label(text=f"Showing {gaussians:,} Gaussians")
 
 
 class SPLATWRIGHT_PT_export(SplatsPanel, bpy.types.Panel):

@@ -13,10 +13,9 @@ import numpy as np
 from bpy.types import Operator
 
 from . import composite, live
-from .core import protocol
 from .core.cameras import Camera
 from .core.errors import SplatwrightError
-from .operators import Guarded, nothing_to_show, not_connected, set_status, training_state
+from .operators import Guarded, nothing_to_show, not_connected, set_status, training_runs
 from .panels import SplatsPanel, buttons, labels
 from .placement import camera_in_model, model_bounds, model_to_world, uniform_scale
 
@@ -87,9 +86,8 @@ class SPLATWRIGHT_OT_add_model(Guarded, Operator):
 
     @classmethod
     def blocked(cls, context):
-        if reason := not_connected():
-            return reason
-        return "" if live.backend.status.get("session") else "Open a session first (capture, or start the backend)"
+        return not_connected() or ("" if live.backend.status.get("session")
+                                   else "Open a session first (capture, or start the backend)")
 
     def execute(self, context):
         if reason := nothing_to_show():
@@ -122,14 +120,11 @@ class SPLATWRIGHT_OT_show_model(Guarded, Operator):
 
     @classmethod
     def blocked(cls, context):
-        if reason := not_connected():
-            return reason
         obj = context.active_object
         if obj is None or SESSION_KEY not in obj:
-            return "Select a splat object"
-        if training_state() in protocol.RUNNING:
-            return "Training is running; stop it first"
-        return "" if live.backend.status.get("session") != obj[SESSION_KEY] else "Its session is open"
+            return not_connected() or "Select a splat object"
+        return not_connected() or training_runs() or \
+            ("Its session is open" if live.backend.status.get("session") == obj[SESSION_KEY] else "")
 
     def execute(self, context):
         session = context.active_object[SESSION_KEY]
