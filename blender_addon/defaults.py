@@ -15,14 +15,14 @@ DEVICE_DEFAULTS = {
 }
 
 # The steps of the backend's schedules when the panel leaves the count to them (backend/policy.py).
-PRESET_STEPS = {"quality": 30_000, "fast": 5000}
+PRESET_STEPS = {"quality": 12_000, "fast": 8000}
 CPU_STEPS = 3000
 
 # Seconds per training step: a fixed part plus a part per pixel of the step's view (rough: the splats' sizes
 # matter too). CPU: the reference rasterizer (backend/policy.py's cpu_config) on 2 idle cores, 300 steps of
 # the CPU previews: Blender's startup cube at 153x86 px in 33 s, the demo scene at 151x151 px in 45 s
 # (`python -m backend bench defaults`; other work on the same cores makes it several times slower).
-# GPU: the CUDA rasterizer on an H200 (fast preset on lego, 800x800: 9 s for 5000 steps).
+# GPU: the CUDA rasterizer on an H200 (lego, 800x800: 21.5 s for 12k steps, 12.0 s for 7000).
 STEP_SECONDS = {CPU: (0.05, 4.5e-6), GPU: (0.0005, 2.0e-9)}
 
 
