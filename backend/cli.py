@@ -8,6 +8,7 @@ from dataclasses import fields
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.schema import Float, Str
 from blender_addon.core.settings import TRAINING
+from .bench import BENCHMARKS
 from .data import parse_background
 
 
@@ -31,9 +32,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     p.add_argument("--init", default=None, metavar="FILE",
                    help="start from the Gaussians of a splat file (.ply, .compressed.ply, .spz or .splat)")
+    p.add_argument("--dynamic", action="store_true",
+                   help="train a 4D model of moving Gaussians (OUT/splats4d.pt) even when the frames have no "
+                   "'time'; frames with times always train one")
 
     p = sub.add_parser("render", help="render a splat file through the cameras of a transforms file")
-    p.add_argument("splats", help="splat file: 3DGS PLY, compressed PLY, SPZ or .splat")
+    p.add_argument("splats", help="splat file: 3DGS PLY, compressed PLY, SPZ or .splat; or a 4D model (splats4d.pt)")
+    p.add_argument("--time", type=unit_interval, default=None,
+                   help="time in [0, 1] over the captured frames at which to render a 4D model (default: 0)")
     p.add_argument("--cameras", required=True, help="transforms*.json (or a COLMAP capture folder) with the cameras")
     p.add_argument("--out", required=True, help="output folder for the PNGs")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -67,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument(Limits.flag(limit.name), type=positive_int, default=limit.default, metavar="N",
                        help=f"most {limit.metadata['help']} (default: {limit.default:,})")
 
-    p = sub.add_parser("bench", help="benchmarks (raster, train, serve, profile, viewport, defaults, cpu)", add_help=False)
+    p = sub.add_parser("bench", help=f"benchmarks ({', '.join(BENCHMARKS)})", add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)
 
     args = parser.parse_args(argv)
@@ -109,6 +115,16 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
         else:
             p.add_argument(*flags, dest=name, default=field.default, type=setting_parser(name, field.kind),
                            help=f"{field.help} (default: {field.default})" if field.default is not None else field.help)
+
+
+def unit_interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{value} is not in [0, 1]")
+    return value
 
 
 def positive_int(text: str) -> int:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -10,10 +11,9 @@ import torch
 from PIL import Image
 
 from blender_addon.core.errors import SplatwrightError
-from blender_addon.core.points import POINTS_FILE, read_points
 from blender_addon.core.settings import TRAINING
-from .data import Dataset, load_cameras, load_split, parse_background
-from . import colmap
+from .data import Dataset, load_cameras, load_split, parse_background, scene_point_cloud
+from .dynamic import DYNAMIC_FILE, DynamicGaussians, read_dynamic, write_dynamic
 from .formats import read_any, with_sh_degree
 from .gaussians import Gaussians
 from .ply import write_ply
@@ -25,8 +25,9 @@ from .train import TrainConfig, Trainer, evaluate, load_latest_checkpoint, previ
 
 def training_config(args, device: str, rasterizer: str) -> TrainConfig:
     """The configuration of the training settings the CLI was given (cli.add_training_arguments)."""
-    return make_config(device, rasterizer, {name: getattr(args, name) for name in TRAINING.fields
-                                            if name != "progress_interval"})
+    cfg = make_config(device, rasterizer, {name: getattr(args, name) for name in TRAINING.fields
+                                           if name != "progress_interval"})
+    return replace(cfg, dynamic=args.dynamic)
 
 
 def run_training(trainer: Trainer, checkpoint: Path | None, checkpoint_every: int,
@@ -92,17 +93,12 @@ def output_folder(path: str) -> Path:
 
 
 def scene_points(folder: str | Path, cfg: TrainConfig, device: str) -> Gaussians | None:
-    """Initial Gaussians on the scene's points3d.ply (a capture's surface points) or else its COLMAP model's
-    points, if it has them, else None: random ones inside the cameras' view."""
-    path, model = Path(folder) / POINTS_FILE, colmap.find_model(folder)
-    if path.is_file():
-        xyz, rgb = read_points(path)
-    elif model is not None:
-        path, (xyz, rgb) = model, colmap.read_points(folder)
-    else:
+    """Initial Gaussians on the scene's own points (data.scene_point_cloud), if it has them, else None: random
+    ones inside the cameras' view."""
+    points = scene_point_cloud(folder)
+    if points is None:
         return None
-    if not len(xyz):
-        return None
+    path, xyz, rgb = points
     print(f"starting from the {len(xyz)} points of {path}", file=sys.stderr)
     return Gaussians.from_point_cloud(xyz, rgb, cfg.sh_degree, device)
 
@@ -115,8 +111,11 @@ def init_gaussians(path: str, cfg: TrainConfig) -> Gaussians:
 
 
 def finish(trainer: Trainer, eval_set: Dataset, out: Path, device: str, **extra) -> dict:
-    """Write splats.ply and metrics.json (with `extra` fields) for a finished run; returns the metrics."""
-    write_ply(out / "splats.ply", trainer.g)
+    """Write splats.ply and metrics.json (with `extra` fields) for a finished run, and a 4D model's
+    splats4d.pt (then splats.ply holds its time 0); returns the metrics."""
+    if trainer.dynamic:
+        write_dynamic(out / DYNAMIC_FILE, trainer.g)
+    write_ply(out / "splats.ply", trainer.g.at(0.0))
     scores = evaluate(trainer.g, eval_set, trainer.sh_degree, trainer.cfg.background, trainer.cfg.rasterizer)
     metrics = {**scores, "iterations": trainer.step, "train_seconds": round(trainer.train_seconds, 3),
                "gaussians": len(trainer.g), "device": device_name(device), **extra}
@@ -129,9 +128,18 @@ def save_png(path: Path, image: torch.Tensor) -> None:
     Image.fromarray(array).save(path)
 
 
+def read_model(path: str) -> Gaussians:
+    """The model of a splat file, or the 4D model of a splats4d.pt (any *.pt) file."""
+    return read_dynamic(path) if Path(path).suffix == ".pt" else read_any(path)
+
+
 def render_views(args) -> int:
     device, rasterizer = resolve_device(args.device)
-    g = read_any(args.splats).to(device)
+    g = read_model(args.splats).to(device)
+    if args.time is not None and not isinstance(g, DynamicGaussians):
+        raise SplatwrightError(f"--time: {args.splats} is a static model, the same at every time; give a 4D model "
+                               f"({DYNAMIC_FILE} from training on views with times)")
+    g = g.at(args.time or 0.0)
     cameras, names = load_cameras(args.cameras, args.downscale)
     out = output_folder(args.out)
     background = parse_background(args.background)

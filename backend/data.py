@@ -13,6 +13,7 @@ from PIL import Image
 from blender_addon.core.cameras import Camera, from_blender_c2w, intrinsics, intrinsics_from_fov_x
 from blender_addon.core.codecs import MAX_IMAGE_SIDE
 from blender_addon.core.errors import SplatwrightError
+from blender_addon.core.points import POINTS_FILE, read_points
 
 
 @dataclass
@@ -20,12 +21,17 @@ class Dataset:
     cameras: list[Camera]
     images: torch.Tensor  # (N, H, W, 3) float32 in [0, 1], composited over the background
     names: list[str]
+    times: list[float] | None = None  # per view, in [0, 1] over the captured frames; None: a static scene
 
     def __len__(self) -> int:
         return len(self.cameras)
 
+    def time(self, i: int) -> float:
+        """The time of view i (0 in a static scene)."""
+        return self.times[i] if self.times is not None else 0.0
+
     def to(self, device) -> "Dataset":
-        return Dataset(self.cameras, self.images.to(device), self.names)
+        return Dataset(self.cameras, self.images.to(device), self.names, self.times)
 
 
 # NeRF-synthetic lego where the project's shared data sits beside the checkout: the demo's fallback scene and
@@ -60,6 +66,20 @@ def transforms_path(root: str | Path, split: str) -> Path | None:
     return None
 
 
+def scene_point_cloud(root: str | Path) -> tuple[Path, np.ndarray, np.ndarray] | None:
+    """The scene's own points, if it has any: its points3d.ply (a capture's surface points), else its COLMAP
+    model's; (where they come from, positions (N, 3), uint8 colours (N, 3)), or None."""
+    from . import colmap  # it builds on this module
+    path, model = Path(root) / POINTS_FILE, colmap.find_model(root)
+    if path.is_file():
+        xyz, rgb = read_points(path)
+    elif model is not None:
+        path, (xyz, rgb) = model, colmap.read_points(root)
+    else:
+        return None
+    return (path, xyz, rgb) if len(xyz) else None
+
+
 def load_split(root: str | Path, split: str, background=(1.0, 1.0, 1.0), downscale: float = 1.0) -> Dataset | None:
     """Load one split, or None if the scene has no file for it (only 'train' is required). A folder without
     transforms files but with a COLMAP model (sparse/0) is a COLMAP capture (backend.colmap)."""
@@ -80,12 +100,13 @@ def load_transforms(path: Path, background=(1.0, 1.0, 1.0), downscale: float = 1
     frames = meta["frames"]
     _check_downscale(downscale)
 
-    cameras, images, names = [], [], []
+    cameras, images, names, times = [], [], [], []
     size = None
     bg = np.asarray(background, dtype=np.float32)
     for i, frame in enumerate(frames):
         what = f"{path.name} frame {i}"
         _check_frame(frame, what)
+        times.append(_frame_time(frame, what))
         image_path = _find_image(path.parent, frame.get("file_path"), what)
         rgb = load_rgb(image_path, bg)
         h, w = rgb.shape[:2]
@@ -102,7 +123,7 @@ def load_transforms(path: Path, background=(1.0, 1.0, 1.0), downscale: float = 1
         cameras.append(cam)
         images.append(torch.from_numpy(np.ascontiguousarray(rgb)))
         names.append(Path(str(frame.get("file_path"))).name)
-    return Dataset(cameras, torch.stack(images), names)
+    return Dataset(cameras, torch.stack(images), names, _scene_times(times, path))
 
 
 def load_cameras(path: str | Path, downscale: float = 1.0) -> tuple[list[Camera], list[str]]:
@@ -162,6 +183,27 @@ def _pixels(value, key: str, what: str) -> int:
 def _check_frame(frame, what: str) -> None:
     if not isinstance(frame, dict):
         raise SplatwrightError(f"{what}: a frame must be a JSON object, got {type(frame).__name__}")
+
+
+def _frame_time(frame: dict, what: str) -> float | None:
+    """The frame's D-NeRF `time` in [0, 1], or None where it has none."""
+    value = frame.get("time")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise SplatwrightError(f"{what}: time must be a number in [0, 1] (the D-NeRF convention), got {value!r}")
+    return float(value)
+
+
+def _scene_times(times: list[float | None], path: Path) -> list[float] | None:
+    """The views' times: None when no frame has one; every frame needs one when some do."""
+    missing = [i for i, t in enumerate(times) if t is None]
+    if len(missing) == len(times):
+        return None
+    if missing:
+        raise SplatwrightError(f"{path.name}: frame {missing[0]} has no time but other frames do; give every "
+                               "frame a time in [0, 1], or none")
+    return times
 
 
 def _frame_camera(meta: dict, frame: dict, w: int, h: int, what: str) -> Camera:

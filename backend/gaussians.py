@@ -60,10 +60,15 @@ class Gaussians:
         return torch.cat([self.sh_dc, self.sh_rest], dim=1)
 
     def to(self, device=None, dtype=None) -> "Gaussians":
-        return Gaussians(**{k: v.to(device=device, dtype=dtype) for k, v in self.tensors().items()})
+        return type(self)(**{k: v.to(device=device, dtype=dtype) for k, v in self.tensors().items()})
 
     def detached(self) -> "Gaussians":
-        return Gaussians(**{k: v.detach().clone() for k, v in self.tensors().items()})
+        return type(self)(**{k: v.detach().clone() for k, v in self.tensors().items()})
+
+    def at(self, time: float) -> "Gaussians":
+        """The Gaussians at `time` (normalised to [0, 1]): a static model is the same at every time
+        (backend.dynamic's model moves)."""
+        return self
 
     def requires_grad_(self) -> "Gaussians":
         for v in self.tensors().values():
@@ -106,6 +111,14 @@ class Gaussians:
         points = center + half_extent * (2 * torch.rand(n, 3, generator=gen) - 1)
         colors = torch.rand(n, 3, generator=gen)
         return cls.from_points(points, colors, sh_degree)
+
+
+def quat_multiply(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Hamilton product a b of quaternions (..., 4) in (w, x, y, z) order: b's rotation, then a's."""
+    aw, av = a[..., :1], a[..., 1:]
+    bw, bv = b[..., :1], b[..., 1:]
+    w = aw * bw - (av * bv).sum(dim=-1, keepdim=True)
+    return torch.cat([w, aw * bv + bw * av + torch.linalg.cross(av, bv, dim=-1)], dim=-1)
 
 
 def _nearest_neighbour_distance(points: torch.Tensor, k: int = 3, cancelled: Cancelled | None = None,

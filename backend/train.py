@@ -13,6 +13,7 @@ from blender_addon.core.files import replacing
 from blender_addon.core.cameras import Camera
 from .data import Dataset, camera_extent, scene_bounds
 from .distributed import SINGLE, Group
+from .dynamic import DynamicGaussians, gaussians_from_tensors
 from .gaussians import Gaussians
 from .metrics import photometric_loss, psnr, ssim
 from .optim import Adam
@@ -24,7 +25,8 @@ CHECKPOINT_FORMAT = 2
 
 @dataclass
 class LearningRates:
-    """The standard 3DGS rates; the means' rate is scaled by the scene extent and decays exponentially."""
+    """The standard 3DGS rates, and a 4D model's for its motion (backend.dynamic). The rates of positions
+    (means, velocities, accelerations) are scaled by the scene extent and decay exponentially together."""
     means: float = 1.6e-4
     means_final: float = 1.6e-6
     log_scales: float = 5e-3
@@ -32,6 +34,14 @@ class LearningRates:
     opacity_logits: float = 5e-2
     sh_dc: float = 2.5e-3
     sh_rest: float = 2.5e-3 / 20
+    velocities: float = 1.6e-3
+    accelerations: float = 1.6e-3
+    angular_velocities: float = 5e-3
+    time_centers: float = 1e-3
+    time_precisions: float = 0.2
+
+
+POSITION_RATES = ("means", "velocities", "accelerations")  # scaled by the extent, decaying like the means'
 
 
 @dataclass
@@ -46,6 +56,7 @@ class TrainConfig:
     seed: int = 0
     log_every: int = 50  # steps between loss read-backs (each is a host synchronisation)
     batch_views: int = 1  # views per step, shared out among a distributed group's processes
+    dynamic: bool = False  # train a 4D model (backend.dynamic) even when the views have no times
     lr: LearningRates = field(default_factory=LearningRates)
     densify: DensifyConfig = field(default_factory=DensifyConfig)
 
@@ -59,16 +70,22 @@ class TrainConfig:
 
 
 def evaluate(g: Gaussians, data: Dataset, sh_degree: int, background, rasterizer: str) -> dict[str, float]:
-    """Mean PSNR and SSIM of our renders over a dataset's views."""
-    return score(lambda cam: render(g, cam, sh_degree, background, rasterizer).image, data)
+    """Mean PSNR and SSIM of our renders over a dataset's views, each at its time."""
+    return mean_scores((render(g.at(data.time(i)), cam, sh_degree, background, rasterizer).image
+                        for i, cam in enumerate(data.cameras)), data.images)
 
 
 def score(render_view, data: Dataset) -> dict[str, float]:
     """Mean PSNR and SSIM over a dataset's views of render_view(camera) -> (H, W, 3) image."""
+    return mean_scores((render_view(cam) for cam in data.cameras), data.images)
+
+
+def mean_scores(images, targets: torch.Tensor) -> dict[str, float]:
+    """Mean PSNR and SSIM of (H, W, 3) images (an iterable, drawn without autograd) against targets."""
     psnrs, ssims = [], []
     with torch.no_grad():
-        for cam, gt in zip(data.cameras, data.images):
-            img = render_view(cam).clamp(0, 1)
+        for img, gt in zip(images, targets):
+            img = img.clamp(0, 1)
             gt = gt.to(img.device)
             psnrs.append(psnr(img, gt))
             ssims.append(float(ssim(img, gt)))
@@ -89,7 +106,12 @@ class Trainer:
         if gaussians is None:
             center, half = scene_bounds(data.cameras)
             gaussians = Gaussians.random_in_box(cfg.init_points, center, half, cfg.sh_degree, cfg.seed)
+        if (cfg.dynamic or data.times is not None) and not isinstance(gaussians, DynamicGaussians):
+            gaussians = DynamicGaussians.from_static(gaussians)
         self.g = gaussians.to(self.device).requires_grad_()
+        self.initial_rates = asdict(cfg.lr)
+        for name in POSITION_RATES:
+            self.initial_rates[name] *= self.extent
         self.optimizer = self._make_optimizer()
         self.strategy = DefaultStrategy(cfg.densify, self.extent)
         # On the CPU, so drawing a view or split noise never waits for the GPU.
@@ -101,9 +123,8 @@ class Trainer:
         self.last = {"loss": math.nan, "psnr": math.nan}
 
     def _make_optimizer(self) -> Adam:
-        lr = asdict(self.cfg.lr)
-        lr["means"] *= self.extent
-        return Adam([{"params": [t], "lr": lr[name], "name": name} for name, t in self.g.tensors().items()])
+        return Adam([{"params": [t], "lr": self.initial_rates[name], "name": name}
+                     for name, t in self.g.tensors().items()])
 
     @property
     def sh_degree(self) -> int:
@@ -114,15 +135,24 @@ class Trainer:
         a, b = self.cfg.lr.means * self.extent, self.cfg.lr.means_final * self.extent
         return math.exp(math.log(a) * (1 - t) + math.log(b) * t)
 
+    @property
+    def dynamic(self) -> bool:
+        """Whether the model is 4D (backend.dynamic)."""
+        return isinstance(self.g, DynamicGaussians)
+
     def train_step(self) -> None:
         start = time.perf_counter()
+        means_lr = self._means_lr()
         for group in self.optimizer.param_groups:
             if group["name"] == "means":
-                group["lr"] = self._means_lr()
+                group["lr"] = means_lr
+            elif group["name"] in POSITION_RATES:
+                group["lr"] = self.initial_rates[group["name"]] * means_lr / self.initial_rates["means"]
         batch = torch.randint(len(self.data), (self.cfg.batch_views,), generator=self.generator).tolist()
         for k, i in enumerate(self.group.share(batch)):
             cam, gt = self.data.cameras[i], self.data.images[i]
-            out = render(self.g, cam, self.sh_degree, self.background, self.cfg.rasterizer, self.views[i])
+            out = render(self.g.at(self.data.time(i)), cam, self.sh_degree, self.background, self.cfg.rasterizer,
+                         self.views[i])
             loss = photometric_loss(out.image, gt, self.cfg.ssim_weight)
             loss.backward()
             self.strategy.accumulate(self.step + 1, out, cam.width, cam.height, len(self.g))
@@ -138,6 +168,8 @@ class Trainer:
             self.last = {"loss": loss_value, "psnr": psnr(image, gt)}
         self.strategy.refine(self.step, self.g, self.optimizer, self.generator, self.group)
         self.optimizer.step()
+        if self.dynamic:
+            self.g.keep_valid_()
         self.optimizer.zero_grad(set_to_none=True)
         if self.device.type == "cuda" and self.step % self.cfg.log_every == 0:
             torch.cuda.synchronize(self.device)
@@ -151,11 +183,13 @@ class Trainer:
             for grad in grads:
                 grad /= self.cfg.batch_views
 
-    def add_view(self, camera: Camera, image: torch.Tensor, name: str) -> None:
-        """Append a view (image (H, W, 3) in [0, 1], the size of the others) that later steps draw from too.
-        The scene extent, and with it the learning rates, stays that of the views training started with."""
+    def add_view(self, camera: Camera, image: torch.Tensor, name: str, view_time: float = 0.0) -> None:
+        """Append a view (image (H, W, 3) in [0, 1], the size of the others; seen at `view_time` where the views
+        have times) that later steps draw from too. The scene extent, and with it the learning rates, stays
+        that of the views training started with."""
         images = torch.cat([self.data.images, image[None].to(self.data.images)])
-        self.data = Dataset(self.data.cameras + [camera], images, self.data.names + [name])
+        times = self.data.times + [view_time] if self.data.times is not None else None
+        self.data = Dataset(self.data.cameras + [camera], images, self.data.names + [name], times)
         self.views.append(camera_tensors(camera, self.device))
 
     # Checkpoints hold everything needed to continue exactly: parameters, optimizer moments,
@@ -176,7 +210,11 @@ class Trainer:
     def from_checkpoint(cls, data: Dataset, state: dict, device, cfg: TrainConfig | None = None) -> "Trainer":
         """A trainer continuing a checkpoint (load_checkpoint), with the checkpoint's config or `cfg`."""
         cfg = cfg or TrainConfig.from_dict(state["config"])
-        trainer = cls(data, cfg, device, Gaussians(**state["gaussians"]))
+        gaussians = gaussians_from_tensors(state["gaussians"])
+        trainer = cls(data, cfg, device, gaussians)
+        if trainer.dynamic != isinstance(gaussians, DynamicGaussians):
+            raise SplatwrightError("the checkpoint holds a static model, but these views have times (or the "
+                                   "configuration says dynamic); train the 4D model from scratch (without --resume)")
         trainer.optimizer.load_state_dict(state["optimizer"])
         trainer.strategy.load_state_dict(state["strategy"], trainer.device)
         trainer.generator.set_state(state["generator"])

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data import LEGO, Dataset, load_split, scene_bounds
+from ..data import LEGO, Dataset, load_split, parse_background, scene_bounds, scene_point_cloud
 from ..policy import PRESETS
 from ..gaussians import Gaussians
 from ..metrics import photometric_loss
@@ -38,6 +38,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--peer-steps", type=int, default=None,
                    help="the peer's step count (default: 7000 against the fast preset, else 30000, simple_trainer's "
                         "evaluation points)")
+    p.add_argument("--background", type=parse_background, default=None,
+                   help="white, black or r,g,b: what both trainers composite over (default: the preset's, white)")
     p.add_argument("--resume-check", action="store_true",
                    help="also train ours stopped halfway, checkpointed and resumed, and compare the two")
     args = p.parse_args(argv)
@@ -47,10 +49,16 @@ def main(argv: list[str]) -> int:
     cfg = replace(PRESETS[args.preset], rasterizer="cuda")
     if args.iters:
         cfg = replace(cfg, iterations=args.iters)
+    if args.background:
+        cfg = replace(cfg, background=args.background)
     train_set = load_split(args.data, "train", cfg.background).to("cuda")
     test_set = load_split(args.data, "test", cfg.background).to("cuda")
-    center, half = scene_bounds(train_set.cameras)
-    init = Gaussians.random_in_box(cfg.init_points, center, half, cfg.sh_degree, cfg.seed)
+    points = scene_point_cloud(args.data)  # a scene with SfM or surface points starts both trainers on them
+    if points is None:
+        center, half = scene_bounds(train_set.cameras)
+        init = Gaussians.random_in_box(cfg.init_points, center, half, cfg.sh_degree, cfg.seed)
+    else:
+        init = Gaussians.from_point_cloud(points[1], points[2], cfg.sh_degree, "cuda")
 
     rows = {"splatwright": run_ours(train_set, test_set, cfg, init)}
     if args.resume_check:
@@ -64,8 +72,9 @@ def main(argv: list[str]) -> int:
     for opacity_reset in variants:
         import gsplat
         name = f"gsplat {gsplat.__version__} simple_trainer" + (" + opacity reset" if opacity_reset else "")
-        rows[name] = run_gsplat(train_set, test_set, peer_steps, cfg.background, cfg.seed, opacity_reset)
-    report(rows, cfg, args.preset, Path(args.data).resolve().name)
+        rows[name] = run_gsplat(train_set, test_set, peer_steps, cfg.background, cfg.seed, opacity_reset,
+                                points and points[1:])
+    report(rows, cfg, args.preset, Path(args.data).resolve().name, sfm=points is not None)
     return 0
 
 
@@ -101,41 +110,46 @@ def run_ours(train_set: Dataset, test_set: Dataset, cfg: TrainConfig, init: Gaus
     return {"steps": trainer.step, "seconds": seconds, **scores, "gaussians": len(trainer.g), "peak_bytes": peak}
 
 
-# gsplat 1.5.3's examples/simple_trainer.py, as its users run it on a scene without SfM points (init_type
-# "random"): its Config defaults. Steps: its two evaluation points, 7k against our fast preset, 30k otherwise.
+# gsplat 1.5.3's examples/simple_trainer.py as its users run it: init_type "sfm" on a scene with points (COLMAP's,
+# or a capture's), else "random"; its Config defaults. Steps: its two evaluation points, 7k against our fast preset, 30k otherwise.
 SIMPLE_TRAINER = {"init_num_pts": 100_000, "init_extent": 3.0, "init_opa": 0.1, "means_lr": 1.6e-4,
                   "scales_lr": 5e-3, "opacities_lr": 5e-2, "quats_lr": 1e-3, "sh0_lr": 2.5e-3, "shN_lr": 2.5e-3 / 20,
                   "sh_degree": 3, "sh_degree_interval": 1000, "ssim_lambda": 0.2, "means_lr_final_ratio": 0.01}
 PEER_STEPS = {"fast": 7_000}
 PEER_DEFAULT_STEPS = 30_000
+PEER_RANDOM_INIT = ("random init in a world-axis cube (simple_trainer's cube is in its normalised frame, rotated "
+                    "to the cameras' mean up); ")
 PEER_DEVIATIONS = (
-    "random init in a world-axis cube (simple_trainer's cube is in its normalised frame, rotated to the cameras' "
-    "mean up); images composited over the dataset's background and rendered with that background "
+    "images composited over the dataset's background and rendered with that background "
     "(simple_trainer reads COLMAP photos, which have no alpha); our SSIM in the loss (simple_trainer: fused_ssim)")
 
 
-def simple_trainer_init(cameras, seed: int) -> tuple[Gaussians, float]:
-    """simple_trainer's random initialisation and scene scale: its parser centres the world on the median of
-    each camera's forward ray's nearest point to the origin and its scale is 1.1 x the largest distance of a
-    camera from their mean; points fill a cube of half-size init_extent x scale, with random colours, random
-    (unnormalised) quaternions, opacity 0.1 and scales from the three nearest neighbours."""
+def simple_trainer_init(cameras, seed: int, points=None) -> tuple[Gaussians, float]:
+    """simple_trainer's initialisation and scene scale: its parser centres the world on the median of each
+    camera's forward ray's nearest point to the origin and its scale is 1.1 x the largest distance of a camera
+    from their mean; the Gaussians sit on `points` ((N, 3) positions, (N, 3) uint8 colours) where given, else
+    fill a cube of half-size init_extent x scale with random colours; random (unnormalised) quaternions,
+    opacity 0.1 and scales from the three nearest neighbours."""
     positions = np.stack([c.position for c in cameras])
     forwards = np.stack([c.c2w[:3, 2] for c in cameras])
     nearest = positions - (positions * forwards).sum(1, keepdims=True) * forwards
     center = np.median(nearest, axis=0)
     scene_scale = 1.1 * float(np.linalg.norm(positions - positions.mean(0), axis=1).max())
     gen = torch.Generator().manual_seed(seed)
-    n = SIMPLE_TRAINER["init_num_pts"]
-    half = SIMPLE_TRAINER["init_extent"] * scene_scale
-    points = torch.as_tensor(center, dtype=torch.float32) + half * (torch.rand(n, 3, generator=gen) * 2 - 1)
-    g = Gaussians.from_points(points.cuda(), torch.rand(n, 3, generator=gen).cuda(), SIMPLE_TRAINER["sh_degree"],
-                              opacity=SIMPLE_TRAINER["init_opa"])
-    g.quats = torch.rand(n, 4, generator=gen).cuda()
+    if points is None:
+        n = SIMPLE_TRAINER["init_num_pts"]
+        half = SIMPLE_TRAINER["init_extent"] * scene_scale
+        xyz = torch.as_tensor(center, dtype=torch.float32) + half * (torch.rand(n, 3, generator=gen) * 2 - 1)
+        rgb = torch.rand(n, 3, generator=gen)
+    else:
+        xyz, rgb = torch.as_tensor(points[0], dtype=torch.float32), torch.as_tensor(points[1]).float() / 255.0
+    g = Gaussians.from_points(xyz.cuda(), rgb.cuda(), SIMPLE_TRAINER["sh_degree"], opacity=SIMPLE_TRAINER["init_opa"])
+    g.quats = torch.rand(len(g), 4, generator=gen).cuda()
     return g, scene_scale
 
 
 def run_gsplat(train_set: Dataset, test_set: Dataset, steps: int, background, seed: int,
-               opacity_reset: bool = False) -> dict:
+               opacity_reset: bool = False, points=None) -> dict:
     """gsplat's simple_trainer loop with its defaults (SIMPLE_TRAINER, DefaultStrategy as constructed there),
     on our data: shuffled epochs of one view a step, SH degree growing every 1000 steps, means' learning rate
     decaying to 1% over the run. With `opacity_reset` the loop also resets opacities at the strategy's
@@ -145,7 +159,7 @@ def run_gsplat(train_set: Dataset, test_set: Dataset, steps: int, background, se
     from gsplat.strategy.ops import reset_opa
 
     st = SIMPLE_TRAINER
-    g, scene_scale = simple_trainer_init(train_set.cameras, seed)
+    g, scene_scale = simple_trainer_init(train_set.cameras, seed, points)
     params = torch.nn.ParameterDict({
         "means": g.means, "scales": g.log_scales, "quats": g.quats, "opacities": g.opacity_logits,
         "sh0": g.sh_dc, "shN": g.sh_rest})
@@ -196,7 +210,7 @@ def run_gsplat(train_set: Dataset, test_set: Dataset, steps: int, background, se
     return {"steps": steps, "seconds": seconds, **scores, "gaussians": len(params["means"]), "peak_bytes": peak}
 
 
-def report(rows: dict, cfg: TrainConfig, preset: str, scene: str) -> None:
+def report(rows: dict, cfg: TrainConfig, preset: str, scene: str, sfm: bool = False) -> None:
     commit = git_commit()
     header = (f"{scene}, preset {preset} ({cfg.iterations} steps), {torch.cuda.get_device_name()}, "
               f"commit {commit}, {datetime.now(timezone.utc):%Y-%m-%d}")
@@ -210,8 +224,9 @@ def report(rows: dict, cfg: TrainConfig, preset: str, scene: str) -> None:
             lines.append(f"\nours/{name}: time {ours['seconds'] / r['seconds']:.2f}, "
                          f"PSNR {ours['psnr'] - r['psnr']:+.2f} dB, memory {ours['peak_bytes'] / r['peak_bytes']:.2f}")
             if name == next(n for n in rows if n.startswith("gsplat")):
-                lines.append(f"Peer: {name}, {r['steps']} steps, simple_trainer's defaults; deviations: "
-                             f"{PEER_DEVIATIONS}.")
+                init = "init_type sfm (both trainers start on the scene's points)" if sfm else "init_type random"
+                lines.append(f"Peer: {name}, {r['steps']} steps, simple_trainer's defaults, {init}; deviations: "
+                             f"{'' if sfm else PEER_RANDOM_INIT}{PEER_DEVIATIONS}.")
         elif name != "splatwright":
             lines.append(f"\n{name} vs uninterrupted: PSNR {r['psnr'] - ours['psnr']:+.3f} dB")
     text = "\n".join(lines)

@@ -1,0 +1,111 @@
+"""Dynamic (4D) Gaussians: the static 3DGS parameters plus an explicit dependence on time.
+
+Each Gaussian moves along a quadratic trajectory about its time centre, turns at a constant angular velocity,
+and is seen during a window of time (a Gaussian in t around the centre, as spacetime Gaussians are). `at(t)`
+gives plain Gaussians at time t through differentiable torch operations, so either rasterizer renders them
+unchanged and autograd carries the gradients back to the motion. Time is normalised to [0, 1] over the
+captured frames (the D-NeRF `time`). Without motion and with an endless window (how `from_static` makes
+them) the Gaussians are their static part at every time.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from blender_addon.core.errors import SplatwrightError
+from blender_addon.core.files import replacing
+from .gaussians import Gaussians, quat_multiply
+
+DYNAMIC_FILE = "splats4d.pt"  # a trained 4D model, beside the splats.ply of its first frame
+_FILE_TAG = "splatwright-4d-gaussians"
+_FILE_VERSION = 1
+
+
+@dataclass
+class DynamicGaussians(Gaussians):
+    """Gaussians whose means, rotations and opacities change with time; every field is one optimizer group."""
+
+    velocities: torch.Tensor  # (N, 3) world units per unit of time, at the time centre
+    accelerations: torch.Tensor  # (N, 3): means(t) = means + velocities dt + accelerations dt^2 / 2
+    angular_velocities: torch.Tensor  # (N, 3) world-frame rotation vector (radians) per unit of time
+    time_centers: torch.Tensor  # (N,) when the Gaussian has its means, quats and full opacity
+    time_precisions: torch.Tensor  # (N,) 1 / width^2 of its window in time, >= 0; 0: seen at every time
+
+    @classmethod
+    def from_static(cls, g: Gaussians, time_center: float = 0.5) -> "DynamicGaussians":
+        """`g` (its static part, if it is dynamic already) without motion, seen at every time."""
+        static = {name: getattr(g, name) for name in Gaussians.names()}
+        like = g.means
+        vectors = [torch.zeros_like(like) for _ in range(3)]
+        return cls(**static, velocities=vectors[0], accelerations=vectors[1], angular_velocities=vectors[2],
+                   time_centers=torch.full_like(like[:, 0], time_center),
+                   time_precisions=torch.zeros_like(like[:, 0]))
+
+    def at(self, time: float) -> Gaussians:
+        dt = time - self.time_centers
+        means = self.means + self.velocities * dt[:, None] + 0.5 * self.accelerations * (dt * dt)[:, None]
+        quats = quat_multiply(rotvec_to_quat(self.angular_velocities * dt[:, None]), self.quats)
+        log_visibility = -0.5 * self.time_precisions * dt * dt
+        return Gaussians(means=means, log_scales=self.log_scales, quats=quats,
+                         opacity_logits=scaled_logits(self.opacity_logits, log_visibility),
+                         sh_dc=self.sh_dc, sh_rest=self.sh_rest)
+
+    def keep_valid_(self) -> None:
+        """After an optimizer step: windows keep a precision >= 0 (a negative one would make a Gaussian more
+        opaque away from its time centre than at it)."""
+        with torch.no_grad():
+            self.time_precisions.clamp_(min=0.0)
+
+
+def rotvec_to_quat(rotvec: torch.Tensor) -> torch.Tensor:
+    """Unit quaternions (w, x, y, z) of rotation vectors (..., 3): angle |v| about v / |v|; exactly
+    (1, 0, 0, 0) for a zero vector, with finite gradients there."""
+    half = 0.5 * torch.linalg.vector_norm(rotvec, dim=-1, keepdim=True)
+    return torch.cat([torch.cos(half), 0.5 * rotvec * torch.sinc(half / math.pi)], dim=-1)  # sinc(x) = sin(pi x)/(pi x)
+
+
+def scaled_logits(logits: torch.Tensor, log_factor: torch.Tensor) -> torch.Tensor:
+    """logit(sigmoid(logits) * exp(log_factor)) for log_factor <= 0, stable at both ends and exactly
+    `logits` where log_factor is 0. With s = sigmoid(x), f = exp(l): logit(s f) = x + l - log(1 + e^x (1 - f))."""
+    odds = torch.exp(logits.clamp_max(60.0))  # e^x overflows float32 past 88; a logit of 60 is an opacity of 1
+    return logits + log_factor - torch.log1p(-odds * torch.expm1(log_factor))
+
+
+def gaussians_from_tensors(tensors: dict[str, torch.Tensor]) -> Gaussians:
+    """Static or dynamic Gaussians, as the parameter tensors (a checkpoint's, by name) say."""
+    cls = DynamicGaussians if "velocities" in tensors else Gaussians
+    if set(tensors) != set(cls.names()):
+        raise SplatwrightError(f"the model's parameters are {sorted(tensors)}, expected {cls.names()}")
+    return cls(**tensors)
+
+
+def write_dynamic(path: str | Path, g: DynamicGaussians) -> None:
+    """Write a 4D model (every parameter tensor, by name) to a torch file that read_dynamic reads."""
+    state = {"format": _FILE_TAG, "version": _FILE_VERSION,
+             "tensors": {name: t.detach().cpu() for name, t in g.tensors().items()}}
+    try:
+        with replacing(path) as tmp, open(tmp, "wb") as f:
+            torch.save(state, f)
+    except OSError as e:
+        raise SplatwrightError(f"cannot write the 4D model {Path(path).name} ({e.strerror or e})") from None
+
+
+def read_dynamic(path: str | Path) -> DynamicGaussians:
+    """The 4D model write_dynamic wrote to `path`."""
+    name = Path(path).name
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises assorted types for truncated or foreign files
+        raise SplatwrightError(f"{name}: cannot read a 4D model ({e})") from None
+    if not isinstance(state, dict) or state.get("format") != _FILE_TAG:
+        raise SplatwrightError(f"{name}: not a Splatwright 4D model (training on timed views writes {DYNAMIC_FILE})")
+    if state.get("version") != _FILE_VERSION:
+        raise SplatwrightError(f"{name}: 4D model version {state.get('version')}, but this version reads "
+                               f"{_FILE_VERSION}")
+    g = gaussians_from_tensors(state["tensors"])
+    if not isinstance(g, DynamicGaussians):
+        raise SplatwrightError(f"{name}: the file holds no motion parameters")
+    return g
