@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 import traceback
+from collections import OrderedDict
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Callable
@@ -18,15 +19,19 @@ import torch
 from blender_addon.core import protocol
 from blender_addon.core.cameras import Camera
 from blender_addon.core.errors import SplatwrightError
+from blender_addon.core.protocol import placement_scale
 from blender_addon.core.settings import TRAINING
 from .frames import QueuedFrame, encode_frame, queue_frame, view_rgb
-from .gaussians import Gaussians
+from .dynamic import gaussians_from_tensors
+from .gaussians import Gaussians, quat_multiply
 from .formats import encode_any, format_for_path, notes, read_any
 from .ply import encode_ply
-from .policy import make_config, system_report
+from .policy import CHECKPOINT, make_config, system_report
 from .render import camera_tensors
 from .session import Session
-from .train import TrainConfig, Trainer
+from .train import TrainConfig, Trainer, load_latest_checkpoint
+
+SAVED_MODELS = 4  # sessions' saved models kept loaded for the requests that name them
 
 
 def log(message: str) -> None:
@@ -71,7 +76,58 @@ class RenderJob:
     depth: bool  # also send the depth plane
     done: Callable[[dict, bytes | memoryview], None]  # reply fields and payload
     fail: Callable[[str, str], None]  # error code and message
+    model: str | None = None  # a session whose saved model is drawn (protocol.MODEL_CHOICE); None: the shown one
+    crop: np.ndarray | None = None  # model space into the unit cube of the box the drawn Gaussians' centres are in
     seq: int = 0
+
+
+@dataclass(frozen=True)
+class Model:
+    """Gaussians to draw or export, with what they are drawn with."""
+    g: Gaussians
+    sh_degree: int
+    background: tuple
+    step: int
+    trained: bool = False  # the open session's trained model (not a viewed file or a saved model)
+
+
+class SavedModels:
+    """Sessions' last saved models (their checkpoints), loaded when a request first names them and kept for the
+    SAVED_MODELS sessions named last; a checkpoint written since is loaded again. They are never trained, so
+    whoever has one may read it without a lock."""
+
+    def __init__(self, workdir: Path, device: str, size: int = SAVED_MODELS):
+        self.workdir, self.device, self.size = workdir, device, size
+        self.lock = threading.Lock()
+        self.models: OrderedDict[str, tuple[tuple, Model]] = OrderedDict()  # session -> (file stamp, model)
+
+    def get(self, name: str) -> Model:
+        path = self.workdir / name / CHECKPOINT
+        try:
+            stat = path.stat()
+        except OSError:
+            what = "has no saved model yet; train it until it checkpoints" if (self.workdir / name).is_dir() \
+                else "does not exist in the backend's sessions folder"
+            raise SplatwrightError(f"session {name!r} {what}") from None
+        stamp = (stat.st_mtime_ns, stat.st_size)
+        with self.lock:
+            kept = self.models.get(name)
+            if kept is not None and kept[0] == stamp:
+                self.models.move_to_end(name)
+                return kept[1]
+        state, warning = load_latest_checkpoint(path)  # outside the lock: other sessions' models stay available
+        if warning:
+            log(f"session {name}: {warning}")
+        cfg, g = TrainConfig.from_dict(state["config"]), gaussians_from_tensors(state["gaussians"]).to(self.device)
+        # The SH degree its trainer renders with at that step (Trainer.sh_degree).
+        sh_degree = min(cfg.sh_degree, g.max_sh_degree, state["step"] // cfg.sh_interval)
+        model = Model(g, sh_degree, tuple(cfg.background), state["step"])
+        with self.lock:
+            self.models[name] = (stamp, model)
+            self.models.move_to_end(name)
+            while len(self.models) > self.size:
+                self.models.popitem(last=False)
+        return model
 
 
 class RenderQueue:
@@ -141,6 +197,7 @@ class Engine:
         self.run_checkpointed = False
         self.train_thread: threading.Thread | None = None
         self.renders = RenderQueue()
+        self.saved = SavedModels(workdir, device)
         self.render_thread = threading.Thread(target=self._render_loop, name="render", daemon=True)
         self.render_thread.start()
         self._capabilities: dict | None = None
@@ -460,14 +517,18 @@ class Engine:
 
     # ---- the displayed model: render, export, checkpoints, PLY ----
 
-    def _shown_model(self) -> tuple[Gaussians, int, tuple, int]:
-        """(Gaussians, SH degree, background, step) of what is displayed; call with model_lock held."""
+    def _live_model(self, name: str | None) -> Model | None:
+        """The model in memory a request for session `name`'s model (None: the shown one) gets: the open
+        session's trainer's when it names that session, else None (its saved model); call with model_lock held."""
+        t = self.trainer
+        if name is not None:
+            opened = self.session is not None and self.session.name == name and t is not None
+            return Model(t.g, t.sh_degree, t.cfg.background, t.step, True) if opened else None
         if self.viewed is not None:
             g, background = self.viewed
-            return g, g.max_sh_degree, background, 0
-        if self.trainer is not None:
-            t = self.trainer
-            return t.g, t.sh_degree, t.cfg.background, t.step
+            return Model(g, g.max_sh_degree, background, 0)
+        if t is not None:
+            return Model(t.g, t.sh_degree, t.cfg.background, t.step, True)
         raise SplatwrightError("nothing to render yet: start training, load_checkpoint or load_ply first")
 
     def _render_loop(self) -> None:
@@ -503,34 +564,51 @@ class Engine:
         frame is queued (stream order keeps later updates after its reads); on the CPU, where rendering is done
         there and then, the frame is drawn from a copy of the model, so training and requests go on meanwhile.
         The job is settled (training may take its next step) once the model is no longer needed."""
-        camera, format, depth = job.camera, job.format, job.depth
+        camera = job.camera
         # Before taking the lock: the copy to the device waits for the GPU work already queued (a training step).
         view = camera_tensors(camera, self.device)
+
+        def queued(model: Model) -> QueuedFrame:
+            return queue_frame(cropped(model.g, job.crop), camera, model.sh_degree, model.background,
+                               self.rasterizer, view, job.depth)
+        frame = None
         with torch.no_grad():
             with self.model_lock:
-                g, sh_degree, background, step = self._shown_model()
-                if self.device == "cuda":
-                    frame = queue_frame(g, camera, sh_degree, background, self.rasterizer, view, depth)
-                else:
-                    g = g.detached()
+                model = self._live_model(job.model)
+                if model is not None and self.device == "cuda":
+                    frame = queued(model)
+                elif model is not None:
+                    model = replace(model, g=model.g.detached())
             self.renders.settle(job)
-            if self.device != "cuda":
-                frame = queue_frame(g, camera, sh_degree, background, self.rasterizer, view, depth)
-        fields = {"width": camera.width, "height": camera.height, "format": format, "step": step,
-                  "sh_degree": sh_degree, "background": [float(c) for c in background]}
+            if model is None:  # a saved model, loaded here when it is not yet: training goes on meanwhile
+                model = self.saved.get(job.model)
+            if frame is None:
+                frame = queued(model)
+        fields = {"width": camera.width, "height": camera.height, "format": job.format, "step": model.step,
+                  "sh_degree": model.sh_degree, "background": [float(c) for c in model.background]}
         return fields, frame
 
-    def export_ply(self, name: str = "splats.ply") -> tuple[dict, bytes]:
-        """The shown model in the format the file `name` is for."""
+    def export_ply(self, name: str = "splats.ply", model: str | None = None, crop: np.ndarray | None = None,
+                   placement: np.ndarray | None = None) -> tuple[dict, bytes]:
+        """Session `model`'s model (None: the shown one; protocol.MODEL_CHOICE), cropped and placed, in the format
+        the file `name` is for."""
         fmt = format_for_path(name)
         with self.model_lock:  # a snapshot only: encoding a large model must not hold up training or rendering
-            g, _, _, step = self._shown_model()
-            g, trained = g.detached(), self.viewed is None
+            shown = self._live_model(model)
+            if shown is not None:
+                shown = replace(shown, g=shown.g.detached())
+        shown = shown or self.saved.get(model)
+        g = placed(cropped(shown.g, crop), placement)
         data = encode_any(g, fmt)
         path = ""
-        if trained:  # the session's trained model is also kept beside its checkpoint, as a PLY; a viewed one is not
+        if shown.trained and crop is None and placement is None:
+            # the session's whole trained model is also kept beside its checkpoint, as a PLY; a viewed one is not
             path = self.session.write_file("splats.ply", data if fmt == "ply" else encode_ply(g))
-        fields = {"path": path, "gaussians": len(g), "step": step, "format": fmt, "note": "; ".join(notes(g, fmt))}
+        said = notes(g, fmt)
+        if placement is not None and g.max_sh_degree > 0 and not np.allclose(placement[:3, :3] / placement_scale(
+                placement), np.eye(3)):
+            said.append("its view-dependent colours (SH beyond degree 0) are not turned with its rotation")
+        fields = {"path": path, "gaussians": len(g), "step": shown.step, "format": fmt, "note": "; ".join(said)}
         return fields, data
 
     def save_checkpoint(self) -> dict:
@@ -579,3 +657,43 @@ class Engine:
 
 def _finite_or_none(x: float) -> float | None:
     return x if math.isfinite(x) else None
+
+
+def cropped(g: Gaussians, crop: np.ndarray | None) -> Gaussians:
+    """The Gaussians whose centres `crop` (model space into a box's unit cube) takes into [-1, 1]^3."""
+    if crop is None:
+        return g
+    m = torch.as_tensor(crop, dtype=g.means.dtype, device=g.means.device)
+    inside = ((g.means @ m[:3, :3].T + m[:3, 3]).abs() <= 1.0).all(dim=-1)
+    return type(g)(**{name: value[inside] for name, value in g.tensors().items()})
+
+
+def placed(g: Gaussians, placement: np.ndarray | None) -> Gaussians:
+    """The Gaussians moved by `placement` (a rotation, a translation and one scale: protocol.placement_scale):
+    their means, rotations and scales."""
+    if placement is None:
+        return g
+    scale = placement_scale(placement)
+    m = torch.as_tensor(placement, dtype=g.means.dtype, device=g.means.device)
+    turn = torch.as_tensor(matrix_to_quat(placement[:3, :3] / scale), dtype=g.quats.dtype, device=g.quats.device)
+    return replace(g, means=g.means @ m[:3, :3].T + m[:3, 3], log_scales=g.log_scales + math.log(scale),
+                   quats=quat_multiply(turn.expand_as(g.quats), g.quats))
+
+
+def matrix_to_quat(rotation: np.ndarray) -> np.ndarray:
+    """The unit quaternion (w, x, y, z) of a rotation matrix (from its largest component, for accuracy)."""
+    r = rotation
+    trace = np.trace(r)
+    candidates = [1 + trace, 1 + r[0, 0] - r[1, 1] - r[2, 2], 1 - r[0, 0] + r[1, 1] - r[2, 2],
+                  1 - r[0, 0] - r[1, 1] + r[2, 2]]
+    k = int(np.argmax(candidates))
+    s = 2.0 * math.sqrt(candidates[k])
+    if k == 0:
+        q = [s / 4, (r[2, 1] - r[1, 2]) / s, (r[0, 2] - r[2, 0]) / s, (r[1, 0] - r[0, 1]) / s]
+    elif k == 1:
+        q = [(r[2, 1] - r[1, 2]) / s, s / 4, (r[0, 1] + r[1, 0]) / s, (r[0, 2] + r[2, 0]) / s]
+    elif k == 2:
+        q = [(r[0, 2] - r[2, 0]) / s, (r[0, 1] + r[1, 0]) / s, s / 4, (r[1, 2] + r[2, 1]) / s]
+    else:
+        q = [(r[1, 0] - r[0, 1]) / s, (r[0, 2] + r[2, 0]) / s, (r[1, 2] + r[2, 1]) / s, s / 4]
+    return np.array(q) / np.linalg.norm(q)

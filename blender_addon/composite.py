@@ -1,13 +1,15 @@
 """Splat models in the final renders of Blender's engines (F12, animation renders, `blender -b file.blend -f 1`):
-before each render a handler asks the backend for its frame of the splat object through the scene camera
-(colour, alpha and depth) and puts it into two images, which the scene's compositor combines with the render
-layer by depth (a Z Combine node between the render and the Composite output). Without a splat object to render
-the images are left empty (transparent, and as far as the Depth pass's background), which passes the render on
-as it is.
+before each render a handler asks the backend for its frame of each splat object through the scene camera
+(colour, alpha and depth, cropped to the object's crop box) and sorts them per pixel by depth into RANKS pairs of
+images: rank 0 holds the nearest splats of each pixel, rank 1 the next, and so on. The scene's compositor combines
+them with the render layer by depth, the farthest rank first, through a chain of Z Combine nodes between the
+render and the Composite output, so each pixel's splats and meshes are layered in their order, as the viewport
+layers them (overlay.py). Without a splat object to render the images are left empty (transparent, and as far as
+the Depth pass's background), which passes the render on as it is.
 
 The nodes and images are made on the main thread when a model is added, as an animation render (and `-f`)
 copies the scene's node tree before the handler runs: from then on the handler only fills the images, which
-renders share. One splat object is composited for now; the nodes are named so that each may get its own."""
+renders share."""
 from __future__ import annotations
 
 import queue
@@ -22,12 +24,12 @@ from .core import codecs, protocol
 from .core.client import RemoteError, decode_depth, decode_frame, wait_done
 from .core.errors import SplatwrightError
 from .engine import RENDER_TIMEOUT
+from .placement import scene_depths
 from .preferences import prefs
 from .scene_io import camera_of
 
-COMBINE_NODE = "Splatwright Z Combine"
-COLOR_NODE = COLOR_IMAGE = "Splatwright Splats"
-DEPTH_NODE = DEPTH_IMAGE = "Splatwright Splats Depth"
+# Splat objects layered exactly in each pixel; the farther ones of a pixel with more are merged into the last rank.
+RANKS = 4
 SUPERSEDED_TRIES = 3  # a live view's request may take the backend's one waiting place before the render starts
 REPORT_INTERVAL = 0.5
 _reports: queue.SimpleQueue = queue.SimpleQueue()  # (level, message) from render threads, for the main thread
@@ -58,44 +60,48 @@ def output_input(tree):
     raise SplatwrightError("the scene's compositor has no Composite output; add one to render the splats")
 
 
+def rank_names(rank: int) -> tuple[str, str, str]:
+    """The names of rank `rank`'s Z Combine node, and of its colour and depth image nodes (and images)."""
+    return f"Splatwright Z Combine {rank}", f"Splatwright Splats {rank}", f"Splatwright Splats Depth {rank}"
+
+
 def prepare(scene):
-    """The scene's Z Combine of the render and the splats' images, made on first use: between what feeds the
-    output and the output, with the Depth pass turned on."""
+    """The scene's compositor tree, with its chain of Z Combines of the render and the splats' images made on
+    first use (between what feeds the output and the output) and the Depth pass turned on."""
     tree = compositor_tree(scene, create=True)
     for view_layer in scene.view_layers:
         if not view_layer.use_pass_z:  # set only when it changes: a render's thread may call this
             view_layer.use_pass_z = True
-    combine = tree.nodes.get(COMBINE_NODE)
-    if combine is not None:
-        return combine
+    if rank_names(0)[0] in tree.nodes:
+        return tree
     scene.render.use_compositing = True
     output = output_input(tree)
     layers = next((n for n in tree.nodes if n.bl_idname == "CompositorNodeRLayers"), None) \
         or tree.nodes.new("CompositorNodeRLayers")
-    render = output.links[0].from_socket if output.is_linked else layers.outputs["Image"]
-    combine = tree.nodes.new("CompositorNodeZcombine")
-    color, depth = tree.nodes.new("CompositorNodeImage"), tree.nodes.new("CompositorNodeImage")
-    for node, name in ((combine, COMBINE_NODE), (color, COLOR_NODE), (depth, DEPTH_NODE)):
-        node.name = node.label = name
-    combine.location = output.node.location[0], output.node.location[1] - 250
-    color.location = combine.location[0] - 300, combine.location[1] - 100
-    depth.location = combine.location[0] - 300, combine.location[1] - 400
-    # Inputs by position, as Blender 4.5 and 5.0 name them differently: image A, depth A, image B, depth B,
-    # then (from 4.5; properties before) use alpha and anti-alias.
-    tree.links.new(render, combine.inputs[0])
-    tree.links.new(layers.outputs["Depth"], combine.inputs[1])
-    tree.links.new(color.outputs["Image"], combine.inputs[2])
-    tree.links.new(depth.outputs["Image"], combine.inputs[3])
-    # Transparent splats blend over what is behind them; each pixel is the nearer one's, as in the viewport.
-    for index, option, value in ((4, "use_alpha", True), (5, "use_antialias_z", False)):
-        if len(combine.inputs) > index:
-            combine.inputs[index].default_value = value
-        else:
-            setattr(combine, option, value)
-    tree.links.new(combine.outputs[0], output)
-    width, height = scene.render.resolution_x, scene.render.resolution_y
-    fill_images(tree, *empty_planes(width, height))
-    return combine
+    image, depth = output.links[0].from_socket if output.is_linked else layers.outputs["Image"], layers.outputs["Depth"]
+    x, y = output.node.location
+    for rank in reversed(range(RANKS)):  # the farthest first: each nearer rank goes over what is behind it
+        combine = tree.nodes.new("CompositorNodeZcombine")
+        color_node, depth_node = tree.nodes.new("CompositorNodeImage"), tree.nodes.new("CompositorNodeImage")
+        for node, name in zip((combine, color_node, depth_node), rank_names(rank)):
+            node.name = node.label = name
+        combine.location = x - 400 * rank, y - 250
+        color_node.location, depth_node.location = (x - 400 * rank - 300, y - 350), (x - 400 * rank - 300, y - 650)
+        # Inputs by position, as Blender 4.5 and 5.0 name them differently: image A, depth A, image B, depth B,
+        # then (from 4.5; properties before) use alpha and anti-alias; outputs: image, depth.
+        for socket, index in ((image, 0), (depth, 1), (color_node.outputs["Image"], 2),
+                              (depth_node.outputs["Image"], 3)):
+            tree.links.new(socket, combine.inputs[index])
+        # Transparent splats blend over what is behind them; each pixel is the nearer one's, as in the viewport.
+        for index, option, value in ((4, "use_alpha", True), (5, "use_antialias_z", False)):
+            if len(combine.inputs) > index:
+                combine.inputs[index].default_value = value
+            else:
+                setattr(combine, option, value)
+        image, depth = combine.outputs[0], combine.outputs[1]
+    tree.links.new(image, output)
+    fill_images(tree, empty_ranks(scene.render.resolution_x, scene.render.resolution_y))
+    return tree
 
 
 def rendered(obj, scene) -> bool:
@@ -108,26 +114,29 @@ def render_pre(scene, *args) -> None:
     emptied."""
     if scene.render.engine == "SPLATWRIGHT" or not scene.render.use_compositing:
         return  # the engine renders the model itself; a capture renders the scene alone
+    # An animation render (and -f N) evaluates each frame for the render alone, leaving the scene's objects as the
+    # frame evaluated last placed them; the splats' cameras need this frame's. Without a window this runs on the
+    # main thread; a window's render thread may change the scene only while Lock Interface is on.
+    if bpy.app.background or scene.render.use_lock_interface:
+        scene.frame_set(scene.frame_current, subframe=scene.frame_subframe)
     objects = [o for o in scene_splats.splat_objects(scene) if rendered(o, scene)]
     tree = compositor_tree(scene, create=False)
     if not objects:
-        if tree is not None and COMBINE_NODE in tree.nodes:
-            fill_images(tree, *empty_planes(*current_size(tree)))
+        if tree is not None and rank_names(0)[0] in tree.nodes:
+            fill_images(tree, empty_ranks(*current_size(tree)))
         return
-    obj = objects[0]
-    if len(objects) > 1:
-        report("WARNING", f"final renders composite one splat object for now: {obj.name}, not "
-                          f"{', '.join(o.name for o in objects[1:])}")
     try:
-        tree = prepare(scene).id_data
-        planes = splat_planes(*fetch(scene, obj), view_inverse(scene))
-    except (SplatwrightError, RemoteError, TimeoutError, OSError, ValueError) as e:
-        report("ERROR", f"{obj.name} is left out of this render: {e}")
-        tree = compositor_tree(scene, create=False)
-        if tree is None or COMBINE_NODE not in tree.nodes:
-            return
-        planes = empty_planes(*current_size(tree))
-    fill_images(tree, *planes)
+        tree = prepare(scene)
+    except SplatwrightError as e:
+        report("ERROR", f"the splat objects are left out of this render: {e}")
+        return
+    inverse, layers = view_inverse(scene), []
+    for obj in objects:
+        try:
+            layers.append(splat_planes(*fetch(scene, obj), inverse))
+        except (SplatwrightError, RemoteError, TimeoutError, OSError, ValueError) as e:
+            report("ERROR", f"{obj.name} is left out of this render: {e}")
+    fill_images(tree, ranked_planes(layers) if layers else empty_ranks(*current_size(tree)))
 
 
 def view_inverse(scene):
@@ -145,7 +154,7 @@ def view_inverse(scene):
 
 def current_size(tree) -> tuple[int, int]:
     """The size of the splats' images now (empty ones of any size pass the render on)."""
-    image = tree.nodes[COLOR_NODE].image
+    image = tree.nodes[rank_names(0)[1]].image
     return tuple(image.size) if image is not None else (1, 1)
 
 
@@ -156,13 +165,12 @@ def fetch(scene, obj):
     if scene.render.use_border:
         raise SplatwrightError("render regions are not composited with splats yet; turn Render Region off")
     cam, depth_scale = scene_splats.placed_camera(obj, camera_of(scene.camera, scene), "it")
-    backend, session = live.backend, obj[scene_splats.SESSION_KEY]
+    choice, backend = scene_splats.model_choice(obj), live.backend
     if bpy.app.background and backend.connection == "disconnected":  # nobody pressed Start: -b -f
         backend.connect(prefs(bpy.context).connect_settings())
 
     def submit(client):  # on the worker, which the render then no longer holds up
-        scene_splats.show_session(client, session)
-        return client.submit_render(cam, depth=True)
+        return client.submit_render(cam, depth=True, **choice)
     for attempt in range(SUPERSEDED_TRIES):
         pending = backend.wait("render", submit, RENDER_TIMEOUT, never)
         try:
@@ -186,11 +194,35 @@ def splat_planes(reply, depth_scale: float, inverse=None) -> tuple[int, int, np.
     # Z Combine mixes by the nearer image's alpha: mix(behind, front, alpha). Blender takes a float image's
     # pixels as premultiplied and passes them on as they are, so straight colours give front * alpha once.
     color[:, :3] = np.where(alpha > 0, color[:, :3] / np.maximum(alpha, 1e-6), 0.0)
-    depth = decode_depth(reply).ravel()
-    depth = np.where(depth < codecs.DEPTH_BACKGROUND, depth * depth_scale, codecs.DEPTH_BACKGROUND)
-    planes = np.repeat(depth.astype(np.float32)[:, None], 4, axis=1)
+    planes = np.repeat(scene_depths(decode_depth(reply), depth_scale)[:, None], 4, axis=1)
     planes[:, 3] = 1.0
     return width, height, color, planes
+
+
+def ranked_planes(layers: list) -> list[tuple[int, int, np.ndarray, np.ndarray]]:
+    """Several models' splat_planes (of one size) sorted per pixel by depth into RANKS planes: rank k holds each
+    pixel's k-th nearest splats; the last rank also those behind them, blended nearest first. Each rank's
+    nearest depth is its depth."""
+    width, height = layers[0][:2]
+    colors = np.stack([layer[2] for layer in layers])  # (models, pixels, RGBA), straight
+    depths = np.stack([layer[3][:, 0] for layer in layers])
+    order = np.argsort(depths, axis=0, kind="stable")
+    colors, depths = np.take_along_axis(colors, order[..., None], 0), np.take_along_axis(depths, order, 0)
+    ranks = []
+    for rank in range(RANKS):
+        group = slice(rank, rank + 1 if rank < RANKS - 1 else None)
+        if rank >= len(layers):
+            ranks.append(empty_planes(width, height))
+            continue
+        merged = np.zeros_like(colors[0])  # premultiplied
+        for color in colors[group]:
+            merged += (1.0 - merged[:, 3:]) * np.concatenate([color[:, :3] * color[:, 3:], color[:, 3:]], axis=1)
+        alpha = merged[:, 3:]
+        merged[:, :3] = np.where(alpha > 0, merged[:, :3] / np.maximum(alpha, 1e-6), 0.0)
+        planes = np.repeat(depths[rank][:, None], 4, axis=1)
+        planes[:, 3] = 1.0
+        ranks.append((width, height, merged, planes))
+    return ranks
 
 
 def empty_planes(width: int, height: int) -> tuple[int, int, np.ndarray, np.ndarray]:
@@ -200,12 +232,18 @@ def empty_planes(width: int, height: int) -> tuple[int, int, np.ndarray, np.ndar
     return width, height, np.zeros((width * height, 4), np.float32), depth
 
 
-def fill_images(tree, width: int, height: int, color: np.ndarray, depth: np.ndarray) -> None:
-    for node_name, image_name, values, is_data in ((COLOR_NODE, COLOR_IMAGE, color, False),
-                                                   (DEPTH_NODE, DEPTH_IMAGE, depth, True)):
-        image, node = float_image(image_name, width, height, values.ravel(), is_data), tree.nodes[node_name]
-        if node.image != image:
-            node.image = image
+def empty_ranks(width: int, height: int) -> list:
+    return [empty_planes(width, height)] * RANKS
+
+
+def fill_images(tree, ranks: list) -> None:
+    """Each rank's planes (width, height, colour, depth) into its images."""
+    for rank, (width, height, color, depth) in enumerate(ranks):
+        _, color_name, depth_name = rank_names(rank)
+        for name, values, is_data in ((color_name, color, False), (depth_name, depth, True)):
+            image, node = float_image(name, width, height, values.ravel(), is_data), tree.nodes[name]
+            if node.image != image:
+                node.image = image
 
 
 def float_image(name: str, width: int, height: int, pixels: np.ndarray, is_data: bool):

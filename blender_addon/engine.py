@@ -1,7 +1,8 @@
 """The Splatwright render engine. With viewport shading Rendered it shows the model live from the viewport's
 camera; F12, animation renders and `blender -b file.blend -a` render it through the scene camera with a
-Depth pass. The backend draws every pixel; this module asks for frames and puts them on screen or into the
-render result."""
+Depth pass. Where a splat object of the shown session places the model in the scene (scene_splats.py), both
+see it through the camera taken into the model's space, as the other engines' composites do. The backend draws
+every pixel; this module asks for frames and puts them on screen or into the render result."""
 from __future__ import annotations
 
 import time
@@ -15,12 +16,14 @@ import numpy as np
 from gpu_extras.batch import batch_for_shader
 
 from . import live, view_colors
+from .core import codecs
 from .core.cameras import Camera
 from .colors import combined_pass
 from .core.client import RemoteError, decode_depth, decode_frame, wait_done
 from .core.errors import SplatwrightError
 from .frames import CPU_TRAINING_SCALE, border_rect, training_frame_gap
 from .operators import nothing_to_show
+from .placement import scene_depths
 from .preferences import prefs
 from .scene_io import camera_of, region_camera
 from .view_transform import ENCODING_OFFSET, ENCODING_STOPS, Inverse, grey_ends
@@ -323,6 +326,11 @@ class SPLATWRIGHT_RE_engine(bpy.types.RenderEngine):
             draw_message(region, "Splatwright: " + str(e).split(";")[0] + " (numpad 5 for perspective)")
             return
         reason = nothing_to_show()
+        if not reason:
+            try:
+                cam, _ = placed(context.scene, cam, live.backend.status.get("session"))
+            except SplatwrightError as e:
+                reason = str(e)
         if reason:
             self.close_view()
             draw_message(region, f"Splatwright: {reason}")
@@ -353,7 +361,7 @@ class SPLATWRIGHT_RE_engine(bpy.types.RenderEngine):
         scene = depsgraph.scene
         try:
             inverse = self.view_inverse(scene)
-            reply = self.fetch(scene)
+            reply, depth_scale = self.fetch(scene)
         except InterruptedError:
             return
         except (SplatwrightError, RemoteError, TimeoutError, OSError) as e:
@@ -367,7 +375,7 @@ class SPLATWRIGHT_RE_engine(bpy.types.RenderEngine):
         set_pass(layer.passes["Combined"], combined)
         depth = layer.passes.get("Depth")
         if depth is not None:
-            set_pass(depth, decode_depth(reply).ravel())
+            set_pass(depth, scene_depths(decode_depth(reply), depth_scale))
         self.end_result(result)
 
     def view_inverse(self, scene) -> Inverse | None:
@@ -383,7 +391,8 @@ class SPLATWRIGHT_RE_engine(bpy.types.RenderEngine):
             return None
 
     def fetch(self, scene):
-        """The backend's frame and depth of the scene camera at the output size, or of its render border."""
+        """The backend's frame and depth of the scene camera at the output size, or of its render border, and
+        the factor that turns its depths into the scene's."""
         if scene.camera is None:
             raise SplatwrightError("the scene has no camera to render through")
         cam = camera_of(scene.camera, scene)
@@ -392,6 +401,7 @@ class SPLATWRIGHT_RE_engine(bpy.types.RenderEngine):
         backend, session = live.backend, scene.splatwright.session
         if bpy.app.background and backend.connection == "disconnected":  # nobody pressed Start: -b -a
             backend.connect(prefs(bpy.context).connect_settings())
+        cam, depth_scale = placed(scene, cam, backend.status.get("session") or session)
 
         def submit(client):  # on the worker, which the render then no longer holds up
             if not client.call("status")["gaussians"] and session:  # a fresh backend: show the scene's session
@@ -400,7 +410,17 @@ class SPLATWRIGHT_RE_engine(bpy.types.RenderEngine):
             return client.submit_render(cam, depth=True)
         self.update_stats("Splatwright", f"rendering {cam.width}x{cam.height} on the backend")
         pending = backend.wait("render", submit, RENDER_TIMEOUT, self.test_break)
-        return wait_done(pending, "render", RENDER_TIMEOUT, self.test_break)
+        return wait_done(pending, "render", RENDER_TIMEOUT, self.test_break), depth_scale
+
+
+def placed(scene, cam: Camera, session: str | None) -> tuple[Camera, float]:
+    """The camera to render `session`'s model through for `cam`: taken into the model's space where a splat
+    object of that session places it in the scene (the first by name), else `cam` itself; and the factor from
+    the model's depths to the scene's. A placement splats cannot take raises SplatwrightError."""
+    from . import scene_splats  # here: it imports this module (through composite)
+    obj = next((o for o in scene_splats.splat_objects(scene) if session and o[scene_splats.SESSION_KEY] == session),
+               None)
+    return scene_splats.placed_camera(obj, cam) if obj is not None else (cam, 1.0)
 
 
 def set_pass(render_pass, values: np.ndarray) -> None:

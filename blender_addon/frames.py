@@ -58,7 +58,8 @@ class FrameStream:
     called on the stream's thread when a frame is ready. `start(thread)` starts the stream's thread; Blender's
     drawing passes one that hands it to another thread, as Thread.start waits until the thread runs.
     With `depth` (settable until the first ask) frames also carry their view depth plane, for views that
-    composite them with the scene by depth."""
+    composite them with the scene by depth. `model_choice` (model and crop, protocol.MODEL_CHOICE) goes with
+    each request sent after it is set."""
 
     def __init__(self, client_of: Callable[[], "Client | None"], on_frame: Callable[[Frame], None] | None = None,
                  start: Callable[[threading.Thread], None] = threading.Thread.start):
@@ -72,6 +73,7 @@ class FrameStream:
         self.frame: Frame | None = None
         self.error = ""  # why the last request failed; cleared by the next frame
         self.depth = False
+        self.model_choice: dict = {}
         self._thread = threading.Thread(target=self._run, name="splatwright-frames", daemon=True)
         start(self._thread)
 
@@ -109,7 +111,8 @@ class FrameStream:
         seq, sent_at = self._sent, time.monotonic()
         try:
             client.submit_render(camera, depth=self.depth,
-                                 on_done=lambda p: self._answered(seq, tag, p, time.monotonic() - sent_at))
+                                 on_done=lambda p: self._answered(seq, tag, p, time.monotonic() - sent_at),
+                                 **self.model_choice)
         except (ConnectionError, ValueError) as e:
             self.error = str(e)
 

@@ -1,5 +1,5 @@
 """Where a splat model sits in the scene (bpy-free): the object that places it, the camera the backend renders
-the model through, and the depth of what it renders in the scene's units.
+the model through, the depth of what it renders in the scene's units, and the box it is cropped to.
 
 A model object's world matrix places the model's own space in the world, about the model's centre (the
 object's origin is the point of the model that `centre` names), so the backend keeps rendering the model as it
@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from .core import codecs
 from .core.cameras import Camera
 from .core.errors import SplatwrightError
 from .core.points import read_points
+from .core.protocol import placement_scale
 
-SCALE_TOLERANCE = 1e-4  # relative difference between the axes' scales that still counts as uniform
 BOUNDS_PERCENTILES = (1.0, 99.0)  # a few stray Gaussians do not make the model's box
 
 
@@ -27,22 +28,11 @@ def model_to_world(object_matrix, centre) -> np.ndarray:
 
 def uniform_scale(matrix, what: str = "the model") -> float:
     """The scale of a 4x4 placement made of a rotation, a translation and one scale for all axes; raises
-    SplatwrightError for anything else."""
-    m = np.asarray(matrix, dtype=np.float64)
-    if m.shape != (4, 4) or not np.all(np.isfinite(m)) or not np.allclose(m[3], [0.0, 0.0, 0.0, 1.0]):
-        raise SplatwrightError(f"{what} is not an affine 4x4 placement")
-    linear = m[:3, :3]
-    scales = np.linalg.norm(linear, axis=0)
-    scale = float(scales.mean())
-    if scale <= 0.0 or np.linalg.det(linear) <= 0.0:
-        raise SplatwrightError(f"{what} has a zero or mirroring scale; give it a positive scale")
-    rotation = linear / scale
-    if (np.abs(scales - scale).max() > SCALE_TOLERANCE * scale
-            or not np.allclose(rotation.T @ rotation, np.eye(3), atol=SCALE_TOLERANCE)):
-        raise SplatwrightError(f"{what} is scaled unevenly ({', '.join(f'{s:.4g}' for s in scales)}) or "
-                               "sheared; splat models take one scale for all axes, so give X, Y and Z the same "
-                               "scale")
-    return scale
+    SplatwrightError, naming `what`, for anything else."""
+    try:
+        return placement_scale(matrix, what)
+    except ValueError as e:
+        raise SplatwrightError(str(e)) from None
 
 
 def camera_in_model(camera: Camera, model_matrix, what: str = "the model") -> tuple[Camera, float]:
@@ -57,6 +47,18 @@ def camera_in_model(camera: Camera, model_matrix, what: str = "the model") -> tu
     return Camera(c2w, camera.K, camera.width, camera.height), scale
 
 
+def crop_matrix(box_matrix, box_size: float, model_matrix, what: str = "the crop box") -> np.ndarray:
+    """Model space into the unit cube [-1, 1]^3 of a crop box, a cube-shaped Empty at `box_matrix` in the world
+    whose display size `box_size` is half its side, for a model placed by `model_matrix`. The box may be scaled
+    unevenly and turned any way; one of no size is refused, naming `what`."""
+    box = np.asarray(box_matrix, dtype=np.float64) @ np.diag([box_size, box_size, box_size, 1.0])
+    if not np.all(np.isfinite(box)) or abs(np.linalg.det(box[:3, :3])) < 1e-12:
+        raise SplatwrightError(f"{what} has no size along some axis; give it a size and a scale other than 0")
+    crop = np.linalg.inv(box) @ np.asarray(model_matrix, dtype=np.float64)
+    crop[3] = [0.0, 0.0, 0.0, 1.0]  # affine, without the inverse's rounding
+    return crop
+
+
 def model_bounds(ply_path) -> tuple[np.ndarray, float]:
     """Centre and half the largest side of the box around a model's Gaussians (a 3DGS PLY), leaving out the
     few farthest along each axis."""
@@ -65,3 +67,10 @@ def model_bounds(ply_path) -> tuple[np.ndarray, float]:
         raise SplatwrightError("the model has no Gaussians")
     lo, hi = np.percentile(xyz.astype(np.float64), BOUNDS_PERCENTILES, axis=0)
     return 0.5 * (lo + hi), max(0.5 * float((hi - lo).max()), 1e-3)
+
+
+def scene_depths(depth: np.ndarray, depth_scale: float) -> np.ndarray:
+    """A frame's depths (flat float32) in the scene's units, for depths of the model's space times
+    `depth_scale` (camera_in_model's factor); the background's stay as Blender's Depth pass has them."""
+    depth = depth.ravel()
+    return np.where(depth < codecs.DEPTH_BACKGROUND, depth * depth_scale, codecs.DEPTH_BACKGROUND).astype(np.float32)

@@ -2,7 +2,11 @@
 scene as an Empty (a cube around the model) named after the session. Its transform places the splats in every
 view and final render (placement.py), hiding it or leaving it out of renders hides them, deleting it removes
 them. The link is two custom properties of the object, saved with the .blend: the session and the point of the
-model at the object's origin."""
+model at the object's origin. Each object shows its session's model (the open session's as it trains, another
+session's as it was last saved), so a scene may hold several, of one session or more.
+
+Add Crop Box parents a cube-shaped Empty to the model object (marked by a custom property): only the splats
+whose centres lie inside it are drawn, rendered and exported. It may be moved, turned and scaled unevenly."""
 from __future__ import annotations
 
 import tempfile
@@ -17,10 +21,11 @@ from .core.cameras import Camera
 from .core.errors import SplatwrightError
 from .operators import Guarded, nothing_to_show, not_connected, set_status, training_runs
 from .panels import SplatsPanel, buttons, labels
-from .placement import camera_in_model, model_bounds, model_to_world, uniform_scale
+from .placement import camera_in_model, crop_matrix, model_bounds, model_to_world, uniform_scale
 
 SESSION_KEY = "splatwright_session"  # the session whose model the object places
 CENTRE_KEY = "splatwright_centre"  # the model-space point at the object's origin
+CROP_KEY = "splatwright_crop_box"  # on a cube-shaped Empty parented to a model object: the box it is cropped to
 
 
 def splat_objects(scene) -> list:
@@ -39,36 +44,36 @@ def placed_camera(obj, camera: Camera, what: str = "") -> tuple[Camera, float]:
     return camera_in_model(camera, model_matrix(obj), what or obj.name)
 
 
-def not_shown(obj) -> str:
-    """Why the backend does not show `obj`'s model now, or ''."""
-    b, session = live.backend, obj[SESSION_KEY]
-    if reason := not_connected():
-        return reason
-    shown = b.status.get("session")
-    if shown != session:
-        return f"The backend shows {f'session {shown}' if shown else 'no session'}; Show Model opens {session}"
-    return nothing_to_show()
+def crop_box(obj):
+    """The crop box parented to model object `obj`, or None."""
+    return next((child for child in sorted(obj.children, key=lambda o: o.name) if CROP_KEY in child), None)
+
+
+def model_choice(obj, cropped: bool = True) -> dict:
+    """What a render or export request names for `obj`'s model (protocol.MODEL_CHOICE): its session, and its
+    crop box (unless not `cropped`) as a matrix from model space into the box's unit cube."""
+    box = crop_box(obj) if cropped else None
+    crop = None if box is None else crop_matrix(np.array(box.matrix_world), box.empty_display_size,
+                                                model_matrix(obj), f"the crop box {box.name}")
+    return {"model": obj[SESSION_KEY], "crop": crop}
+
+
+def active_model(context):
+    """The model object that is active, or whose crop box is; or None."""
+    obj = context.active_object
+    if obj is not None and CROP_KEY in obj and obj.parent is not None:
+        obj = obj.parent
+    return obj if obj is not None and SESSION_KEY in obj else None
 
 
 def problem(obj) -> str:
     """Why `obj`'s splats are not drawn, or ''."""
     try:
         uniform_scale(model_matrix(obj), obj.name)
+        model_choice(obj)
     except SplatwrightError as e:
         return str(e)
-    return not_shown(obj)
-
-
-def show_session(client, session: str) -> None:
-    """On the worker, for a final render: a backend showing nothing yet (a fresh one, as `blender -b` starts)
-    opens `session` and loads its checkpoint; one showing another session's model is left as it is."""
-    status = client.call("status")
-    if status["gaussians"]:
-        if status["session"] != session:
-            raise SplatwrightError(f"the backend shows session {status['session']}, not {session}; select the "
-                                   "splat object and press Show Model to open it")
-        return
-    open_model(client, session)
+    return not_connected()
 
 
 def open_model(client, session: str) -> dict:
@@ -113,6 +118,52 @@ class SPLATWRIGHT_OT_add_model(Guarded, Operator):
         return {"FINISHED"}
 
 
+class SPLATWRIGHT_OT_add_crop_box(Guarded, Operator):
+    """Crop the active splat object's model to a box: only the splats whose centres lie inside it are drawn,
+    rendered and exported. Move, turn and scale the box (its axes may differ) to choose what is kept"""
+    bl_idname = "splatwright.add_crop_box"
+    bl_label = "Add Crop Box"
+
+    @classmethod
+    def blocked(cls, context):
+        obj = active_model(context)
+        if obj is None:
+            return "Select a splat object"  # as Show Model says: the panel shows it once
+        box = crop_box(obj)
+        return f"{obj.name} has a crop box, {box.name}: move or scale it" if box is not None else ""
+
+    def execute(self, context):
+        obj = active_model(context)
+        box = add_crop_box(context.view_layer, obj)
+        self.report({"INFO"}, f"added {box.name}: {obj.name} shows the splats inside it")
+        return {"FINISHED"}
+
+
+def add_crop_box(view_layer, obj):
+    """A crop box around model object `obj`'s model (its cube at first), parented to it, selected and active."""
+    box = bpy.data.objects.new(f"{obj.name} Crop Box", None)
+    box.empty_display_type = "CUBE"
+    box.empty_display_size = obj.empty_display_size
+    box[CROP_KEY] = True
+    box.parent = obj  # at the object's origin, moving with it
+    for collection in obj.users_collection:
+        collection.objects.link(box)
+    select_only(view_layer, box)
+    return box
+
+
+def select_only(view_layer, obj) -> None:
+    """Make `obj` the one selected object and the active one (unless its collection is excluded from the view
+    layer: then it stays unselected)."""
+    for other in view_layer.objects.selected:
+        other.select_set(False)
+    try:
+        obj.select_set(True, view_layer=view_layer)
+        view_layer.objects.active = obj
+    except RuntimeError:
+        pass
+
+
 class SPLATWRIGHT_OT_show_model(Guarded, Operator):
     """Open the session of the active splat object in the backend and load its model (its last checkpoint)"""
     bl_idname = "splatwright.show_model"
@@ -145,13 +196,7 @@ def add_model_object(view_layer, collection, session: str, centre, half_size: fl
     obj[SESSION_KEY] = session
     obj[CENTRE_KEY] = [float(c) for c in centre]
     collection.objects.link(obj)
-    for other in view_layer.objects.selected:
-        other.select_set(False)
-    try:
-        obj.select_set(True, view_layer=view_layer)
-        view_layer.objects.active = obj
-    except RuntimeError:  # its collection is excluded from the view layer: it stays unselected
-        pass
+    select_only(view_layer, obj)
     return obj
 
 
@@ -160,13 +205,16 @@ class SPLATWRIGHT_PT_scene_splats(SplatsPanel, bpy.types.Panel):
 
     def draw(self, context):
         layout = self.layout
-        buttons(layout, context, SPLATWRIGHT_OT_add_model, SPLATWRIGHT_OT_show_model,
-                icons=("OUTLINER_OB_EMPTY", "HIDE_OFF"))
+        buttons(layout, context, SPLATWRIGHT_OT_add_model, SPLATWRIGHT_OT_show_model, SPLATWRIGHT_OT_add_crop_box,
+                icons=("OUTLINER_OB_EMPTY", "HIDE_OFF", "MESH_CUBE"))
         for obj in splat_objects(context.scene):
             layout.label(text=f"{obj.name}: session {obj[SESSION_KEY]}", icon="OUTLINER_OB_EMPTY")
+            if (box := crop_box(obj)) is not None:
+                layout.label(text=f"cropped to {box.name}", icon="MESH_CUBE")
             if reason := problem(obj):
                 labels(layout, context, reason, icon="INFO")
 
 
-CLASSES = (SPLATWRIGHT_OT_add_model, SPLATWRIGHT_OT_show_model, SPLATWRIGHT_PT_scene_splats)
+CLASSES = (SPLATWRIGHT_OT_add_model, SPLATWRIGHT_OT_show_model, SPLATWRIGHT_OT_add_crop_box,
+           SPLATWRIGHT_PT_scene_splats)
 register, unregister = bpy.utils.register_classes_factory(CLASSES)

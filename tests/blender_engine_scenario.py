@@ -1,9 +1,12 @@
 """The render engine's final render in real Blender (the bpy module): install the built zip, start a CPU
 backend through the add-on, view a PLY, and render F12 with the Splatwright engine, Combined to a PNG and the
-Depth pass through the compositor's Viewer node, then under other view transforms (VIEWS), keeping the
-backend's frames and the view transforms' inverses the add-on made. Prints `RESULT <json>` for pytest.
+Depth pass through the compositor's File Output node, then under other view transforms (VIEWS), keeping the
+backend's frames and the view transforms' inverses the add-on made. Then a splat object of a trained session
+places its model elsewhere (PLACEMENT): F12 again, and the camera the viewport asks through. Prints
+`RESULT <json>` for pytest.
 
-    python tests/blender_engine_scenario.py --zip dist/splatwright-X.zip --ply model.ply --out DIR [--python PY]
+    python tests/blender_engine_scenario.py --zip dist/splatwright-X.zip --ply model.ply --session NAME \
+        --out DIR [--python PY]
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from pathlib import Path
 
 import bpy
 import numpy as np
+from mathutils import Euler, Matrix
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from blender_scenario import addon, build_scene, op, report, stop_and_disable, wait_for  # noqa: E402  (also catches the add-on's timers)
@@ -22,6 +26,8 @@ SIZE = (80, 60)
 BORDER = (0.25, 0.8, 0.1, 0.6)  # render border: min x, max x, min y, max y (fractions, y from the bottom)
 # View transforms other than Standard, each rendered once: (view transform, look, exposure, gamma).
 VIEWS = (("AgX", "None", 0.0, 1.0), ("Filmic", "Medium High Contrast", 0.5, 1.2))
+# Where the splat object puts the model: moved, turned and scaled (a uniform scale multiplies its depths).
+PLACEMENT = Matrix.Translation((0.6, -0.4, 0.3)) @ Euler((0.3, -0.2, 0.8)).to_matrix().to_4x4() @ Matrix.Scale(0.8, 4)
 
 
 def compositor(scene):
@@ -40,14 +46,32 @@ def depth_to_file(scene, folder: Path) -> None:
     layers = tree.nodes.new("CompositorNodeRLayers")
     output = tree.nodes.new("CompositorNodeOutputFile")
     if bpy.app.version >= (5, 0, 0):  # the node names its folder and files apart and has an input per item
-        output.directory, output.file_name = str(folder), "depth"
+        output.file_name = "depth"
         output.file_output_items.new("FLOAT", "Depth")
         output.format.media_type = "IMAGE"  # not a multilayer EXR
-    else:
-        output.base_path = str(folder)
+    depth_folder(scene, folder)
     output.format.file_format, output.format.color_depth, output.format.color_mode = "OPEN_EXR", "32", "RGB"
     tree.links.new(layers.outputs["Depth"], output.inputs[0])
     scene.render.use_compositing = True
+
+
+def depth_folder(scene, folder: Path) -> None:
+    """Where the File Output node writes the Depth pass from now on."""
+    tree = addon().composite.compositor_tree(scene, create=False)
+    output = next(n for n in tree.nodes if n.bl_idname == "CompositorNodeOutputFile")
+    if bpy.app.version >= (5, 0, 0):
+        output.directory = str(folder)
+    else:
+        output.base_path = str(folder)
+
+
+def saved_depth(folder: Path, path: Path) -> str:
+    """The Depth pass the File Output node wrote into `folder`, rows top-down, as a .npy at `path`."""
+    exr = bpy.data.images.load(str(next(folder.glob("*.exr"))))
+    pixels = np.empty(exr.size[0] * exr.size[1] * 4, np.float32)
+    exr.pixels.foreach_get(pixels)
+    np.save(path, pixels.reshape(exr.size[1], exr.size[0], 4)[::-1, :, 0])
+    return str(path)
 
 
 def keep_frames(engine) -> list:
@@ -55,9 +79,9 @@ def keep_frames(engine) -> list:
     frames, fetch = [], engine.SPLATWRIGHT_RE_engine.fetch
 
     def kept_fetch(self, scene):
-        reply = fetch(self, scene)
+        reply, depth_scale = fetch(self, scene)
         frames.append(addon().core.client.decode_frame(reply)[::-1])
-        return reply
+        return reply, depth_scale
     engine.SPLATWRIGHT_RE_engine.fetch = kept_fetch
     return frames
 
@@ -83,7 +107,29 @@ def render_views(scene, frames: list, out: Path) -> list[dict]:
     return views
 
 
-def run(zip_path: Path, ply: Path, out: Path, python: str) -> dict:
+def placed_render(scene, session: str, out: Path) -> dict:
+    """Session `session`'s model, opened by Show Model on a splat object that PLACEMENT moves: F12 with its Depth
+    pass, the object's placement, and the camera the viewport asks the backend through for the scene camera's
+    view (what engine.placed makes of it)."""
+    a, live = addon(), addon().live
+    obj = a.scene_splats.add_model_object(bpy.context.view_layer, scene.collection, session, (0.0, 0.0, 0.0), 1.0)
+    op("show_model")
+    wait_for(lambda: live.backend.status.get("session") == session and live.backend.status.get("gaussians")
+             and not live.backend.in_flight, "Show Model")
+    obj.matrix_world = PLACEMENT
+    bpy.context.view_layer.update()
+    scene.render.use_compositing = True
+    depth_folder(scene, out / "placed_depth")
+    scene.render.filepath = str(out / "placed.png")
+    bpy.ops.render.render(write_still=True)
+    cam = a.scene_io.camera_of(scene.camera, scene)
+    viewport_cam, _ = a.engine.placed(scene, cam, session)
+    return {"png": str(out / "placed.png"), "depth": saved_depth(out / "placed_depth", out / "placed_depth.npy"),
+            "camera": a.core.codecs.camera_to_wire(cam), "model_matrix": a.scene_splats.model_matrix(obj).tolist(),
+            "viewport_camera": a.core.codecs.camera_to_wire(viewport_cam)}
+
+
+def run(zip_path: Path, ply: Path, session: str, out: Path, python: str) -> dict:
     build_scene()
     bpy.ops.preferences.addon_install(filepath=str(zip_path), overwrite=True)
     bpy.ops.preferences.addon_enable(module="splatwright")
@@ -108,10 +154,7 @@ def run(zip_path: Path, ply: Path, out: Path, python: str) -> dict:
     start = time.perf_counter()
     bpy.ops.render.render(write_still=True)
     seconds = time.perf_counter() - start
-    exr = bpy.data.images.load(str(next((out / "depth").glob("*.exr"))))
-    pixels = np.empty(exr.size[0] * exr.size[1] * 4, np.float32)
-    exr.pixels.foreach_get(pixels)
-    np.save(out / "depth.npy", pixels.reshape(exr.size[1], exr.size[0], 4)[::-1, :, 0])  # top-down
+    saved_depth(out / "depth", out / "depth.npy")
     cam = addon().scene_io.camera_of(scene.camera, scene)
     scene.render.use_compositing = False
     scene.render.use_border = True
@@ -123,8 +166,9 @@ def run(zip_path: Path, ply: Path, out: Path, python: str) -> dict:
         bpy.ops.render.render(write_still=True)
     scene.render.use_border = False
     views = render_views(scene, frames, out)
+    placed = placed_render(scene, session, out)
     result = {"png": str(out / "f12.png"), "border": BORDER, "depth": str(out / "depth.npy"), "seconds": seconds,
-              "camera": addon().core.codecs.camera_to_wire(cam), "views": views,
+              "camera": addon().core.codecs.camera_to_wire(cam), "views": views, "placed": placed,
               "errors": live.backend.last_error}
     stop_and_disable()
     return result
@@ -134,12 +178,13 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--zip", required=True)
     parser.add_argument("--ply", required=True)
+    parser.add_argument("--session", required=True, help="a trained session in OUT/sessions, placed by an object")
     parser.add_argument("--out", required=True)
     parser.add_argument("--python", default=sys.executable, help="the backend's Python, with torch")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    return report(lambda: run(Path(args.zip), Path(args.ply), out, args.python))
+    return report(lambda: run(Path(args.zip), Path(args.ply), args.session, out, args.python))
 
 
 if __name__ == "__main__":

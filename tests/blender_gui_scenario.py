@@ -14,7 +14,6 @@ import json
 import sys
 import threading
 import time
-import traceback
 from pathlib import Path
 
 import bpy
@@ -22,16 +21,13 @@ import numpy as np
 from mathutils import Euler, Vector
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from blocking_calls import BlockingCalls  # noqa: E402
+from backend.bench.windowed import run_in_window, until  # noqa: E402
 
 FRAME_TIMEOUT = 120.0
 TICKS_DURING_RENDER = 5  # a render that blocked Blender's main thread would let none through
 UPLOAD_SIZE = (1920, 1080)
-
-
-def arguments() -> dict:
-    argv = sys.argv[sys.argv.index("--") + 1:]
-    return {argv[i].lstrip("-"): argv[i + 1] for i in range(0, len(argv), 2)}
 
 
 def view3d():
@@ -39,15 +35,6 @@ def view3d():
     area = next(a for a in window.screen.areas if a.type == "VIEW_3D")
     region = next(r for r in area.regions if r.type == "WINDOW")
     return window, area, region, area.spaces.active
-
-
-def until(condition, what: str, timeout: float):
-    """Yield (let Blender run) until condition() holds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {timeout:.0f} s")
-        yield 0.05
 
 
 def shown_frame(view, out: Path, name: str) -> str:
@@ -227,9 +214,9 @@ def render_job(addon, out: Path, result: dict):
 
     def kept_fetch(self, scene):
         threads.append(threading.current_thread() is threading.main_thread())
-        reply = fetch(self, scene)
+        reply, depth_scale = fetch(self, scene)
         frames.append(addon.core.client.decode_frame(reply)[::-1])  # top-down
-        return reply
+        return reply, depth_scale
     engine.fetch = kept_fetch
     view = bpy.context.preferences.view
     display, view.render_display_type = view.render_display_type, "NONE"
@@ -328,23 +315,4 @@ def scenario(args: dict, result: dict):
     result["info_log"] = info_log(window)
 
 
-def main() -> None:
-    bpy.context.preferences.view.show_splash = False  # read before the splash would open, after this script
-    args = arguments()
-    result: dict = {}
-    steps = scenario(args, result)
-
-    def step():
-        try:
-            return next(steps)
-        except StopIteration:
-            pass
-        except Exception as e:
-            result.update(failure=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
-        Path(args["out"], "result.json").write_text(json.dumps(result, default=str))
-        bpy.ops.wm.quit_blender()
-        return None
-    bpy.app.timers.register(step, first_interval=0.5)
-
-
-main()
+run_in_window(scenario)

@@ -1,22 +1,20 @@
 """Splats drawn with the scene in a real Blender window (Debian's Blender 3.4 under Xvfb, run by
 test_splats_gui.py): install the built zip as a legacy add-on, start a CPU backend that reopens a trained session,
 Add Model to Scene, and look at it in Solid shading past a cube in front of it and a wall through its middle.
-Screenshots with the splat object shown, hidden, and moved; the frames drawn and the cameras are saved for
-pytest. Then F12 with Cycles as render jobs, and the .blend for `blender -b scene.blend -f 1`. Writes
+Screenshots with the splat object shown, hidden, and moved, then cropped by a crop box with a second session's
+model in front of it; the frames drawn and the cameras are saved for pytest. Then F12 with Cycles as render jobs, and the .blend for `blender -b scene.blend -f 1`. Writes
 result.json into the output folder, then quits. The scene (add_wall_and_cube) is blender_splats_scenario.py's
 too.
 
     blender --factory-startup -p 0 0 W H --python tests/blender_splats_gui_scenario.py -- --zip Z --workdir W \
-        --session S --python PY --out DIR
+        --session S --second S2 --python PY --out DIR
 
 Blender's event loop runs the whole time; the scenario is a generator stepped by a timer, so it never blocks it.
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import bpy
@@ -24,27 +22,17 @@ import numpy as np
 from mathutils import Euler, Matrix, Vector
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from blocking_calls import BlockingCalls  # noqa: E402
+from backend.bench.windowed import run_in_window, until  # noqa: E402
 
 FRAME_TIMEOUT = 120.0
 WALL_COLOR, CUBE_COLOR, BACKGROUND_COLOR = (0.1, 0.45, 0.2), (0.05, 0.1, 0.6), (0.05, 0.05, 0.05)
 CUBE_AT, CUBE_SIZE = (0.45, -2.0, 0.0), 0.5  # in front of the model, which sits around the origin
 CAMERA_AT, LOOK_AT, RENDER_SIZE = (0.0, -6.0, 0.6), (0.0, 0.0, 0.2), (64, 48)
 MOVE = Matrix.Translation((-0.3, 0.0, -0.2)) @ Euler((0.0, 0.0, 0.35)).to_matrix().to_4x4()
-
-
-def arguments() -> dict:
-    argv = sys.argv[sys.argv.index("--") + 1:]
-    return {argv[i].lstrip("-"): argv[i + 1] for i in range(0, len(argv), 2)}
-
-
-def until(condition, what: str, timeout: float):
-    """Yield (let Blender run) until condition() holds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {timeout:.0f} s")
-        yield 0.05
+SECOND_AT = Matrix.Translation((0.35, -3.4, 0.25)) @ Matrix.Scale(0.5, 4)  # a second model, in front of the first
+CROP_LOCATION, CROP_SCALE = (0.45, 0.0, 0.1), (0.6, 1.5, 1.5)  # in the first model object's space: its right part
 
 
 def view3d():
@@ -124,16 +112,33 @@ def watch_draws(overlay) -> dict:
     return seen
 
 
+def settled(layer, region) -> bool:
+    """Whether `layer` shows a full-size frame of the region and waits for no other."""
+    frame = layer.stream.frame
+    return frame is not None and not layer.waiting() and layer.texture_seq == frame.seq and \
+        (frame.fields["width"], frame.fields["height"]) == (region.width, region.height)
+
+
 def settled_layer(overlay, region, other_than=None):
-    """The splats' layer of the viewport's region (not `other_than`) once it shows a full-size frame and waits
-    for no other, or None."""
+    """The splats' layer of the viewport's region (not `other_than`) once it settled, or None."""
     for (key, _), layer in overlay._layers.items():
-        frame = layer.stream.frame
-        if key == region.as_pointer() and layer is not other_than and frame is not None and not layer.waiting() \
-                and layer.texture_seq == frame.seq and (frame.fields["width"], frame.fields["height"]) == \
-                (region.width, region.height):
+        if key == region.as_pointer() and layer is not other_than and settled(layer, region):
             return layer
     return None
+
+
+def saved_frame(addon, name: str, out: Path, layer, model_name: str) -> dict:
+    """`layer`'s frame, the viewport's camera and the placement of the model object `model_name`, saved as
+    `name`."""
+    window, area, region, space = view3d()
+    frame = layer.stream.frame
+    np.save(out / f"{name}_rgba.npy", np.round(frame.pixels * 255).astype(np.uint8).reshape(
+        frame.fields["height"], frame.fields["width"], 4))
+    np.save(out / f"{name}_depth.npy", frame.depth.reshape(frame.fields["height"], frame.fields["width"]))
+    view = addon.scene_io.region_camera(region, space.region_3d)
+    return {"rgba": str(out / f"{name}_rgba.npy"), "depth": str(out / f"{name}_depth.npy"),
+            "camera": addon.core.codecs.camera_to_wire(view), "background": frame.fields["background"],
+            "model_matrix": addon.scene_splats.model_matrix(bpy.data.objects[model_name]).tolist()}
 
 
 def snapshot(addon, name: str, out: Path, result: dict, layer=None):
@@ -146,16 +151,32 @@ def snapshot(addon, name: str, out: Path, result: dict, layer=None):
         bpy.ops.screen.screenshot(filepath=str(shot), check_existing=False)
     taken = {"screenshot": str(shot)}
     if layer is not None:
-        frame = layer.stream.frame
-        np.save(out / f"{name}_rgba.npy", np.round(frame.pixels * 255).astype(np.uint8).reshape(
-            frame.fields["height"], frame.fields["width"], 4))
-        np.save(out / f"{name}_depth.npy", frame.depth.reshape(frame.fields["height"], frame.fields["width"]))
-        view = addon.scene_io.region_camera(region, space.region_3d)
-        model = bpy.data.objects[result["session"]]
-        taken.update(rgba=str(out / f"{name}_rgba.npy"), depth=str(out / f"{name}_depth.npy"),
-                     camera=addon.core.codecs.camera_to_wire(view), background=frame.fields["background"],
-                     model_matrix=addon.scene_splats.model_matrix(model).tolist())
+        taken.update(saved_frame(addon, name, out, layer, result["session"]))
     result[name] = taken
+
+
+def several_models(addon, args: dict, out: Path, result: dict):
+    """The first model cropped by a crop box, and a second session's model in front of it: both drawn."""
+    window, area, region, space = view3d()
+    model, overlay = bpy.data.objects[args["session"]], addon.overlay
+    other = addon.scene_splats.add_model_object(bpy.context.view_layer, bpy.context.scene.collection,
+                                                args["second"], (0.0, 0.0, 0.0), 0.5)
+    other.matrix_world = SECOND_AT
+    bpy.context.view_layer.objects.active = model
+    bpy.ops.splatwright.add_crop_box()
+    box = bpy.context.view_layer.objects.active
+    box.location, box.scale = CROP_LOCATION, CROP_SCALE
+    bpy.context.view_layer.update()
+    area.tag_redraw()
+    keys = [(region.as_pointer(), name) for name in (args["session"], args["second"])]
+    yield from until(lambda: all(k in overlay._layers and settled(overlay._layers[k], region) for k in keys),
+                     "frames of the cropped model and the second one", FRAME_TIMEOUT)
+    yield from snapshot(addon, "several", out, result)
+    result["several"].update(crop=addon.scene_splats.model_choice(model)["crop"].tolist(), frames={
+        label: saved_frame(addon, f"several_{label}", out, overlay._layers[key], key[1])
+        for key, label in zip(keys, ("first", "second"))})
+    bpy.data.objects.remove(box)
+    bpy.data.objects.remove(other)
 
 
 def final_renders(addon, out: Path, result: dict):
@@ -233,6 +254,7 @@ def scenario(args: dict, result: dict):
                   draws=draws, draw_seconds=list(overlay.draw_seconds), wall_color=WALL_COLOR,
                   cube_color=CUBE_COLOR)
 
+    yield from several_models(addon, args, out, result)
     space.shading.type = "WIREFRAME"  # not a shading the splats are drawn in: their frames stop
     yield from until(lambda: not overlay._layers, "no frames in wireframe shading", 10)
     yield from final_renders(addon, out, result)
@@ -241,24 +263,5 @@ def scenario(args: dict, result: dict):
     result["errors"] = backend.last_error
 
 
-def main() -> None:
-    bpy.context.preferences.view.show_splash = False  # read before the splash would open, after this script
-    args = arguments()
-    result: dict = {}
-    steps = scenario(args, result)
-
-    def step():
-        try:
-            return next(steps)
-        except StopIteration:
-            pass
-        except Exception as e:
-            result.update(failure=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
-        Path(args["out"], "result.json").write_text(json.dumps(result, default=str))
-        bpy.ops.wm.quit_blender()
-        return None
-    bpy.app.timers.register(step, first_interval=0.5)
-
-
 if __name__ == "__main__":  # as Blender runs it; blender_splats_scenario.py imports the scene from here
-    main()
+    run_in_window(scenario)

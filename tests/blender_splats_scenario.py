@@ -3,10 +3,13 @@ it): install the built zip, start a CPU backend that reopens a trained session, 
 model object, and render F12 with Cycles a wall through the model's middle and a cube in front of it (the
 scene of blender_splats_gui_scenario.py): hidden
 (Blender's own render, also with compositing off), shown (composited by depth), and shown again after the .blend
-is saved and opened. Writes the renders, the Depth pass and the splat images into the output folder; prints
-`RESULT <json>` for pytest.
+is saved and opened. Then a second session's model (one the backend does not show) in front of the first, both
+rendered; the first cropped by a crop box, rendered alone, and exported cropped and in world space. Writes the
+renders, the Depth pass, the splat images and the exports into the output folder; prints `RESULT <json>` for
+pytest.
 
-    python tests/blender_splats_scenario.py --zip Z --workdir SESSIONS --session NAME --out DIR [--python PY]
+    python tests/blender_splats_scenario.py --zip Z --workdir SESSIONS --session NAME --second NAME2 --out DIR \
+        [--python PY]
 """
 from __future__ import annotations
 
@@ -20,8 +23,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from blender_scenario import (WithLayout, addon, blender_reports, op, report, stop_and_disable, wait_for,  # noqa: E402
                               pump)  # (it also catches the add-on's timers and Blender's reports)
-from blender_splats_gui_scenario import (CUBE_AT, CUBE_COLOR, CUBE_SIZE, MOVE, WALL_COLOR,  # noqa: E402
-                                         add_wall_and_cube, render_with_cycles)
+from blender_splats_gui_scenario import (CROP_LOCATION, CROP_SCALE, CUBE_AT, CUBE_COLOR, CUBE_SIZE, MOVE,  # noqa: E402
+                                         SECOND_AT, WALL_COLOR, add_wall_and_cube, render_with_cycles)
 
 SIZE = (80, 60)
 
@@ -65,7 +68,42 @@ def image_pixels(name: str) -> np.ndarray:
     return pixels.reshape(image.size[1], image.size[0], 4)[::-1]  # top-down
 
 
-def run(zip_path: Path, workdir: Path, session: str, out: Path, python: str) -> dict:
+def export(path: Path, **options) -> str:
+    op("export_splats", filepath=str(path), **options)
+    wait_for(lambda: path.is_file() and not addon().live.backend.in_flight, f"export {path.name}")
+    return str(path)
+
+
+def several_models_and_a_crop_box(scene, session: str, second: str, out: Path) -> dict:
+    """A second session's model in front of the first, rendered with it; then the first alone, cropped, rendered
+    and exported (cropped, and whole in world space)."""
+    scene_splats = addon().scene_splats
+    model = bpy.data.objects[session]
+    other = scene_splats.add_model_object(bpy.context.view_layer, scene.collection, second, (0.0, 0.0, 0.0), 0.5)
+    other.matrix_world = SECOND_AT
+    bpy.context.view_layer.update()
+    several = render(scene, out / "several.png")
+    matrices = {name: scene_splats.model_matrix(bpy.data.objects[name]).tolist() for name in (session, second)}
+
+    other.hide_render = True
+    bpy.context.view_layer.objects.active = model
+    op("add_crop_box")
+    box = bpy.context.view_layer.objects.active
+    added_box = {"name": box.name, "parent": box.parent.name, "display": box.empty_display_type,
+                 "size": box.empty_display_size, "model_size": model.empty_display_size}
+    box.location, box.scale = CROP_LOCATION, CROP_SCALE
+    bpy.context.view_layer.update()
+    panel = []
+    scene_splats.SPLATWRIGHT_PT_scene_splats.draw(WithLayout(None, panel), bpy.context)
+    cropped = render(scene, out / "cropped.png")
+    bpy.context.view_layer.objects.active = box  # the export takes the model of the box's object
+    exports = {"cropped": export(out / "cropped.ply", cropped=True),
+               "world": export(out / "world.ply", cropped=False, world_space=True)}
+    return {"several": several, "matrices": matrices, "crop_box": added_box, "crop_panel": panel,
+            "cropped": cropped, "crop": scene_splats.model_choice(model)["crop"].tolist(), "exports": exports}
+
+
+def run(zip_path: Path, workdir: Path, session: str, second: str, out: Path, python: str) -> dict:
     scene = build_scene()
     bpy.ops.preferences.addon_install(filepath=str(zip_path), overwrite=True)
     bpy.ops.preferences.addon_enable(module="splatwright")
@@ -94,8 +132,9 @@ def run(zip_path: Path, workdir: Path, session: str, out: Path, python: str) -> 
     scene.render.use_compositing = True
     model.hide_render = False
     shown = render(scene, out / "shown.png")
-    np.save(out / "splats.npy", image_pixels(addon().composite.COLOR_IMAGE))
-    np.save(out / "splats_depth.npy", image_pixels(addon().composite.DEPTH_IMAGE)[..., 0])
+    _, color_image, depth_image = addon().composite.rank_names(0)
+    np.save(out / "splats.npy", image_pixels(color_image))
+    np.save(out / "splats_depth.npy", image_pixels(depth_image)[..., 0])
     exr = bpy.data.images.load(str(next((out / "depth").glob("*.exr"))))
     depth = np.empty(exr.size[0] * exr.size[1] * 4, np.float32)
     exr.pixels.foreach_get(depth)
@@ -113,7 +152,8 @@ def run(zip_path: Path, workdir: Path, session: str, out: Path, python: str) -> 
     bpy.ops.wm.open_mainfile(filepath=str(blend))
     scene = bpy.context.scene
     reopened = render(scene, out / "reopened.png")
-    result = {"added": added, "panel": panel, "hidden": hidden, "raw": raw, "shown": shown, "uneven": uneven,
+    crop = several_models_and_a_crop_box(scene, session, second, out)
+    result = {**crop, "added": added, "panel": panel, "hidden": hidden, "raw": raw, "shown": shown, "uneven": uneven,
               "reopened": reopened, "reports": blender_reports.lines,
               "splats": str(out / "splats.npy"), "splats_depth": str(out / "splats_depth.npy"),
               "depth": str(out / "depth.npy"),
@@ -131,12 +171,13 @@ def main() -> int:
     parser.add_argument("--zip", required=True)
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--session", required=True)
+    parser.add_argument("--second", required=True, help="another session with a saved model")
     parser.add_argument("--out", required=True)
     parser.add_argument("--python", default=sys.executable, help="the backend's Python, with torch")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    return report(lambda: run(Path(args.zip), Path(args.workdir), args.session, out, args.python))
+    return report(lambda: run(Path(args.zip), Path(args.workdir), args.session, args.second, out, args.python))
 
 
 if __name__ == "__main__":

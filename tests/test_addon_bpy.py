@@ -263,13 +263,15 @@ def test_remote_backend_with_token(scenario):
 
 @pytest.fixture(scope="module", params=BLENDERS)
 def f12(addon_zip, tmp_path_factory, request) -> dict:
-    """An F12 render with the Splatwright engine of a generated model the add-on loaded into a CPU backend, in
-    each Blender version."""
+    """An F12 render with the Splatwright engine of a generated model the add-on loaded into a CPU backend, then
+    of a trained session's model placed by a splat object, in each Blender version."""
     from conftest import viewing_model
+    from test_scene_splats_bpy import trained_session
     home = tmp_path_factory.mktemp(f"blender-engine-{request.param}")
     model, ply = viewing_model(home)
-    result = run_scenario(ENGINE_SCENARIO, home, "--zip", str(addon_zip), "--ply", str(ply),
-                          "--out", str(home / "out"), "--python", sys.executable, timeout=180,
+    session = trained_session(home / "out" / "sessions", model, "placed-model")
+    result = run_scenario(ENGINE_SCENARIO, home, "--zip", str(addon_zip), "--ply", str(ply), "--session", session,
+                          "--out", str(home / "out"), "--python", sys.executable, timeout=240,
                           blender=request.param)
     return {**result, "model": model}
 
@@ -298,6 +300,39 @@ def test_f12_render_is_the_backends_frame_with_a_depth_pass(f12):
     assert distance - 2.5 < depth[covered].min() and depth[covered].max() < distance + 2.5
     assert np.all(depth[alpha == 0] == 1e10)  # the background, as Blender's Depth pass has it
     assert f12["errors"] == ""
+
+
+def test_the_engine_renders_the_model_where_its_splat_object_places_it(f12):
+    """With a splat object of the shown session moved, turned and scaled, F12 is the backend's render through the
+    scene camera taken into the model's space, its Depth pass in the scene's units, and the viewport asks
+    through the same conversion; the splats moved from where the unplaced model shows them."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from blender_addon.core.codecs import camera_from_wire
+    from blender_addon.placement import camera_in_model
+    from backend.metrics import psnr
+    from backend.render import render
+    from test_scene_splats_bpy import BACKGROUND
+    placed = f12["placed"]
+    cam, depth_scale = camera_in_model(camera_from_wire(placed["camera"]), np.array(placed["model_matrix"]))
+    viewport = camera_from_wire(placed["viewport_camera"])
+    assert np.allclose(viewport.c2w, cam.c2w, atol=1e-6) and np.array_equal(viewport.K, cam.K)
+    assert 0.79 < depth_scale < 0.81
+    with torch.no_grad():
+        expected = render(f12["model"], cam, 1, BACKGROUND)
+        unplaced = render(f12["model"], camera_from_wire(placed["camera"]), 1, BACKGROUND)
+    got = torch.from_numpy(np.asarray(Image.open(placed["png"]), dtype=np.float32)[..., :3] / 255.0)
+    placed_psnr, unplaced_psnr = psnr(got, expected.image.clamp(0, 1)), psnr(got, unplaced.image.clamp(0, 1))
+    alpha, depth = expected.alpha.numpy(), np.load(placed["depth"])
+    covered = alpha > 0.5
+    view_depth = (expected.depth / expected.alpha.clamp_min(1e-12)).numpy() * depth_scale
+    print(f"placed F12: PSNR {placed_psnr:.1f} dB to the backend's render through the camera in model space, "
+          f"{unplaced_psnr:.1f} dB to the model where it was trained")
+    assert placed_psnr >= 40.0 and unplaced_psnr < 25.0
+    assert covered.mean() > 0.05 and np.allclose(depth[covered], view_depth[covered], rtol=1e-4)
+    assert np.all(depth[alpha == 0] == 1e10)
 
 
 def test_f12_with_a_render_border_renders_that_part(f12):

@@ -1,7 +1,8 @@
 """Splats in the scene's final renders, in real Blender (the bpy modules 4.5 and 5.0): a trained session's model
 added to the scene as an object and moved, rendered F12 with Cycles beside a wall through its middle and a cube
-in front of it. tests/blender_splats_scenario.py runs in Blender; these tests check its renders against the
-backend's own render of the model through the scene camera taken into the model's space."""
+in front of it; a second session's model in front of it; the first cropped by a crop box, and exported.
+tests/blender_splats_scenario.py runs in Blender; these tests check its renders against the backend's own render
+of each model through the scene camera taken into the model's space, and its exports against the model."""
 from __future__ import annotations
 
 import math
@@ -17,12 +18,15 @@ from blender_addon.colors import linear_to_srgb, srgb_to_linear
 from blender_addon.core.codecs import camera_from_wire
 from blender_addon.placement import camera_in_model
 from backend.gaussians import Gaussians, rgb_to_sh_dc
+from backend.ply import read_ply
 from backend.render import render
+from backend.render.reference import quat_to_rotmat
 from conftest import ROOT, orbit_cameras, random_gaussians
 from test_addon_bpy import BLENDERS, addon_zip, run_scenario  # noqa: F401  (addon_zip is a fixture)
 
 SCENARIO = ROOT / "tests" / "blender_splats_scenario.py"
 SESSION = "splat-model"
+SECOND = "splat-second"  # a session whose model the backend does not show: renders load its checkpoint
 BACKGROUND = (0.3, 0.5, 0.7)  # the session's, which the frames are composited over and which is taken out
 MARKER_AT, MARKER_RGB = (0.0, -0.5, 1.25), (1.0, 0.1, 0.1)  # an isolated Gaussian (in front of the wall)
 DEPTH_MARGIN = 0.05  # splats this close to a surface may fall either side of it in a pixel
@@ -37,6 +41,12 @@ def splat_model() -> Gaussians:
                        quats=torch.tensor([[1.0, 0.0, 0.0, 0.0]]), opacity_logits=torch.tensor([5.0]),
                        sh_dc=rgb_to_sh_dc(torch.tensor([[MARKER_RGB]])), sh_rest=torch.zeros(1, 3, 3))
     return Gaussians(**{k: torch.cat([getattr(g, k), getattr(marker, k)]) for k in Gaussians.names()})
+
+
+def second_model() -> Gaussians:
+    g = random_gaussians(150, seed=8, sh_degree=1, scale=0.1)
+    g.opacity_logits = g.opacity_logits + 3.0
+    return g
 
 
 def trained_session(workdir: Path, model: Gaussians, name: str = SESSION) -> str:
@@ -75,15 +85,58 @@ def png(path: str) -> np.ndarray:
 @pytest.fixture(scope="module", params=BLENDERS)
 def renders(addon_zip, tmp_path_factory, request) -> dict:  # noqa: F811
     home = tmp_path_factory.mktemp(f"blender-splats-{request.param}")
-    model = splat_model()
+    model, second = splat_model(), second_model()
     workdir = home / "sessions"
     trained_session(workdir, model)
+    trained_session(workdir, second, SECOND)
     result = run_scenario(SCENARIO, home, "--zip", str(addon_zip), "--workdir", str(workdir), "--session", SESSION,
-                          "--out", str(home / "out"), "--python", sys.executable, timeout=240, blender=request.param)
-    cam, depth_scale = camera_in_model(camera_from_wire(result["camera"]), np.array(result["model_matrix"]))
+                          "--second", SECOND, "--out", str(home / "out"), "--python", sys.executable, timeout=300,
+                          blender=request.param)
+    placed = placed_frame(model, result["camera"], result["model_matrix"])
+    return {**result, "blender": request.param, "straight": placed[0], "alpha": placed[1], "splat_depth": placed[2],
+            "model": model, "second": second}
+
+
+def placed_frame(model: Gaussians, camera, model_matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """backend_frame of `model` placed by `model_matrix`, seen through the scene's `camera` (wire form), its
+    depths in the scene's units (infinite where nothing is drawn)."""
+    cam, depth_scale = camera_in_model(camera_from_wire(camera), np.array(model_matrix))
     straight, alpha, depth = backend_frame(model, cam)
-    return {**result, "blender": request.param, "straight": straight, "alpha": alpha,
-            "splat_depth": np.where(alpha > 0, depth * depth_scale, np.inf), "placed": cam}
+    return straight, alpha, np.where(alpha > 0, depth * depth_scale, np.inf)
+
+
+def inside_crop(model: Gaussians, crop) -> torch.Tensor:
+    means = model.means.double().numpy()
+    crop = np.array(crop)
+    return torch.from_numpy(np.all(np.abs(means @ crop[:3, :3].T + crop[:3, 3]) <= 1.0, axis=-1))
+
+
+def subset(model: Gaussians, keep: torch.Tensor) -> Gaussians:
+    return Gaussians(**{k: v[keep] for k, v in model.tensors().items()})
+
+
+def layered(renders, shown_png: str, layers, order=None) -> tuple[float, float, np.ndarray, np.ndarray]:
+    """How far an F12 render is from Blender's render with the splat frames `layers` (straight colour, alpha,
+    depth each) blended over it in scene-linear, each pixel's farthest first, those behind a mesh left out (or in
+    `order`, the layers' indices from the farthest, for all pixels). Returns the largest error where splats are in
+    front and where only meshes are, and those pixels; pixels with splats close to a surface are left out."""
+    hidden, shown = png(renders["hidden"])[..., :3], png(shown_png)[..., :3]
+    scene_depth = np.load(renders["depth"])
+    depths = np.stack([depth for _, _, depth in layers])
+    drawn = np.stack([alpha for _, alpha, _ in layers]) > 0
+    near_surface = np.any(drawn & (np.abs(depths - scene_depth) < DEPTH_MARGIN), axis=0)
+    in_front = drawn & (depths < scene_depth)
+    front = np.any(in_front & (np.stack([alpha for _, alpha, _ in layers]) > 0.05), axis=0) & ~near_surface
+    behind = ~np.any(in_front, axis=0) & np.any(drawn, axis=0) & ~near_surface
+    ranks = np.argsort(-depths, axis=0) if order is None else np.array(order)[:, None, None] * np.ones_like(depths, int)
+    expected = srgb_to_linear(hidden)
+    for rank in ranks:
+        for i, (straight, alpha, depth) in enumerate(layers):
+            here = (rank == i) & in_front[i]
+            a = alpha[here][:, None]
+            expected[here] = expected[here] * (1 - a) + srgb_to_linear(straight[here]) * a
+    expected = linear_to_srgb(expected)
+    return np.abs(shown[front] - expected[front]).max(), np.abs(shown[behind] - hidden[behind]).max(), front, behind
 
 
 def test_the_model_is_added_as_a_cube_around_it(renders):
@@ -159,3 +212,54 @@ def test_f12_composites_the_splats_with_the_meshes_by_depth(renders):
 
 def test_a_saved_and_reopened_file_renders_the_splats_again(renders):
     assert np.array_equal(png(renders["reopened"]), png(renders["shown"]))
+
+
+def test_two_models_render_in_depth_order_the_one_not_shown_from_its_saved_model(renders):
+    """The second session's model, which the backend does not show, is drawn from its checkpoint in front of
+    the first; in each pixel the splats and meshes are layered in their order."""
+    first = placed_frame(renders["model"], renders["camera"], renders["matrices"][SESSION])
+    second = placed_frame(renders["second"], renders["camera"], renders["matrices"][SECOND])
+    both = (first[1] > 0.5) & (second[1] > 0.5)
+    second_nearer = both & (second[2] < first[2])
+    front_error, mesh_error, front, behind = layered(renders, renders["several"], [first, second])
+    wrong_error = layered(renders, renders["several"], [first, second], order=[1, 0])[0]  # the first over the second
+    print(f"several models ({renders['blender']}): {both.sum()} pixels where both have splats ({second_nearer.sum()} "
+          f"with the second nearer); {front.sum()} splat pixels in front, max error {front_error * 255:.2f}/255 "
+          f"(drawn in the other order: {wrong_error * 255:.1f}/255); {behind.sum()} behind meshes, max error "
+          f"{mesh_error * 255:.2f}/255")
+    assert second_nearer.sum() > 20 and (second[1] > 0.5).sum() > 100 and behind.sum() > 30
+    assert front_error <= 2 * LEVEL and mesh_error == 0.0 and wrong_error > 20 * LEVEL
+
+
+def test_a_crop_box_hides_the_splats_outside_it_in_f12(renders):
+    box = renders["crop_box"]
+    assert box["parent"] == SESSION and box["display"] == "CUBE" and box["size"] == box["model_size"]
+    assert f"cropped to {box['name']}" in renders["crop_panel"]
+    keep = inside_crop(renders["model"], renders["crop"])
+    assert 30 < int(keep.sum()) < len(keep) - 30
+    cropped = placed_frame(subset(renders["model"], keep), renders["camera"], renders["model_matrix"])
+    front_error, mesh_error, front, _ = layered(renders, renders["cropped"], [cropped])
+    outside = (renders["alpha"] > 0.05) & (cropped[1] == 0)  # splats the box took away
+    hidden, shown = png(renders["hidden"]), png(renders["cropped"])
+    outside_error = np.abs(shown[outside] - hidden[outside]).max()
+    print(f"crop box ({renders['blender']}): {int(keep.sum())} of {len(keep)} Gaussians kept; {outside.sum()} pixels "
+          f"lost their splats and show Blender's render (max error {outside_error * 255:.1f}/255); {front.sum()} "
+          f"kept splat pixels in front, max error {front_error * 255:.2f}/255")
+    assert outside.sum() > 100 and outside_error == 0.0
+    assert front.sum() > 50 and front_error <= 2 * LEVEL and mesh_error == 0.0
+
+
+def test_export_splats_writes_the_cropped_model_and_the_model_in_world_space(renders):
+    model = renders["model"]
+    cropped = read_ply(renders["exports"]["cropped"])
+    keep = inside_crop(model, renders["crop"])
+    assert len(cropped) == int(keep.sum())
+    np.testing.assert_allclose(cropped.means.numpy(), model.means[keep].numpy(), atol=1e-6)
+    world = read_ply(renders["exports"]["world"])
+    placement = np.array(renders["model_matrix"])
+    assert len(world) == len(model)
+    np.testing.assert_allclose(world.means.numpy(), model.means.double().numpy() @ placement[:3, :3].T
+                               + placement[:3, 3], atol=1e-5)
+    np.testing.assert_allclose(quat_to_rotmat(world.quats.double()).numpy(),
+                               placement[:3, :3] @ quat_to_rotmat(model.quats.double()).numpy(), atol=1e-5)
+    np.testing.assert_allclose(world.log_scales.numpy(), model.log_scales.numpy(), atol=1e-5)  # MOVE keeps scale

@@ -2,7 +2,8 @@
 tests/blender_splats_gui_scenario.py, which adds a trained session's model to the scene and looks at it in Solid
 shading past a cube in front of it and a wall through its middle. The screenshots (kept in test-artifacts/) show
 the backend's frame where the splats are in front and the meshes where they are; moving the object moves the
-splats; drawing never waits on Blender's main thread."""
+splats; a crop box crops them, and a second session's model in front is drawn over them; drawing never waits on
+Blender's main thread."""
 from __future__ import annotations
 
 import json
@@ -22,7 +23,8 @@ from blender_addon.core.codecs import camera_from_wire
 from blender_addon.placement import camera_in_model
 from backend.render import render
 from conftest import ROOT
-from test_scene_splats_bpy import BACKGROUND, MARKER_AT, MARKER_RGB, SESSION, splat_model, trained_session
+from test_scene_splats_bpy import (BACKGROUND, MARKER_AT, MARKER_RGB, SECOND, SESSION, inside_crop, second_model,
+                                   splat_model, subset, trained_session)
 from test_viewport_gui import ARTIFACTS, EDGE, xvfb  # noqa: F401  (xvfb is a fixture)
 
 SCENARIO = ROOT / "tests" / "blender_splats_gui_scenario.py"
@@ -37,12 +39,14 @@ def viewport(xvfb, tmp_path_factory) -> dict:  # noqa: F811
     home = tmp_path_factory.mktemp("blender-splats-gui")
     model = splat_model()
     trained_session(home / "sessions", model)
+    trained_session(home / "sessions", second_model(), SECOND)
     addon_zip = build_addon.build(home / "dist")
     env = {**os.environ, "DISPLAY": xvfb, "BLENDER_USER_SCRIPTS": str(home / "scripts"),
            "BLENDER_USER_CONFIG": str(home / "config")}
     run = subprocess.run(["blender", "--factory-startup", "-p", "0", "0", str(WINDOW[0]), str(WINDOW[1]),
                           "--python", str(SCENARIO), "--", "--zip", str(addon_zip), "--workdir", str(home / "sessions"),
-                          "--session", SESSION, "--python", sys.executable, "--out", str(home / "out")],
+                          "--session", SESSION, "--second", SECOND, "--python", sys.executable,
+                          "--out", str(home / "out")],
                          env=env, cwd=home, capture_output=True, text=True, timeout=240)
     result_file = home / "out" / "result.json"
     assert result_file.is_file(), f"Blender wrote no result (exit code {run.returncode}):\n{run.stdout[-3000:]}\n" \
@@ -63,10 +67,10 @@ def region_of(viewport, name: str) -> np.ndarray:
     return shot[shot.shape[0] - y - h:shot.shape[0] - y, x:x + w]
 
 
-def drawn_frame(viewport, name: str):
-    """The frame the viewport drew, rows top-down: straight display colours (the background taken out), alpha
-    and the model's view depth; and the camera it was asked through."""
-    taken = viewport[name]
+def drawn_frame(taken: dict):
+    """The frame the viewport drew (as the scenario saved it), rows top-down: straight display colours (the
+    background taken out), alpha and the model's view depth in the scene's units; and the camera it was asked
+    through."""
     rgba = np.load(taken["rgba"])[::-1].astype(np.float64) / 255.0
     alpha = rgba[..., 3]
     shown = rgba[..., :3] - np.array(taken["background"]) * (1 - alpha[..., None])
@@ -79,7 +83,7 @@ def test_the_viewport_draws_the_backends_frame_of_the_placed_model(viewport):
     """The frame the viewport drew is the backend's render of the model through the viewport's camera taken
     into the model's space (the reference rasterizer again, from the same checkpoint)."""
     for name in ("shown", "moved"):
-        straight, alpha, _, cam = drawn_frame(viewport, name)
+        straight, alpha, _, cam = drawn_frame(viewport[name])
         with torch.no_grad():
             out = render(viewport["model"], cam, 1, BACKGROUND)
         expected = (torch.cat([out.image, out.alpha[..., None]], -1).clamp(0, 1) * 255 + 0.5).to(torch.uint8)
@@ -93,7 +97,7 @@ def test_meshes_in_front_hide_the_splats_and_splats_in_front_hide_the_meshes(vie
     model's middle) is in front, its Solid colour; where the splats are, the backend's frame, blended over what
     is behind in the viewport's blending space where they are transparent."""
     shown, hidden = region_of(viewport, "shown"), region_of(viewport, "hidden")
-    straight, alpha, splat_depth, _ = drawn_frame(viewport, "shown")
+    straight, alpha, splat_depth, _ = drawn_frame(viewport["shown"])
     cam = camera_from_wire(viewport["shown"]["camera"])
     m = EDGE
     shown, hidden, straight, alpha, splat_depth = (a[m:-m, m:-m] for a in (shown, hidden, straight, alpha,
@@ -162,6 +166,47 @@ def test_moving_the_model_object_moves_the_splats(viewport):
     assert MARKER_RGB[0] > 0.9 and moved > 10
     for expected, found in centres.values():
         assert np.linalg.norm(found - expected) <= 1.0
+
+
+def test_the_viewport_draws_a_cropped_model_and_a_second_one_in_depth_order(viewport):
+    """With a crop box on the first model and a second session's model (which the backend does not show) in
+    front of it: each frame drawn is the backend's render of its model, the first one cropped; where the second
+    is opaque and nearer the screenshot is its frame, where only the first is, the first's over the scene; where
+    the crop box took the splats away, the scene as it is without them."""
+    several = viewport["several"]
+    models = {"first": subset(viewport["model"], inside_crop(viewport["model"], several["crop"])),
+              "second": second_model()}
+    frames = {}
+    for label, model in models.items():
+        straight, alpha, depth, cam = frames[label] = drawn_frame(several["frames"][label])
+        with torch.no_grad():
+            out = render(model, cam, 1, BACKGROUND)
+        expected = (torch.cat([out.image, out.alpha[..., None]], -1).clamp(0, 1) * 255 + 0.5).to(torch.uint8)
+        got = np.load(several["frames"][label]["rgba"])[::-1]
+        assert np.abs(got.astype(int) - expected.numpy().astype(int)).max() <= 1, label
+    shot, hidden = region_of(viewport, "several"), region_of(viewport, "hidden")
+    first, first_alpha, first_depth, cam = frames["first"]
+    second, second_alpha, second_depth, _ = frames["second"]
+    wall_depth = depth_of_wall(cam)
+    second_over = (second_alpha == 1.0) & (second_depth < np.minimum(first_depth, wall_depth) - DEPTH_MARGIN)
+    wall = np.all(np.abs(hidden - srgb8(viewport["wall_color"])) <= 1.5 * LEVEL, -1)  # not the cube
+    first_only = wall & (first_alpha > 0.1) & (second_alpha == 0) & (first_depth < wall_depth - DEPTH_MARGIN)
+    a = first_alpha[first_only][:, None]
+    first_blended = (hidden[first_only] ** UI_GAMMA * (1 - a) + first[first_only] ** UI_GAMMA * a) ** (1 / UI_GAMMA)
+    both = second_over & (first_alpha > 0.5)
+    uncropped_alpha = drawn_frame(viewport["moved"])[1]  # the same view and placement, before the crop box
+    cropped_away = (uncropped_alpha > 0.5) & (first_alpha == 0) & (second_alpha == 0)
+    errors = {"second over the first": np.abs(shot[both] - second[both]).max(),
+              "second opaque in front": np.abs(shot[second_over] - second[second_over]).max(),
+              "first alone, blended": np.abs(shot[first_only] - first_blended).max(),
+              "cropped away": np.abs(shot[cropped_away] - hidden[cropped_away]).max()}
+    counts = {"second over the first": both.sum(), "second opaque in front": second_over.sum(),
+              "first alone, blended": first_only.sum(), "cropped away": cropped_away.sum()}
+    print("several models in the viewport, max error in levels: " + "; ".join(
+        f"{k}: {counts[k]} px, {255 * v:.2f}" for k, v in errors.items()))
+    assert min(counts.values()) > 50
+    assert errors["second over the first"] <= 2 * LEVEL and errors["second opaque in front"] <= 2 * LEVEL
+    assert errors["first alone, blended"] <= 2 * LEVEL and errors["cropped away"] <= LEVEL
 
 
 def test_drawing_the_splats_never_waits_on_the_main_thread(viewport):

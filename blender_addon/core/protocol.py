@@ -21,13 +21,17 @@ import struct
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from .codecs import CAMERA, FRAME_FORMATS, MAX_IMAGE_BYTES, MAX_IMAGE_SIDE, MAX_POINTS, UPLOAD_FORMATS
-from .schema import MAX_TEXT_CHARS, AnyObject, Bool, Fields, Float, Int, Kind, Maybe, MessageSpec, Str, optional
+from .schema import (MAX_TEXT_CHARS, AnyObject, Bool, Fields, Float, Int, Kind, Maybe, MessageSpec, Numbers, Str,
+                     optional)
 from .settings import BACKGROUND, TRAINING
 
-# 4: load_ply and export_ply name their files (the splat format); 3: warning events; 2: replies and events
-# declared and checked by the client
-PROTOCOL_VERSION = 4
+# 5: render and export_ply name a session's saved model and a crop box, export_ply a placement; 4: load_ply and
+# export_ply name their files (the splat format); 3: warning events; 2: replies and events declared and checked by
+# the client
+PROTOCOL_VERSION = 5
 MAGIC = b"SPW\x00"
 PREFIX = struct.Struct(">4sI")  # magic, header length
 
@@ -88,10 +92,56 @@ class SessionName(Kind):
         return name
 
 
+SCALE_TOLERANCE = 1e-4  # relative difference between the axes' scales that still counts as uniform
+
+
+def placement_scale(matrix, what: str = "the matrix") -> float:
+    """The scale of a 4x4 placement made of a rotation, a translation and one scale for all axes; raises
+    ValueError, naming `what`, for anything else (splat models take no other transform)."""
+    m = np.asarray(matrix, dtype=np.float64)
+    if m.shape != (4, 4) or not np.all(np.isfinite(m)) or not np.allclose(m[3], [0.0, 0.0, 0.0, 1.0]):
+        raise ValueError(f"{what} is not an affine 4x4 placement")
+    linear = m[:3, :3]
+    scales = np.linalg.norm(linear, axis=0)
+    scale = float(scales.mean())
+    if scale <= 0.0 or np.linalg.det(linear) <= 0.0:
+        raise ValueError(f"{what} has a zero or mirroring scale; give it a positive scale")
+    rotation = linear / scale
+    if (np.abs(scales - scale).max() > SCALE_TOLERANCE * scale
+            or not np.allclose(rotation.T @ rotation, np.eye(3), atol=SCALE_TOLERANCE)):
+        raise ValueError(f"{what} is scaled unevenly ({', '.join(f'{s:.4g}' for s in scales)}) or sheared; "
+                         "splat models take one scale for all axes, so give X, Y and Z the same scale")
+    return scale
+
+
+class Matrix(Kind):
+    """A 4x4 affine matrix (rows; the last one 0 0 0 1) of finite numbers, decoded to a float64 array; with
+    `placement`, only a rotation, a translation and one positive scale (placement_scale)."""
+
+    def __init__(self, placement: bool = False):
+        self.numbers, self.placement = Numbers((4, 4)), placement
+
+    def check(self, value) -> np.ndarray:
+        m = np.array(self.numbers.check(value), dtype=np.float64)
+        if self.placement:
+            placement_scale(m)
+        elif not np.allclose(m[3], [0.0, 0.0, 0.0, 1.0]):
+            raise ValueError(f"the last row is {' '.join(f'{x:g}' for x in m[3])}, not 0 0 0 1 (an affine matrix)")
+        return m
+
+    def encode(self, value):
+        return self.numbers.encode(np.asarray(value, dtype=np.float64))
+
+
 # ---- the messages ----
 
 COUNT = Int(0, 2**53)
 NUMBER = Float(-1e300, 1e300)
+# Which model a render or an export is of, and the part of it kept. `model`: a session whose last saved model (its
+# checkpoint) is drawn, the open session's trained model as it is now when it names that one; null: the shown
+# model. `crop`: model space into a box's unit cube [-1, 1]^3; only the Gaussians whose centres fall inside it are
+# kept (null: all of them).
+MODEL_CHOICE = Fields(model=optional(Maybe(SessionName()), None), crop=optional(Maybe(Matrix()), None))
 
 REQUESTS: dict[str, MessageSpec] = {
     "hello": MessageSpec(Fields(token=Str(MAX_TOKEN_CHARS), protocol=Int(0, 2**31),
@@ -107,11 +157,13 @@ REQUESTS: dict[str, MessageSpec] = {
     "pause": MessageSpec(),
     "resume": MessageSpec(),
     "stop": MessageSpec(),
-    "render": MessageSpec(Fields(camera=CAMERA, format=optional(Str(choices=FRAME_FORMATS), "rgba8"),
-                                 depth=optional(Bool(), False))),
+    "render": MessageSpec(MODEL_CHOICE.extended(camera=CAMERA, format=optional(Str(choices=FRAME_FORMATS), "rgba8"),
+                                                depth=optional(Bool(), False))),
     # `name`: the file the model is exported to, whose ending picks the format (backend/formats: *.ply,
-    # *.compressed.ply, *.spz, *.splat).
-    "export_ply": MessageSpec(Fields(name=optional(Str(255), "splats.ply"))),
+    # *.compressed.ply, *.spz, *.splat). `placement`: model space into the space the file holds (e.g. the world
+    # of a Blender scene), applied to the means, rotations and scales after the crop; null: model space.
+    "export_ply": MessageSpec(MODEL_CHOICE.extended(name=optional(Str(255), "splats.ply"),
+                                                    placement=optional(Maybe(Matrix(placement=True)), None))),
     "save_checkpoint": MessageSpec(),
     "load_checkpoint": MessageSpec(),
     # Payload: a splat file in any format backend/formats reads, recognised by its content; `name`, the file's

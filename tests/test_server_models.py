@@ -1,0 +1,173 @@
+"""The backend's render and export_ply of a model named by its session (its saved model, beside the open session's),
+cropped by a box and placed in another space; the server runs in this process on loopback (CPU)."""
+from __future__ import annotations
+
+import math
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from blender_addon.core import codecs, protocol
+from blender_addon.core.client import Client, RemoteError, decode_frame
+from blender_addon.core.protocol import REQUESTS, SERVER_MESSAGES
+from backend.engine import Engine
+from backend.gaussians import Gaussians
+from backend.ply import read_ply
+from backend.render.reference import quat_to_rotmat
+from backend.server import Server
+from backend.session import Session
+from backend.train import TrainConfig, Trainer
+from conftest import orbit_cameras, random_gaussians
+from test_server import expected_frame, raw_connect, wait_for
+
+SIZE = 24
+BACKGROUNDS = {"near": (1.0, 1.0, 1.0), "far": (0.2, 0.3, 0.4)}
+
+
+def save_model(workdir: Path, name: str, model: Gaussians, step: int = 1) -> None:
+    """A session `name` in `workdir` whose checkpoint holds `model` at `step`, with two small views."""
+    folder_exists = (workdir / name).is_dir()
+    session = Session.open(workdir, name, create=True)
+    background = BACKGROUNDS.get(name, (1.0, 1.0, 1.0))
+    if not folder_exists:
+        for i, cam in enumerate(orbit_cameras(2, 16, 16)):
+            with torch.no_grad():
+                image = expected_frame(model, cam, model.max_sh_degree, background)[::-1, :, :3]
+            session.add_view(cam, np.ascontiguousarray(image), f"view_{i}")
+    cfg = TrainConfig(iterations=step, sh_degree=model.max_sh_degree, sh_interval=1, background=background)
+    trainer = Trainer(session.dataset(background), cfg, "cpu", model.detached())
+    trainer.step = step
+    trainer.save_checkpoint(session.checkpoint_path)
+
+
+@pytest.fixture
+def server(tmp_path):
+    models = {"near": random_gaussians(200, seed=2, sh_degree=1), "far": random_gaussians(150, seed=3, sh_degree=1)}
+    for name, model in models.items():
+        save_model(tmp_path, name, model)
+    server = Server(Engine(tmp_path, "cpu", "reference"))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server, models
+    server.stop()
+    thread.join(30)
+
+
+def box(centre, half_sizes, turn: float = 0.0) -> np.ndarray:
+    """Model space into the unit cube of a box at `centre` with `half_sizes`, turned `turn` about z."""
+    c, s = math.cos(turn), math.sin(turn)
+    to_model = np.eye(4)
+    to_model[:3, :3] = np.array([[c, -s, 0], [s, c, 0], [0, 0, 1]]) @ np.diag(half_sizes)
+    to_model[:3, 3] = centre
+    return np.linalg.inv(to_model)
+
+
+def inside(means: np.ndarray, crop: np.ndarray) -> np.ndarray:
+    return np.all(np.abs(means @ crop[:3, :3].T + crop[:3, 3]) <= 1.0, axis=-1)
+
+
+def test_a_render_of_a_named_session_draws_its_saved_model_and_leaves_the_open_one(server):
+    server, models = server
+    cam = orbit_cameras(1, SIZE, SIZE)[0]
+    with Client("127.0.0.1", server.port) as client:
+        client.call("open_session", name="near")
+        client.call("load_checkpoint")
+        far = client.request("render", {"camera": cam, "model": "far"})
+        assert far.fields["background"] == list(BACKGROUNDS["far"]) and far.fields["step"] == 1
+        assert np.array_equal(decode_frame(far), expected_frame(models["far"], cam, 1, BACKGROUNDS["far"]))
+        status = client.call("status")
+        assert status["session"] == "near" and status["gaussians"] == len(models["near"])
+        near = expected_frame(models["near"], cam, 1, BACKGROUNDS["near"])
+        assert np.array_equal(decode_frame(client.request("render", {"camera": cam})), near)
+        assert np.array_equal(decode_frame(client.request("render", {"camera": cam, "model": "near"})), near)
+
+        # Training the open session goes on while another session's model is drawn.
+        client.call("start_training", iterations=10_000, fresh=True, init_points=100, progress_interval=0.05)
+        wait_for(client, lambda e: e["event"] == "progress" and e["step"] > 2)
+        again = client.request("render", {"camera": cam, "model": "far"})
+        assert np.array_equal(decode_frame(again), decode_frame(far))
+        assert wait_for(client, lambda e: e["event"] == "progress" and e["step"] > 5)["state"] == "training"
+        client.call("stop")
+
+        # A checkpoint written since is loaded again; a session without one, or none at all, is refused.
+        replaced = random_gaussians(50, seed=9, sh_degree=1)
+        save_model(Path(server.engine.workdir), "far", replaced, step=7)
+        reply = client.request("render", {"camera": cam, "model": "far"})
+        assert reply.fields["step"] == 7
+        assert np.array_equal(decode_frame(reply), expected_frame(replaced, cam, 1, BACKGROUNDS["far"]))
+        Session.open(Path(server.engine.workdir), "fresh", create=True)
+        for name, said in (("fresh", "session 'fresh' has no saved model yet"),
+                           ("absent", "session 'absent' does not exist")):
+            with pytest.raises(RemoteError, match=said) as e:
+                client.request("render", {"camera": cam, "model": name})
+            assert e.value.code == protocol.REJECTED
+
+
+def test_a_crop_box_keeps_the_gaussians_inside_it_in_renders_and_exports(server, tmp_path):
+    server, models = server
+    cam = orbit_cameras(1, SIZE, SIZE)[0]
+    crop = box([0.2, -0.1, 0.0], [0.5, 0.4, 0.6], turn=0.4)
+    far = models["far"]
+    kept = inside(far.means.numpy().astype(np.float64), crop)
+    assert 10 < kept.sum() < len(far) - 10
+    subset = Gaussians(**{k: v[torch.from_numpy(kept)] for k, v in far.tensors().items()})
+    with Client("127.0.0.1", server.port) as client:
+        client.call("open_session", name="near")
+        reply = client.request("render", {"camera": cam, "model": "far", "crop": crop})
+        assert np.array_equal(decode_frame(reply), expected_frame(subset, cam, 1, BACKGROUNDS["far"]))
+        exported = client.request("export_ply", {"model": "far", "crop": crop, "name": "cropped.ply"})
+        (tmp_path / "cropped.ply").write_bytes(exported.payload)
+        model = read_ply(tmp_path / "cropped.ply")
+        print(f"the crop box keeps {kept.sum()} of {len(far)} Gaussians")
+        assert exported.fields["gaussians"] == len(model) == kept.sum() and exported.fields["path"] == ""
+        np.testing.assert_allclose(model.means.numpy(), subset.means.numpy(), atol=1e-6)
+
+
+def test_an_export_in_another_space_moves_the_means_rotations_and_scales(server, tmp_path):
+    server, models = server
+    scale, angle = 1.7, 0.8
+    axis = np.array([1.0, 2.0, 2.0]) / 3.0
+    k = np.array([[0, -axis[2], axis[1]], [axis[2], 0, -axis[0]], [-axis[1], axis[0], 0]])
+    rotation = np.eye(3) + math.sin(angle) * k + (1 - math.cos(angle)) * k @ k
+    placement = np.eye(4)
+    placement[:3, :3], placement[:3, 3] = scale * rotation, [0.5, -2.0, 1.0]
+    near = models["near"]
+    with Client("127.0.0.1", server.port) as client:
+        client.call("open_session", name="far")
+        exported = client.request("export_ply", {"model": "near", "placement": placement})
+    (tmp_path / "placed.ply").write_bytes(exported.payload)
+    placed = read_ply(tmp_path / "placed.ply")
+    assert len(placed) == len(near) and "not turned" in exported.fields["note"]
+    means = near.means.double().numpy()
+    np.testing.assert_allclose(placed.means.numpy(), means @ placement[:3, :3].T + placement[:3, 3], atol=1e-5)
+    np.testing.assert_allclose(placed.log_scales.numpy(), near.log_scales.numpy() + math.log(scale), atol=1e-5)
+    turned = rotation @ quat_to_rotmat(near.quats.double()).numpy()
+    np.testing.assert_allclose(quat_to_rotmat(placed.quats.double()).numpy(), turned, atol=1e-5)
+
+
+@pytest.mark.parametrize("request_type, fields, said", [
+    ("render", {"crop": [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0]]}, "render: crop: expected a list of shape [4, 4]"),
+    ("render", {"crop": [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]]},
+     "render: crop: the last row is 0 0 1 1, not 0 0 0 1 (an affine matrix)"),
+    ("render", {"crop": [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, "1"]]},
+     "render: crop: expected a number, got str"),
+    ("render", {"model": "../etc"}, "render: model: '../etc': use up to 64 letters"),
+    ("export_ply", {"placement": [[1, 0, 0, 0], [0, 2, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]},
+     "export_ply: placement: the matrix is scaled unevenly (1, 2, 1) or sheared"),
+    ("export_ply", {"placement": [[-1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]},
+     "export_ply: placement: the matrix has a zero or mirroring scale"),
+])
+def test_a_bad_model_choice_is_refused_in_one_line_and_the_connection_goes_on(server, request_type, fields, said):
+    server, _ = server
+    if request_type == "render":
+        fields = {"camera": codecs.camera_to_wire(orbit_cameras(1, 8, 8)[0]), **fields}
+    with raw_connect(server.port) as sock:
+        sock.sendall(protocol.encode_header(request_type, 3, fields, 0))
+        error = protocol.read_message(sock, SERVER_MESSAGES)
+        assert (error.type, error.id, error.fields["code"]) == ("error", 3, protocol.BAD_REQUEST)
+        assert error.fields["message"].startswith(said) and "\n" not in error.fields["message"]
+        protocol.send_message(sock, protocol.encode_message(REQUESTS, "status", 4))
+        assert protocol.read_message(sock, SERVER_MESSAGES).fields["session"] is None
