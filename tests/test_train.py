@@ -21,8 +21,10 @@ from conftest import ROOT, orbit_cameras, random_gaussians, write_scene
 
 def small_config(iterations: int):
     cfg = cpu_config(iterations)
+    # Capped: on 32x32 views densification would grow 500 Gaussians to 12k in 120 steps.
     return replace(cfg, init_points=500, sh_interval=20, log_every=10,
-                   densify=replace(cfg.densify, start=10, every=10, stop=iterations, reset_opacity_every=30))
+                   densify=replace(cfg.densify, start=10, every=10, stop=iterations, reset_opacity_every=30,
+                                   max_gaussians=2000))
 
 
 def test_training_improves_the_fit(tiny_scene):
