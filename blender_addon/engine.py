@@ -16,7 +16,6 @@ import numpy as np
 from gpu_extras.batch import batch_for_shader
 
 from . import live, view_colors
-from .core import codecs
 from .core.cameras import Camera
 from .colors import combined_pass
 from .core.client import RemoteError, decode_depth, decode_frame, wait_done
