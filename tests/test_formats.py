@@ -324,7 +324,7 @@ def test_render_and_train_init_read_every_format(tmp_path):
 def spz_payload(n: int = 4, version: int = 3, degree: int = 0, extra: bytes = b"", count: int | None = None) -> bytes:
     rotation = 4 if version == 3 else 3
     header = struct.pack("<IIIBBBB", spz.MAGIC, version, n if count is None else count, degree, 12, 0, 0)
-    return gzip.compress(header + bytes(n * (16 + rotation + 3 * ((degree + 1) ** 2 - 1))) + extra)
+    return gzip.compress(header + bytes(n * (16 + rotation + 3 * ((degree + 1) ** 2 - 1))) + extra, mtime=0)
 
 
 def splat_records(**changes) -> bytes:
@@ -347,7 +347,7 @@ def nan_chunk(data: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("name, data, message", [
-    ("bad.spz", gzip.compress(b"NOTSPZ" * 10), "gzip data that is not SPZ"),
+    ("bad.spz", gzip.compress(b"NOTSPZ" * 10, mtime=0), "gzip data that is not SPZ"),
     ("bad.spz", spz_payload()[:-9], "SPZ's gzip stream is truncated or corrupt"),
     ("bad.spz", spz_payload(count=9), "truncated SPZ: 9 splats need"),
     ("bad.spz", spz_payload(extra=b"\0" * 7), "7 bytes after the columns of 4 splats; the splat count does not match"),
