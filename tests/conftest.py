@@ -21,6 +21,12 @@ from backend.render import render  # noqa: E402
 DONUT = ROOT.parent / "shared" / "data" / "splats" / "donut_sh0.ply"
 
 
+def pytest_collection_modifyitems(items) -> None:
+    """The files that start Blender first: they are the longest, so on several processes (./run test) they run
+    side by side from the start instead of one of them last."""
+    items.sort(key=lambda item: item.get_closest_marker("blender") is None)
+
+
 def orbit_cameras(n: int, width: int, height: int, radius: float = 3.0, fov_x: float = 0.9) -> list[Camera]:
     K = intrinsics_from_fov_x(fov_x, width, height)
     cams = []

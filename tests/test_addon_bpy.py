@@ -20,6 +20,8 @@ from backend.data import load_split
 from backend.ply import read_ply
 from conftest import DONUT
 
+pytestmark = pytest.mark.blender
+
 REPO = Path(__file__).resolve().parent.parent
 SCENARIO = REPO / "tests" / "blender_scenario.py"
 ENGINE_SCENARIO = REPO / "tests" / "blender_engine_scenario.py"

@@ -15,6 +15,8 @@ import pytest
 import build_addon
 from blender_addon.defaults import DEVICE_DEFAULTS
 
+pytestmark = pytest.mark.blender
+
 REPO = Path(__file__).resolve().parent.parent
 SCENARIO = REPO / "tests" / "blender_capture_scenario.py"
 BPY5_PYTHON = REPO / ".venv-bpy5" / "bin" / "python"

@@ -24,6 +24,8 @@ from blender_addon.core.errors import SplatwrightError
 from conftest import ROOT
 from test_addon_bpy import BLENDERS, run_scenario
 
+pytestmark = pytest.mark.blender
+
 SCENARIO = ROOT / "tests" / "blender_colmap_scenario.py"
 DATA = ROOT / "tests" / "data" / "colmap_skull"
 SPLATS = ROOT / "tests" / "data" / "splats"

@@ -24,6 +24,8 @@ from backend.render.reference import quat_to_rotmat
 from conftest import ROOT, orbit_cameras, random_gaussians
 from test_addon_bpy import BLENDERS, addon_zip, run_scenario  # noqa: F401  (addon_zip is a fixture)
 
+pytestmark = pytest.mark.blender
+
 SCENARIO = ROOT / "tests" / "blender_splats_scenario.py"
 SESSION = "splat-model"
 SECOND = "splat-second"  # a session whose model the backend does not show: renders load its checkpoint

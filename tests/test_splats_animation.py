@@ -16,6 +16,8 @@ from test_addon_bpy import BLENDERS, addon_zip, run_scenario  # noqa: F401  (add
 from test_scene_splats_bpy import DEPTH_MARGIN, LEVEL, SESSION, placed_frame, png, splat_model, srgb8, trained_session
 from test_splats_gui import depth_of_wall
 
+pytestmark = pytest.mark.blender
+
 SCENARIO = ROOT / "tests" / "blender_splats_animation_scenario.py"
 
 

@@ -27,6 +27,8 @@ from test_scene_splats_bpy import (BACKGROUND, MARKER_AT, MARKER_RGB, SECOND, SE
                                    splat_model, subset, trained_session)
 from test_viewport_gui import ARTIFACTS, EDGE, xvfb  # noqa: F401  (xvfb is a fixture)
 
+pytestmark = pytest.mark.blender
+
 SCENARIO = ROOT / "tests" / "blender_splats_gui_scenario.py"
 WINDOW = (640, 480)
 LEVEL = 1 / 255 + 1e-9  # one 8-bit level, with room for the rounding of pixel differences

@@ -23,6 +23,8 @@ from backend.metrics import psnr
 from backend.render import render
 from conftest import ROOT, viewing_model
 
+pytestmark = pytest.mark.blender
+
 SCENARIO = ROOT / "tests" / "blender_gui_scenario.py"
 ARTIFACTS = ROOT / "test-artifacts"
 WINDOW = (1280, 800)
