@@ -23,7 +23,7 @@ from mathutils import Euler, Vector
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from blocking_calls import BlockingCalls  # noqa: E402
-from backend.bench.windowed import run_in_window, until  # noqa: E402
+from backend.bench.windowed import data_writable, run_in_window, until  # noqa: E402
 
 FRAME_TIMEOUT = 120.0
 TICKS_DURING_RENDER = 5  # a render that blocked Blender's main thread would let none through
@@ -224,7 +224,7 @@ def render_job(addon, out: Path, result: dict):
     try:
         with bpy.context.temp_override(window=window, area=area, region=region):
             result["render_job_invoked"] = list(bpy.ops.render.render("INVOKE_DEFAULT"))
-        yield from until(lambda: not bpy.app.is_job_running("RENDER"), "the render job", 90)
+        yield from until(lambda: not bpy.app.is_job_running("RENDER") and data_writable(scene), "the render job", 90)
     finally:
         view.render_display_type, engine.fetch = display, fetch
     path = out / "render_job.png"

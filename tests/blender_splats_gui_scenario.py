@@ -24,7 +24,7 @@ from mathutils import Euler, Matrix, Vector
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from blocking_calls import BlockingCalls  # noqa: E402
-from backend.bench.windowed import run_in_window, until  # noqa: E402
+from backend.bench.windowed import data_writable, run_in_window, until  # noqa: E402
 
 FRAME_TIMEOUT = 120.0
 WALL_COLOR, CUBE_COLOR, BACKGROUND_COLOR = (0.1, 0.45, 0.2), (0.05, 0.1, 0.6), (0.05, 0.05, 0.05)
@@ -197,7 +197,8 @@ def final_renders(addon, out: Path, result: dict):
         finished.clear()
         with bpy.context.temp_override(window=window, area=area, region=region):
             bpy.ops.render.render("INVOKE_DEFAULT")
-        yield from until(lambda: finished and not bpy.app.is_job_running("RENDER"), f"the render {name}", 120)
+        yield from until(lambda: finished and not bpy.app.is_job_running("RENDER") and data_writable(model),
+                         f"the render {name}", 120)
         bpy.data.images["Render Result"].save_render(str(out / f"{name}.png"))
         result[name] = str(out / f"{name}.png")
     bpy.app.handlers.render_complete.remove(completed)

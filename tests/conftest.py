@@ -21,17 +21,6 @@ from backend.render import render  # noqa: E402
 DONUT = ROOT.parent / "shared" / "data" / "splats" / "donut_sh0.ply"
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
-def pytest_collection_modifyitems(items) -> None:
-    """For ./run test's processes (pytest-xdist, --dist loadgroup): the files that start Blender run one after
-    another in one process, first, since together they take longest (two Blender scenarios side by side made
-    one of them stall); every other file runs whole in one process, so its module fixtures run once."""
-    for item in items:
-        starts_blender = item.get_closest_marker("blender") is not None
-        item.add_marker(pytest.mark.xdist_group("blender" if starts_blender else item.module.__name__))
-    items.sort(key=lambda item: item.get_closest_marker("blender") is None)
-
-
 def orbit_cameras(n: int, width: int, height: int, radius: float = 3.0, fov_x: float = 0.9) -> list[Camera]:
     K = intrinsics_from_fov_x(fov_x, width, height)
     cams = []

@@ -25,6 +25,16 @@ def until(condition, what: str, timeout: float):
         yield 0.05
 
 
+def data_writable(datablock) -> bool:
+    """Whether Blender lets scripts change data again: a render job's end runs on the main thread a little after
+    bpy.app.is_job_running says it is over, and until then writes to ID data are refused."""
+    try:
+        datablock.name = datablock.name
+    except AttributeError:
+        return False
+    return True
+
+
 def run_in_window(scenario) -> None:
     """Run scenario(args, result) step by step from a Blender timer, then write its result (with `failure` and
     `traceback` if it raised) to the --out folder's result.json and quit Blender."""
