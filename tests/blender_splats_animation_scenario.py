@@ -18,9 +18,9 @@ import bpy
 from mathutils import Euler, Matrix, Vector
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from blender_scenario import addon, blender_reports, op, report, stop_and_disable, wait_for  # noqa: E402
+from blender_scenario import addon, blender_reports, report, stop_and_disable  # noqa: E402  (also catches the add-on's timers)
 from blender_splats_gui_scenario import LOOK_AT, WALL_COLOR  # noqa: E402
-from blender_splats_scenario import build_scene  # noqa: E402
+from blender_splats_scenario import placed_model  # noqa: E402
 
 # Per frame: where the camera is (it looks at LOOK_AT), and how the model object is moved from where it was added.
 CAMERA_PATH = ((0.0, -6.0, 0.6), (0.9, -5.7, 1.0), (-0.8, -5.4, 0.3))
@@ -63,19 +63,7 @@ def render_animation(scene, out: Path, name: str) -> list[str]:
 
 
 def run(zip_path: Path, workdir: Path, session: str, out: Path, python: str) -> dict:
-    scene = build_scene()
-    bpy.ops.preferences.addon_install(filepath=str(zip_path), overwrite=True)
-    bpy.ops.preferences.addon_enable(module="splatwright")
-    live = addon().live
-    prefs = bpy.context.preferences.addons["splatwright"].preferences
-    prefs.python, prefs.workdir = python, str(workdir)
-    scene.splatwright.session = session
-    op("backend_start")  # reopens the session and its checkpoint
-    wait_for(lambda: live.backend.connection == "connected" and live.backend.status.get("gaussians")
-             and not live.backend.in_flight, "backend start", 120)
-    op("add_model")
-    wait_for(lambda: session in bpy.data.objects and not live.backend.in_flight, "Add Model to Scene")
-    model = bpy.data.objects[session]
+    scene, live, model = placed_model(zip_path, workdir, session, python)
     keyframe_motion(scene, model)
     scene.frame_set(1)
     frames = poses(scene, model)

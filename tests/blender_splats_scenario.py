@@ -103,7 +103,9 @@ def several_models_and_a_crop_box(scene, session: str, second: str, out: Path) -
             "cropped": cropped, "crop": scene_splats.model_choice(model)["crop"].tolist(), "exports": exports}
 
 
-def run(zip_path: Path, workdir: Path, session: str, second: str, out: Path, python: str) -> dict:
+def placed_model(zip_path: Path, workdir: Path, session: str, python: str):
+    """The scene of build_scene with the add-on installed, its backend started on `session` and that session's
+    model added to the scene: (scene, the add-on's live state, the model object)."""
     scene = build_scene()
     bpy.ops.preferences.addon_install(filepath=str(zip_path), overwrite=True)
     bpy.ops.preferences.addon_enable(module="splatwright")
@@ -116,7 +118,11 @@ def run(zip_path: Path, workdir: Path, session: str, second: str, out: Path, pyt
              and not live.backend.in_flight, "backend start", 120)
     op("add_model")
     wait_for(lambda: session in bpy.data.objects and not live.backend.in_flight, "Add Model to Scene")
-    model = bpy.data.objects[session]
+    return scene, live, bpy.data.objects[session]
+
+
+def run(zip_path: Path, workdir: Path, session: str, second: str, out: Path, python: str) -> dict:
+    scene, live, model = placed_model(zip_path, workdir, session, python)
     added = {"location": list(model.location), "display": model.empty_display_type,
              "size": model.empty_display_size, "selected": model.select_get()}
     model.matrix_world = MOVE @ model.matrix_world
