@@ -11,7 +11,7 @@ import traceback
 from collections import OrderedDict
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Hashable
 
 import numpy as np
 import torch
@@ -78,6 +78,7 @@ class RenderJob:
     fail: Callable[[str, str], None]  # error code and message
     model: str | None = None  # a session whose saved model is drawn (protocol.MODEL_CHOICE); None: the shown one
     crop: np.ndarray | None = None  # model space into the unit cube of the box the drawn Gaussians' centres are in
+    stream: Hashable = None  # a newer job of the same stream supersedes this one while it waits
     seq: int = 0
 
 
@@ -131,12 +132,13 @@ class SavedModels:
 
 
 class RenderQueue:
-    """At most one render waits: a newer request supersedes it. The trainer calls `let_in` between steps so
-    a waiting frame is rendered before the next step starts."""
+    """Renders waiting their turn, oldest first, at most one of each stream: a newer job supersedes its stream's
+    waiting one (a viewer wants its newest view, not every view it had) and goes to the end. The trainer calls
+    `let_in` between steps so waiting frames are rendered before the next step starts."""
 
     def __init__(self):
         self.cond = threading.Condition()
-        self.waiting: RenderJob | None = None
+        self.waiting: OrderedDict[Hashable, RenderJob] = OrderedDict()
         self.submitted = 0  # sequence number of the newest job
         self.settled = 0  # newest sequence number rendered (or failed)
         self.closed = False
@@ -145,7 +147,8 @@ class RenderQueue:
         with self.cond:
             self.submitted += 1
             job.seq = self.submitted
-            old, self.waiting = self.waiting, job
+            old = self.waiting.pop(job.stream, None)
+            self.waiting[job.stream] = job
             self.cond.notify_all()
         if old is not None:
             old.fail(protocol.SUPERSEDED, "a newer render request replaced this one before it started")
@@ -153,9 +156,8 @@ class RenderQueue:
     def take(self) -> RenderJob | None:
         """The next job, or None once closed."""
         with self.cond:
-            self.cond.wait_for(lambda: self.waiting is not None or self.closed)
-            job, self.waiting = self.waiting, None
-            return None if self.closed else job
+            self.cond.wait_for(lambda: self.waiting or self.closed)
+            return None if self.closed else self.waiting.popitem(last=False)[1]
 
     def settle(self, job: RenderJob) -> None:
         with self.cond:

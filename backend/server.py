@@ -360,7 +360,7 @@ class Server:
             message.fields["camera"], message.fields["format"], message.fields["depth"],
             done=lambda fields, payload: conn.reply(message, fields, payload),
             fail=lambda code, text: conn.error(message.id, code, text),
-            model=message.fields["model"], crop=message.fields["crop"]))
+            model=message.fields["model"], crop=message.fields["crop"], stream=(conn, message.fields["stream"])))
 
     # ---- handlers that decode payloads ----
 

@@ -47,7 +47,8 @@ class LiveView:
         self.stream = live.backend.frame_stream()
         self.view_key = None  # the camera of the view as last drawn
         self.moved_at = 0.0
-        self.asked = None  # (view key, scale, backend revision) of the newest request
+        self.shows = None  # what of the model the frames show, when a view may change it (a crop)
+        self.asked = None  # (view key, scale, backend revision, shows) of the newest request
         self.asked_at = 0.0
         self.first_asked_at: float | None = None
         self.rest_scale = 1.0  # the size a resting view gets
@@ -59,8 +60,9 @@ class LiveView:
         self.shown_wait = -1  # the whole seconds of waiting the view shows
 
     def update(self, cam: Camera) -> None:
-        """Ask for a frame when the view, the wanted size or the model changed since the last request (on a
-        training CPU backend: only when the view rests and the backend had its time to train)."""
+        """Ask for a frame when the view, the wanted size, the model or what of it is shown changed since the
+        last request (on a training CPU backend: only when the view rests and the backend had its time to
+        train)."""
         now = time.monotonic()
         key = (cam.c2w.tobytes(), cam.K.tobytes(), cam.width, cam.height)
         if key != self.view_key:
@@ -71,7 +73,7 @@ class LiveView:
             scale, due = self.rest_scale, max(rested_at, self.asked_at + self.frame_gap())  # frames.py says why
         else:
             scale, due = (1.0 if now >= rested_at else MOVING_SCALE), now
-        want = (key, scale, live.backend.revision)
+        want = (key, scale, live.backend.revision, self.shows)
         if want == self.asked:
             self.held_until = None
             return

@@ -2,6 +2,7 @@
 frame a render border keeps."""
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from dataclasses import dataclass
@@ -14,6 +15,8 @@ from .core import protocol
 from .core.cameras import Camera
 from .core.client import Client, PendingReply, RemoteError, decode_depth, decode_frame
 from .core.protocol import Message
+
+_streams = itertools.count(1)  # each stream's own number: its requests supersede only each other
 
 # A CPU backend renders with the cores training uses, so while it trains a live view asks for frames only once it
 # rests, at this size, and leaves the backend FRAME_SHARE_FACTOR times a frame's round trip (at least
@@ -67,6 +70,7 @@ class FrameStream:
         self._cond = threading.Condition()
         self._wanted: tuple[Camera, object] | None = None
         self._reply: tuple[int, object, Message, float] | None = None
+        self._number = next(_streams)
         self._sent = 0  # requests sent
         self._newest = 0  # the newest request answered with a frame
         self._closed = False
@@ -110,7 +114,7 @@ class FrameStream:
         self._sent += 1
         seq, sent_at = self._sent, time.monotonic()
         try:
-            client.submit_render(camera, depth=self.depth,
+            client.submit_render(camera, depth=self.depth, stream=self._number,
                                  on_done=lambda p: self._answered(seq, tag, p, time.monotonic() - sent_at),
                                  **self.model_choice)
         except (ConnectionError, ValueError) as e:

@@ -94,15 +94,13 @@ class SplatLayer(LiveView):
         super().__init__()
         self.stream.depth = True
         self.color = self.depth = None
-        self.choice_key = None  # the model and crop of the newest request
 
     def update(self, cam, choice: dict) -> None:
         """Ask for a frame of `choice` (scene_splats.model_choice) through `cam` when either changed."""
         crop = choice["crop"]
         key = (choice["model"], None if crop is None else crop.tobytes())
-        if key != self.choice_key:
-            self.stream.model_choice, self.choice_key = choice, key
-            self.asked = None  # a moved crop box needs a new frame as a moved view does
+        if key != self.shows:  # a frame of the old crop would pass for one of the new
+            self.stream.model_choice, self.shows = choice, key
         super().update(cam)
 
     def newest(self):

@@ -188,7 +188,7 @@ class FakeClient:
         self.asked: list[Camera] = []
         self.pending: list[PendingReply] = []
 
-    def submit_render(self, camera, format=None, depth=False, on_done=None):
+    def submit_render(self, camera, format=None, depth=False, on_done=None, stream=0):
         self.asked.append(camera)
         pending = PendingReply("render", on_done)
         self.pending.append(pending)

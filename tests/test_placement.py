@@ -121,7 +121,7 @@ class DepthClient:
     def __init__(self):
         self.asked_depth: list[bool] = []
 
-    def submit_render(self, camera, format=None, depth=False, on_done=None):
+    def submit_render(self, camera, format=None, depth=False, on_done=None, stream=0):
         self.asked_depth.append(depth)
         pending = PendingReply("render", on_done)
         rgba = np.full((camera.height, camera.width, 4), 200, np.uint8).tobytes()

@@ -213,17 +213,20 @@ def test_session_end_to_end(tmp_path, start_server, scene):
         assert np.allclose(depth[alpha > 0], view_depth[alpha > 0], rtol=1e-4)
         assert np.all(depth[alpha == 0] == codecs.DEPTH_BACKGROUND)
 
-    # A newer render request supersedes one that is still queued behind a slow render.
+    # A newer render request supersedes its stream's one that is still queued behind a slow render; another
+    # stream's waits its turn.
     big = cameras[0].scaled(24)
-    slow = client.submit_render(big)
+    slow = client.submit_render(big, stream=1)
     time.sleep(0.05)
-    queued = client.submit_render(cameras[1])
-    newest = client.submit_render(cameras[2])
+    queued = client.submit_render(cameras[1], stream=2)
+    other = client.submit_render(cameras[3].scaled(0.5), stream=3)
+    newest = client.submit_render(cameras[2], stream=2)
     assert slow.result(60).fields["width"] == big.width
     with pytest.raises(RemoteError) as e:
         queued.result(30)
     assert e.value.code == "superseded"
     assert newest.result(30).fields["width"] == SIZE
+    assert other.result(30).fields["width"] == cameras[3].scaled(0.5).width
 
     saved = client.call("save_checkpoint")
     assert saved["step"] == paused["step"]

@@ -31,7 +31,7 @@ from .settings import BACKGROUND, TRAINING
 # 5: render and export_ply name a session's saved model and a crop box, export_ply a placement; 4: load_ply and
 # export_ply name their files (the splat format); 3: warning events; 2: replies and events declared and checked by
 # the client
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 MAGIC = b"SPW\x00"
 PREFIX = struct.Struct(">4sI")  # magic, header length
 
@@ -157,8 +157,10 @@ REQUESTS: dict[str, MessageSpec] = {
     "pause": MessageSpec(),
     "resume": MessageSpec(),
     "stop": MessageSpec(),
-    "render": MessageSpec(MODEL_CHOICE.extended(camera=CAMERA, format=optional(Str(choices=FRAME_FORMATS), "rgba8"),
-                                                depth=optional(Bool(), False))),
+    "render": MessageSpec(MODEL_CHOICE.extended(
+        camera=CAMERA, format=optional(Str(choices=FRAME_FORMATS), "rgba8"), depth=optional(Bool(), False),
+        stream=optional(Int(0, 2**31), 0, "a newer request of the same stream on the same connection supersedes "
+                        "this one while it waits; other streams' requests wait their turn"))),
     # `name`: the file the model is exported to, whose ending picks the format (backend/formats: *.ply,
     # *.compressed.ply, *.spz, *.splat). `placement`: model space into the space the file holds (e.g. the world
     # of a Blender scene), applied to the means, rotations and scales after the crop; null: model space.
