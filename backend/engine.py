@@ -24,6 +24,7 @@ from blender_addon.core.settings import TRAINING
 from .frames import QueuedFrame, encode_frame, queue_frame, view_rgb
 from .dynamic import gaussians_from_tensors
 from .gaussians import Gaussians, quat_multiply
+from .sh import rotate_sh
 from .formats import encode_any, format_for_path, notes, read_any
 from .ply import encode_ply
 from .policy import CHECKPOINT, make_config, system_report
@@ -606,11 +607,7 @@ class Engine:
         if shown.trained and crop is None and placement is None:
             # the session's whole trained model is also kept beside its checkpoint, as a PLY; a viewed one is not
             path = self.session.write_file("splats.ply", data if fmt == "ply" else encode_ply(g))
-        said = notes(g, fmt)
-        if placement is not None and g.max_sh_degree > 0 and not np.allclose(placement[:3, :3] / placement_scale(
-                placement), np.eye(3)):
-            said.append("its view-dependent colours (SH beyond degree 0) are not turned with its rotation")
-        fields = {"path": path, "gaussians": len(g), "step": shown.step, "format": fmt, "note": "; ".join(said)}
+        fields = {"path": path, "gaussians": len(g), "step": shown.step, "format": fmt, "note": "; ".join(notes(g, fmt))}
         return fields, data
 
     def save_checkpoint(self) -> dict:
@@ -672,14 +669,16 @@ def cropped(g: Gaussians, crop: np.ndarray | None) -> Gaussians:
 
 def placed(g: Gaussians, placement: np.ndarray | None) -> Gaussians:
     """The Gaussians moved by `placement` (a rotation, a translation and one scale: protocol.placement_scale):
-    their means, rotations and scales."""
+    their means, rotations, scales and view-dependent colours."""
     if placement is None:
         return g
     scale = placement_scale(placement)
     m = torch.as_tensor(placement, dtype=g.means.dtype, device=g.means.device)
-    turn = torch.as_tensor(matrix_to_quat(placement[:3, :3] / scale), dtype=g.quats.dtype, device=g.quats.device)
+    rotation = placement[:3, :3] / scale
+    turn = torch.as_tensor(matrix_to_quat(rotation), dtype=g.quats.dtype, device=g.quats.device)
     return replace(g, means=g.means @ m[:3, :3].T + m[:3, 3], log_scales=g.log_scales + math.log(scale),
-                   quats=quat_multiply(turn.expand_as(g.quats), g.quats))
+                   quats=quat_multiply(turn.expand_as(g.quats), g.quats),
+                   sh_rest=rotate_sh(g.sh_rest, torch.as_tensor(rotation)))
 
 
 def matrix_to_quat(rotation: np.ndarray) -> np.ndarray:

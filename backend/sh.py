@@ -33,3 +33,23 @@ def sh_to_rgb(sh: torch.Tensor, dirs: torch.Tensor, degree: int) -> torch.Tensor
     k = (degree + 1) ** 2
     basis = sh_basis(dirs, degree)
     return torch.clamp_min((basis[:, :, None] * sh[:, :k, :]).sum(dim=1) + 0.5, 0.0)
+
+
+def rotate_sh(sh_rest: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+    """The higher-degree coefficients `sh_rest` (N, (D+1)^2 - 1, 3) of colours turned by `rotation` (3, 3): the
+    turned colour seen along R d is the old one seen along d. Each degree's coefficients mix among themselves
+    by a (2l+1)^2 matrix, fitted here exactly (least squares on more directions than unknowns) from the basis."""
+    degree = int(round((sh_rest.shape[1] + 1) ** 0.5)) - 1
+    if degree == 0:
+        return sh_rest
+    gen = torch.Generator().manual_seed(0)
+    dirs = torch.nn.functional.normalize(torch.randn(64, 3, generator=gen, dtype=torch.float64), dim=-1)
+    basis = sh_basis(dirs, degree)[:, 1:]  # Y(d)
+    turned = sh_basis(dirs @ rotation.to(torch.float64), degree)[:, 1:]  # Y(R^T d), the rows being R^T d
+    out = torch.empty_like(sh_rest)
+    for l in range(1, degree + 1):
+        band = slice(l * l - 1, (l + 1) ** 2 - 1)
+        # Y(R^T d) = Y(d) M within a band, so the colour Y(R^T d) C is Y(d) (M C).
+        mix = torch.linalg.lstsq(basis[:, band], turned[:, band]).solution
+        out[:, band] = torch.einsum("jk,nkc->njc", mix.to(sh_rest), sh_rest[:, band])
+    return out

@@ -71,8 +71,8 @@ class SPLATWRIGHT_OT_export_splats(Guarded, Operator, ExportHelper):
                           description="Only the splats inside the active splat object's crop box")
     world_space: BoolProperty(name="In World Space", default=False,
                               description="The model as the active splat object places it in the scene: its "
-                                          "means, rotations and scales moved by the object's transform (the "
-                                          "view-dependent colours are not turned with it)")
+                                          "means, rotations, scales and view-dependent colours moved by the "
+                                          "object's transform")
 
     @classmethod
     def blocked(cls, context):

@@ -9,6 +9,7 @@ import torch
 from blender_addon.core.cameras import Camera, intrinsics, look_at
 from backend.render import camera_tensors, reference
 from backend.render.constants import ALPHA_MAX, ALPHA_MIN, T_STOP, TILE
+from backend.sh import rotate_sh, sh_basis
 from conftest import orbit_cameras, random_gaussians
 
 
@@ -160,3 +161,19 @@ def test_an_empty_view_still_backpropagates_zero():
     assert torch.all(g.means.grad == 0)
     for name, t in g.tensors().items():  # every group gets a (zero) gradient, as the kernels give
         assert t.grad is not None and torch.all(t.grad == 0), name
+
+
+@pytest.mark.parametrize("degree", [1, 2, 3])
+def test_turned_sh_coefficients_show_the_colour_of_the_turned_direction(degree):
+    """rotate_sh: the turned coefficients seen along R d give the colour the old ones gave along d, every
+    degree."""
+    gen = torch.Generator().manual_seed(degree)
+    sh = torch.randn(20, (degree + 1) ** 2, 3, generator=gen, dtype=torch.float64)
+    axis = torch.nn.functional.normalize(torch.tensor([0.3, -1.0, 0.6], dtype=torch.float64), dim=0)
+    k = torch.tensor([[0, -axis[2], axis[1]], [axis[2], 0, -axis[0]], [-axis[1], axis[0], 0]], dtype=torch.float64)
+    rotation = torch.eye(3, dtype=torch.float64) + math.sin(1.1) * k + (1 - math.cos(1.1)) * k @ k
+    turned = torch.cat([sh[:, :1], rotate_sh(sh[:, 1:], rotation)], dim=1)
+    dirs = torch.nn.functional.normalize(torch.randn(20, 3, generator=gen, dtype=torch.float64), dim=-1)
+    before = (sh_basis(dirs, degree)[:, :, None] * sh).sum(1)
+    after = (sh_basis(dirs @ rotation.T, degree)[:, :, None] * turned).sum(1)
+    torch.testing.assert_close(after, before, rtol=0, atol=1e-10)

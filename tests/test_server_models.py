@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from blender_addon.core import codecs, protocol
+from blender_addon.core.cameras import Camera
 from blender_addon.core.client import Client, RemoteError, decode_frame
 from blender_addon.core.protocol import REQUESTS, SERVER_MESSAGES
 from backend.engine import Engine
@@ -126,7 +127,9 @@ def test_a_crop_box_keeps_the_gaussians_inside_it_in_renders_and_exports(server,
         np.testing.assert_allclose(model.means.numpy(), subset.means.numpy(), atol=1e-6)
 
 
-def test_an_export_in_another_space_moves_the_means_rotations_and_scales(server, tmp_path):
+def test_an_export_in_another_space_moves_the_means_rotations_scales_and_colours(server, tmp_path):
+    """The means, rotations and scales move with the placement, and the placed model seen through the camera
+    placed with it looks as the model did, view-dependent colours included."""
     server, models = server
     scale, angle = 1.7, 0.8
     axis = np.array([1.0, 2.0, 2.0]) / 3.0
@@ -140,12 +143,18 @@ def test_an_export_in_another_space_moves_the_means_rotations_and_scales(server,
         exported = client.request("export_ply", {"model": "near", "placement": placement})
     (tmp_path / "placed.ply").write_bytes(exported.payload)
     placed = read_ply(tmp_path / "placed.ply")
-    assert len(placed) == len(near) and "not turned" in exported.fields["note"]
+    assert len(placed) == len(near) and near.max_sh_degree == 1
     means = near.means.double().numpy()
     np.testing.assert_allclose(placed.means.numpy(), means @ placement[:3, :3].T + placement[:3, 3], atol=1e-5)
     np.testing.assert_allclose(placed.log_scales.numpy(), near.log_scales.numpy() + math.log(scale), atol=1e-5)
     turned = rotation @ quat_to_rotmat(near.quats.double()).numpy()
     np.testing.assert_allclose(quat_to_rotmat(placed.quats.double()).numpy(), turned, atol=1e-5)
+    for cam in orbit_cameras(3, 48, 40):
+        moved = np.eye(4)
+        moved[:3, :3], moved[:3, 3] = rotation @ cam.c2w[:3, :3], placement[:3, :3] @ cam.c2w[:3, 3] + placement[:3, 3]
+        before = expected_frame(near, cam, 1, (0.0, 0.0, 0.0)).astype(int)
+        after = expected_frame(placed, Camera(moved, cam.K, cam.width, cam.height), 1, (0.0, 0.0, 0.0)).astype(int)
+        assert np.abs(after - before).max() <= 1
 
 
 @pytest.mark.parametrize("request_type, fields, said", [
