@@ -1,13 +1,15 @@
 """The Splatwright render engine. With viewport shading Rendered it shows the model live from the viewport's
 camera; F12, animation renders and `blender -b file.blend -a` render it through the scene camera with a
 Depth pass. Where a splat object of the shown session places the model in the scene (scene_splats.py), both
-see it through the camera taken into the model's space, as the other engines' composites do. The backend draws
+see it through the camera taken into the model's space and cropped by its crop box, as the other engines'
+composites do. The backend draws
 every pixel; this module asks for frames and puts them on screen or into the render result."""
 from __future__ import annotations
 
 import time
 import weakref
 from collections import deque
+from typing import Callable
 
 import blf
 import bpy
@@ -47,7 +49,7 @@ class LiveView:
         self.stream = live.backend.frame_stream()
         self.view_key = None  # the camera of the view as last drawn
         self.moved_at = 0.0
-        self.shows = None  # what of the model the frames show, when a view may change it (a crop)
+        self.shows = (None, None)  # the model and crop of the frames asked for
         self.asked = None  # (view key, scale, backend revision, shows) of the newest request
         self.asked_at = 0.0
         self.first_asked_at: float | None = None
@@ -59,10 +61,15 @@ class LiveView:
         self.shown_key = None  # the view key of the inverse the view was last drawn through, or None
         self.shown_wait = -1  # the whole seconds of waiting the view shows
 
-    def update(self, cam: Camera) -> None:
-        """Ask for a frame when the view, the wanted size, the model or what of it is shown changed since the
-        last request (on a training CPU backend: only when the view rests and the backend had its time to
-        train)."""
+    def update(self, cam: Camera, choice: dict | None = None) -> None:
+        """Ask for a frame of `choice` (scene_splats.model_choice; None: the model the backend shows) when the
+        view, the wanted size, the model or its crop changed since the last request (on a training CPU backend:
+        only when the view rests and the backend had its time to train)."""
+        choice = choice or {}
+        crop = choice.get("crop")
+        shows = (choice.get("model"), None if crop is None else crop.tobytes())
+        if shows != self.shows:  # a frame of the old crop would pass for one of the new
+            self.stream.model_choice, self.shows = choice, shows
         now = time.monotonic()
         key = (cam.c2w.tobytes(), cam.K.tobytes(), cam.width, cam.height)
         if key != self.view_key:
@@ -326,10 +333,12 @@ class SPLATWRIGHT_RE_engine(bpy.types.RenderEngine):
             self.close_view()
             draw_message(region, "Splatwright: " + str(e).split(";")[0] + " (numpad 5 for perspective)")
             return
-        reason = nothing_to_show()
+        reason, choice = nothing_to_show(), None
         if not reason:
             try:
-                cam, _ = placed(context.scene, cam, live.backend.status.get("session"))
+                cam, _, choice = placed(context.scene, cam, live.backend.status.get("session"),
+                                        lambda o: o.visible_get(view_layer=context.view_layer,
+                                                                viewport=context.space_data))
             except SplatwrightError as e:
                 reason = str(e)
         if reason:
@@ -339,7 +348,7 @@ class SPLATWRIGHT_RE_engine(bpy.types.RenderEngine):
         if self.view is None:
             self.view = LiveView()
             _views.add(self.view)
-        self.view.update(cam)
+        self.view.update(cam, choice)
         key, inverse, colors_error = drawn_inverse(context.scene)
         texture = self.view.texture_of_newest(SRGB_TEXTURE if inverse is None else DISPLAY_TEXTURE)
         if texture is not None:
@@ -402,26 +411,33 @@ class SPLATWRIGHT_RE_engine(bpy.types.RenderEngine):
         backend, session = live.backend, scene.splatwright.session
         if bpy.app.background and backend.connection == "disconnected":  # nobody pressed Start: -b -a
             backend.connect(prefs(bpy.context).connect_settings())
-        cam, depth_scale = placed(scene, cam, backend.status.get("session") or session)
+        cam, depth_scale, choice = placed(scene, cam, backend.status.get("session") or session,
+                                          lambda o: not o.hide_render)
 
         def submit(client):  # on the worker, which the render then no longer holds up
             if not client.call("status")["gaussians"] and session:  # a fresh backend: show the scene's session
                 client.call("open_session", name=session, create=False)
                 client.call("load_checkpoint")
-            return client.submit_render(cam, depth=True)
+            return client.submit_render(cam, depth=True, **(choice or {}))
         self.update_stats("Splatwright", f"rendering {cam.width}x{cam.height} on the backend")
         pending = backend.wait("render", submit, RENDER_TIMEOUT, self.test_break)
         return wait_done(pending, "render", RENDER_TIMEOUT, self.test_break), depth_scale
 
 
-def placed(scene, cam: Camera, session: str | None) -> tuple[Camera, float]:
-    """The camera to render `session`'s model through for `cam`: taken into the model's space where a splat
-    object of that session places it in the scene (the first by name), else `cam` itself; and the factor from
-    the model's depths to the scene's. A placement splats cannot take raises SplatwrightError."""
+def placed(scene, cam: Camera, session: str | None, shown: Callable) -> tuple[Camera, float, dict | None]:
+    """Where a splat object of `session` places its model in the scene (the first by name): the camera to
+    render it through for `cam`, taken into the model's space, the factor from the model's depths to the
+    scene's, and the model and crop to ask for (scene_splats.model_choice); without such an object `cam`
+    itself, 1 and None (the model the backend shows, as it is). An object that is not `shown(obj)` in this
+    view or render, or a placement splats cannot take, raises SplatwrightError."""
     from . import scene_splats  # here: it imports this module (through composite)
     obj = next((o for o in scene_splats.splat_objects(scene) if session and o[scene_splats.SESSION_KEY] == session),
                None)
-    return scene_splats.placed_camera(obj, cam) if obj is not None else (cam, 1.0)
+    if obj is None:
+        return cam, 1.0, None
+    if not shown(obj):
+        raise SplatwrightError(f"the model object {obj.name} is hidden; show it to see its splats")
+    return (*scene_splats.placed_camera(obj, cam), scene_splats.model_choice(obj))
 
 
 def set_pass(render_pass, values: np.ndarray) -> None:

@@ -95,14 +95,6 @@ class SplatLayer(LiveView):
         self.stream.depth = True
         self.color = self.depth = None
 
-    def update(self, cam, choice: dict) -> None:
-        """Ask for a frame of `choice` (scene_splats.model_choice) through `cam` when either changed."""
-        crop = choice["crop"]
-        key = (choice["model"], None if crop is None else crop.tobytes())
-        if key != self.shows:  # a frame of the old crop would pass for one of the new
-            self.stream.model_choice, self.shows = choice, key
-        super().update(cam)
-
     def newest(self):
         """The newest frame, its textures uploaded here when it is new (the stream's thread prepared both
         buffers, so this is two copies)."""

@@ -123,10 +123,20 @@ def placed_render(scene, session: str, out: Path) -> dict:
     scene.render.filepath = str(out / "placed.png")
     bpy.ops.render.render(write_still=True)
     cam = a.scene_io.camera_of(scene.camera, scene)
-    viewport_cam, _ = a.engine.placed(scene, cam, session)
-    return {"png": str(out / "placed.png"), "depth": saved_depth(out / "placed_depth", out / "placed_depth.npy"),
-            "camera": a.core.codecs.camera_to_wire(cam), "model_matrix": a.scene_splats.model_matrix(obj).tolist(),
-            "viewport_camera": a.core.codecs.camera_to_wire(viewport_cam)}
+    viewport_cam, _, _ = a.engine.placed(scene, cam, session, lambda o: True)
+    placed = {"png": str(out / "placed.png"), "depth": saved_depth(out / "placed_depth", out / "placed_depth.npy"),
+              "camera": a.core.codecs.camera_to_wire(cam), "model_matrix": a.scene_splats.model_matrix(obj).tolist(),
+              "viewport_camera": a.core.codecs.camera_to_wire(viewport_cam)}
+    bpy.context.view_layer.objects.active = obj
+    op("add_crop_box")
+    box = bpy.context.view_layer.objects.active
+    box.scale.x *= 0.4  # a slice through the model's middle
+    bpy.context.view_layer.update()
+    scene.render.filepath = str(out / "cropped.png")
+    bpy.ops.render.render(write_still=True)
+    placed.update(cropped_png=str(out / "cropped.png"), crop=a.scene_splats.model_choice(obj)["crop"].tolist())
+    bpy.data.objects.remove(box)
+    return placed
 
 
 def run(zip_path: Path, ply: Path, session: str, out: Path, python: str) -> dict:

@@ -337,6 +337,29 @@ def test_the_engine_renders_the_model_where_its_splat_object_places_it(f12):
     assert np.all(depth[alpha == 0] == 1e10)
 
 
+def test_the_engine_renders_only_the_splats_inside_the_objects_crop_box(f12):
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from blender_addon.core.codecs import camera_from_wire
+    from blender_addon.placement import camera_in_model
+    from backend.metrics import psnr
+    from backend.render import render
+    from test_scene_splats_bpy import BACKGROUND, inside_crop, subset
+    placed = f12["placed"]
+    cam, _ = camera_in_model(camera_from_wire(placed["camera"]), np.array(placed["model_matrix"]))
+    keep = inside_crop(f12["model"], placed["crop"])
+    with torch.no_grad():
+        cropped = render(subset(f12["model"], keep), cam, 1, BACKGROUND).image.clamp(0, 1)
+        whole = render(f12["model"], cam, 1, BACKGROUND).image.clamp(0, 1)
+    got = torch.from_numpy(np.asarray(Image.open(placed["cropped_png"]), dtype=np.float32)[..., :3] / 255.0)
+    print(f"cropped F12: {int(keep.sum())} of {len(keep)} Gaussians kept; PSNR {psnr(got, cropped):.1f} dB to the "
+          f"backend's render of those, {psnr(got, whole):.1f} dB to the whole model's")
+    assert 0 < keep.sum() < 0.8 * len(keep)
+    assert psnr(got, cropped) >= 40.0 and psnr(got, whole) < 30.0
+
+
 def test_f12_with_a_render_border_renders_that_part(f12):
     """Cropped to the border, the image is that part of the full frame; uncropped, the full frame with only the
     border's pixels rendered (Blender leaves the rest transparent)."""
