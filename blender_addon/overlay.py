@@ -187,6 +187,13 @@ def draw_layers(context) -> None:
         bpy.app.timers.register(_watch, first_interval=WATCH_INTERVAL)
 
 
+def refusal(name: str) -> str:
+    """Why the backend sent no frame of splat object `name` to a viewport (its session has no model, say), or
+    ''."""
+    return next((layer.stream.error for (_, shown), layer in _layers.items() if shown == name and layer.stream.error),
+                "")
+
+
 def has_depth(context) -> bool:
     """Whether the depth buffer holds the scene's. Rendered shading of an external engine (Cycles) draws the
     meshes' depth only for the overlays: with them hidden, the splats are drawn over the whole render."""

@@ -68,12 +68,13 @@ def active_model(context):
 
 def problem(obj) -> str:
     """Why `obj`'s splats are not drawn, or ''."""
+    from . import overlay  # here: it imports this module
     try:
         uniform_scale(model_matrix(obj), obj.name)
         model_choice(obj)
     except SplatwrightError as e:
         return str(e)
-    return not_connected()
+    return not_connected() or overlay.refusal(obj.name)
 
 
 def open_model(client, session: str) -> dict:
