@@ -102,13 +102,18 @@ class LiveView:
         a full-size one, a held-back request is due, or the wait for the first frame is a second longer."""
         now = time.monotonic()
         frame = self.stream.frame
-        if frame is not None and frame.seq != self.texture_seq:
+        if self.frame_to_show():
             return True
         if self.held_until is not None and now >= self.held_until:
             return True
         if frame is None and self.first_asked_at is not None and int(now - self.first_asked_at) != self.shown_wait:
             return True
         return self.asked is not None and self.asked[1] < self.rest_scale and now - self.moved_at >= REST_SECONDS
+
+    def frame_to_show(self) -> bool:
+        """A frame arrived that the view has not drawn yet."""
+        frame = self.stream.frame
+        return frame is not None and frame.seq != self.texture_seq
 
     def waiting(self) -> bool:
         """A request is not answered yet or held back, or a full-size frame is still to come once the view

@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 
-from .colors import display_pixels
+from .colors import display_pixels, layer_pixels
 from .core import protocol
 from .core.cameras import Camera
 from .core.client import Client, PendingReply, RemoteError, decode_depth, decode_frame
@@ -47,21 +47,20 @@ class Frame:
     seq: int  # a higher number was asked for later
     tag: object  # what the asker attached to its request
     fields: dict  # the render reply's: width, height, step, ...
-    pixels: np.ndarray  # display_pixels of the frame, rows bottom-up
+    pixels: np.ndarray  # rows bottom-up: display_pixels of the frame; with FrameStream.depth, layer_pixels
     seconds: float = 0.0  # from its request's send to its reply
-    depth: np.ndarray | None = None  # with FrameStream.depth: the view depth plane, flat float32, rows bottom-up
 
 
 class FrameStream:
     """Frames for a live view. ask() never waits: its thread sends the newest camera at once (the server
-    supersedes a request still waiting behind a render) and turns the newest reply into the float buffer a
+    supersedes this stream's request still waiting behind a render) and turns the newest reply into the float buffer a
     texture upload takes, so the viewer's thread has nothing left to do but upload it.
 
     `client_of()` gives the connected Client or None; frames use its frame_format. `on_frame(frame)` is
     called on the stream's thread when a frame is ready. `start(thread)` starts the stream's thread; Blender's
     drawing passes one that hands it to another thread, as Thread.start waits until the thread runs.
-    With `depth` (settable until the first ask) frames also carry their view depth plane, for views that
-    composite them with the scene by depth. `model_choice` (model and crop, protocol.MODEL_CHOICE) goes with
+    With `depth` (settable until the first ask) frames also carry their view depth plane, packed with the
+    colour (colors.layer_pixels), for views that composite them with the scene by depth. `model_choice` (model and crop, protocol.MODEL_CHOICE) goes with
     each request sent after it is set."""
 
     def __init__(self, client_of: Callable[[], "Client | None"], on_frame: Callable[[Frame], None] | None = None,
@@ -139,11 +138,11 @@ class FrameStream:
 
     def _prepare(self, seq: int, tag: object, reply: Message, seconds: float) -> None:
         try:
-            pixels = display_pixels(decode_frame(reply))
-            depth = decode_depth(reply).ravel() if self.depth else None
+            rgba = decode_frame(reply)
+            pixels = layer_pixels(rgba, decode_depth(reply)) if self.depth else display_pixels(rgba)
         except ValueError as e:
             self.error = f"bad frame from the backend: {e}"
             return
-        self.frame, self.error = Frame(seq, tag, reply.fields, pixels, seconds, depth), ""
+        self.frame, self.error = Frame(seq, tag, reply.fields, pixels, seconds), ""
         if self._on_frame is not None:
             self._on_frame(self.frame)

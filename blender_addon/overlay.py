@@ -7,7 +7,8 @@ Blender's depth buffer decides: a mesh in front hides the splats and splats in f
 splats blend over what is behind them, meshes and other models alike. Final renders layer the models the same
 way (composite.ranked_planes). Frames come from a FrameStream thread as the render engine's live view has them
 (engine.LiveView: smaller frames while the view moves, held back while a CPU backend trains), so drawing never
-waits."""
+waits; each goes to the GPU a strip at a time over as many redraws as it needs (SplatLayer), so no redraw pays
+for a whole frame's upload."""
 from __future__ import annotations
 
 import time
@@ -35,22 +36,28 @@ UI_GAMMA = 2.2
 
 MAX_LAYERS = 4  # objects sorted per pixel in one draw; more are drawn in groups of this many, the farthest first
 NOWHERE = 1e30  # the depth of a pixel a frame draws nothing in
+STRIP_PIXELS = 1 << 16  # a new frame goes to the GPU this many pixels (whole rows) at a time
+UPLOAD_SECONDS = 0.002  # a redraw uploads strips of a new frame until it spent this long
+SPARE_TARGETS = 2  # frame-sized GPU buffers a layer keeps for its next frames (the sizes of moving and resting views)
 
-# Each frame is the backend's RGBA8 composited over its background; the background is taken out again, so
-# Blender's scene shows through where the splats are transparent. Depths are each model's, in its units:
-# layers[i] holds frame i's background (rgb) and the factor to the scene's depths (w). Unused layers are empty.
-# A pass draws each pixel's rank-th nearest splats; `projection` is the window matrix's part that gives depths.
+# Each frame is the backend's RGBA8 composited over its background, packed with its depth (colors.layer_pixels);
+# the background is taken out again, so Blender's scene shows through where the splats are transparent. Depths
+# are each model's, in its units: layers[i] holds frame i's background (rgb) and the factor to the scene's depths
+# (w). Unused layers are empty. A pass draws each pixel's rank-th nearest splats; `projection` is the window
+# matrix's part that gives depths.
 FRAGMENT_SOURCE = "".join(f"#define {name} {value}\n" for name, value in (
     ("MAX_LAYERS", MAX_LAYERS), ("NOWHERE", NOWHERE), ("UI_GAMMA", UI_GAMMA))) + """
-void layer_sample(sampler2D color_tx, sampler2D depth_tx, vec4 layer, out vec4 premultiplied, out float depth)
+void layer_sample(sampler2D frame_tx, vec4 layer, out vec4 premultiplied, out float depth)
 {
-  ivec2 size = textureSize(color_tx, 0);
-  ivec2 texel = min(ivec2(uv * vec2(size)), size - 1);
-  vec4 shown = texelFetch(color_tx, texel, 0);
-  float alpha = shown.a;
-  vec3 straight = alpha > 0.0 ? clamp((shown.rgb - layer.rgb * (1.0 - alpha)) / alpha, 0.0, 1.0) : vec3(0.0);
+  ivec2 size = textureSize(frame_tx, 0);
+  vec2 pair = texelFetch(frame_tx, min(ivec2(uv * vec2(size)), size - 1), 0).rg;
+  uint rgb = uint(pair.x);
+  uint bits = floatBitsToUint(pair.y);
+  vec3 shown = vec3(float(rgb & 255u), float((rgb >> 8u) & 255u), float(rgb >> 16u)) / 255.0;
+  float alpha = float(bits & 255u) / 255.0;
+  vec3 straight = alpha > 0.0 ? clamp((shown - layer.rgb * (1.0 - alpha)) / alpha, 0.0, 1.0) : vec3(0.0);
   premultiplied = vec4(pow(straight, vec3(UI_GAMMA)) * alpha, alpha);
-  depth = alpha > 0.0 ? texelFetch(depth_tx, texel, 0).r * layer.w : NOWHERE;
+  depth = alpha > 0.0 ? uintBitsToFloat(bits & 0xFFFFFF00u) * layer.w : NOWHERE;
 }
 
 void main()
@@ -75,38 +82,147 @@ void main()
   gl_FragDepth = 0.5 * (projection.x * z + projection.y) / (projection.z * z + projection.w) + 0.5;
   fragColor = colors[rank];
 }
-""".replace("SAMPLES", "\n  ".join(f"layer_sample(color{i}_tx, depth{i}_tx, layers[{i}], colors[{i}], depths[{i}]);"
+""".replace("SAMPLES", "\n  ".join(f"layer_sample(frame{i}_tx, layers[{i}], colors[{i}], depths[{i}]);"
                                    for i in range(MAX_LAYERS)))
+
+# A strip of a frame's rows (`first_row` on) copied as it is into the frame-sized buffer; `span`: its bottom and
+# top in that buffer, as fractions of its height.
+STRIP_VERTEX = """
+void main()
+{
+  gl_Position = vec4(2.0 * position.x - 1.0, 2.0 * mix(span.x, span.y, position.y) - 1.0, 0.0, 1.0);
+}
+"""
+STRIP_FRAGMENT = """
+void main()
+{
+  fragColor = vec4(texelFetch(strip_tx, ivec2(gl_FragCoord.xy) - ivec2(0, first_row), 0).rg, 0.0, 1.0);
+}
+"""
 
 # Main-thread seconds of each draw, newest last (tests read them).
 draw_seconds: deque[float] = deque(maxlen=500)
 _layers: dict[tuple[int, str], "SplatLayer"] = {}  # (region pointer, object name) -> its frames
 _shader = None
 _batch = None
-_empty = None  # the textures of an unused layer: transparent, 1x1
+_strip_shader = None
+_strip_batch = None
+_probe = None  # a one-pixel buffer settle() draws into
+_empty = None  # the texture of an unused layer: transparent, 1x1
 _handle = None
 
 
 class SplatLayer(LiveView):
-    """One splat object's frames in one viewport, with their depth, as GPU textures."""
+    """One splat object's frames in one viewport, with their depth. A new frame goes to the GPU between
+    redraws (the _watch timer), a strip of rows at a time, as many strips per tick as UPLOAD_SECONDS allow,
+    into a float buffer of its size (an offscreen: the strips are drawn into it); the layer shows the last whole
+    frame until the new one is all there. So neither a redraw nor a tick pays for a whole frame: a 1920x1080 one
+    takes tens of ms to upload on a software GL, where a strip takes one or two, and a software GL that draws
+    into another buffer in the middle of a redraw first finishes the redraw's work so far."""
 
     def __init__(self):
         super().__init__()
         self.stream.depth = True
-        self.color = self.depth = None
+        self.shown = None  # the whole frame the layer draws
+        self.target = None  # the GPUOffScreen holding it (colors.layer_pixels)
+        self.drawn_seq = 0  # the frame the viewport last drew
+        self.filling = None  # [frame, its GPUOffScreen, rows there] of a newer frame on its way up
+        self.spares: list = []  # offscreens free for the next frames, newest last
+        self.strips = 0  # strips uploaded (tests and benchmarks read it)
 
     def newest(self):
-        """The newest frame, its textures uploaded here when it is new (the stream's thread prepared both
-        buffers, so this is two copies)."""
+        """The whole frame to draw (the newest one uploaded)."""
+        self.drawn_seq = self.texture_seq
+        return self.shown
+
+    def upload(self, deadline: float) -> None:
+        """Upload strips of the newest frame until perf_counter() passes `deadline` (one at least)."""
         frame = self.stream.frame
-        if frame is not None and frame.seq != self.texture_seq:
-            size = (frame.fields["width"], frame.fields["height"])
-            self.color = gpu.types.GPUTexture(size, format="RGBA8",
-                                              data=gpu.types.Buffer("FLOAT", len(frame.pixels), frame.pixels))
-            self.depth = gpu.types.GPUTexture(size, format="R32F",
-                                              data=gpu.types.Buffer("FLOAT", len(frame.depth), frame.depth))
-            self.texture_seq = frame.seq
-        return frame
+        if frame is not None and frame.seq != self.texture_seq and (self.filling is None
+                                                                    or self.filling[0] is not frame):
+            if self.filling is not None:
+                self.spares.append(self.filling[1])
+            self.filling = [frame, self.offscreen(frame.fields["width"], frame.fields["height"]), 0]
+        first = True
+        while self.filling is not None and (first or time.perf_counter() < deadline):
+            frame, target, row = self.filling
+            self.filling[2], first = upload_strip(target, frame, row), False
+            self.strips += 1
+            if self.filling[2] == frame.fields["height"]:
+                if self.target is not None:
+                    self.spares.append(self.target)
+                settle(target.texture_color)
+                self.shown, self.target, self.filling, self.texture_seq = frame, target, None, frame.seq
+
+    def frame_to_show(self) -> bool:
+        return self.texture_seq != self.drawn_seq
+
+    def waiting(self) -> bool:
+        return super().waiting() or self.filling is not None
+
+    def offscreen(self, width: int, height: int):
+        """A frame-sized buffer: a spare one of that size, or a new one."""
+        fits = [o for o in self.spares if (o.width, o.height) == (width, height)]
+        if fits:
+            self.spares.remove(fits[-1])
+            return fits[-1]
+        del self.spares[:-SPARE_TARGETS]
+        return gpu.types.GPUOffScreen(width, height, format="RGBA32F")
+
+
+def upload_strip(target, frame, row: int) -> int:
+    """Upload the next strip of `frame` (rows `row` on) into `target`; the row after it."""
+    width, height = frame.fields["width"], frame.fields["height"]
+    end = min(height, row + max(1, STRIP_PIXELS // width))
+    data = frame.pixels[2 * width * row:2 * width * end]
+    strip = gpu.types.GPUTexture((width, end - row), format="RG32F",
+                                 data=gpu.types.Buffer("FLOAT", len(data), data))
+    copy_texels(strip, target, row, (row / height, end / height))
+    return end
+
+
+def settle(texture) -> None:
+    """Sample `texture`, just drawn into, once here between redraws: a software GL (Mesa's llvmpipe) otherwise
+    makes the first redraw that samples a texture drawn into wait tens of ms at 1920x1080, even with the draws
+    into it finished (a GPU's driver costs little either way)."""
+    global _probe
+    if _probe is None:
+        _probe = gpu.types.GPUOffScreen(1, 1, format="RGBA32F")
+    copy_texels(texture, _probe, 0, (0.0, 1.0))
+
+
+def copy_texels(source, target, first_row: int, span: tuple[float, float]) -> None:
+    """Draw `source`'s texels as they are into the rows of offscreen `target` that `span` covers (fractions of
+    its height; source row 0 at `first_row`), and wait until that is done (by reading a pixel of it back)."""
+    program = strip_shader()
+    depth_test, blend = gpu.state.depth_test_get(), gpu.state.blend_get()
+    gpu.state.depth_test_set("NONE")
+    gpu.state.blend_set("NONE")
+    with target.bind():
+        program.bind()
+        program.uniform_sampler("strip_tx", source)
+        program.uniform_int("first_row", first_row)
+        program.uniform_float("span", span)
+        _strip_batch.draw(program)
+        gpu.state.active_framebuffer_get().read_color(0, first_row, 1, 1, 4, 0, "FLOAT")
+    gpu.state.depth_test_set(depth_test)
+    gpu.state.blend_set(blend)
+
+
+def strip_shader():
+    global _strip_shader, _strip_batch
+    if _strip_shader is None:
+        info = gpu.types.GPUShaderCreateInfo()
+        info.vertex_in(0, "VEC2", "position")
+        info.sampler(0, "FLOAT_2D", "strip_tx")
+        info.push_constant("VEC2", "span")
+        info.push_constant("INT", "first_row")
+        info.fragment_out(0, "VEC4", "fragColor")
+        info.vertex_source(STRIP_VERTEX)
+        info.fragment_source(STRIP_FRAGMENT)
+        _strip_shader = gpu.shader.create_from_info(info)
+        _strip_batch = batch_for_shader(_strip_shader, "TRI_STRIP", {"position": [(0, 0), (1, 0), (0, 1), (1, 1)]})
+    return _strip_shader
 
 
 def shader():
@@ -118,8 +234,7 @@ def shader():
         info.vertex_in(0, "VEC2", "position")
         info.vertex_out(interface)
         for i in range(MAX_LAYERS):
-            info.sampler(2 * i, "FLOAT_2D", f"color{i}_tx")
-            info.sampler(2 * i + 1, "FLOAT_2D", f"depth{i}_tx")
+            info.sampler(i, "FLOAT_2D", f"frame{i}_tx")
         info.push_constant("VEC4", "projection")
         info.push_constant("MAT4", "layers")
         info.push_constant("INT", "rank")
@@ -130,8 +245,7 @@ def shader():
         info.fragment_source(FRAGMENT_SOURCE)
         _shader = gpu.shader.create_from_info(info)
         _batch = batch_for_shader(_shader, "TRI_STRIP", {"position": [(-1, -1), (1, -1), (-1, 1), (1, 1)]})
-        _empty = (gpu.types.GPUTexture((1, 1), format="RGBA8", data=gpu.types.Buffer("FLOAT", 4, [0.0] * 4)),
-                  gpu.types.GPUTexture((1, 1), format="R32F", data=gpu.types.Buffer("FLOAT", 1, [NOWHERE])))
+        _empty = gpu.types.GPUTexture((1, 1), format="RGBA32F", data=gpu.types.Buffer("FLOAT", 4, [0.0] * 4))
     return _shader
 
 
@@ -213,9 +327,7 @@ def draw_frames(frames: list, window_matrix, depth_tested: bool) -> None:
     layers = []  # column i: frame i's background and depth factor
     for i in range(MAX_LAYERS):
         layer, background, depth_scale = frames[i] if i < len(frames) else (None, (0.0, 0.0, 0.0), 1.0)
-        color, depth = (layer.color, layer.depth) if layer is not None else _empty
-        program.uniform_sampler(f"color{i}_tx", color)
-        program.uniform_sampler(f"depth{i}_tx", depth)
+        program.uniform_sampler(f"frame{i}_tx", layer.target.texture_color if layer is not None else _empty)
         layers += [*background, depth_scale]
     m = window_matrix  # clip z and w of a view-space point (0, 0, z, 1)
     program.uniform_float("projection", (m[2][2], m[2][3], m[3][2], m[3][3]))
@@ -229,13 +341,17 @@ def draw_frames(frames: list, window_matrix, depth_tested: bool) -> None:
 
 
 def _watch() -> float | None:
-    """Timer: redraw the viewports when a frame arrived or a resting view is due a full-size one; closes the
-    frames of viewports that are gone. It ends when no layer waits for anything."""
+    """Timer: upload strips of new frames, and redraw the viewports when a frame is all there or a resting view
+    is due a full-size one; closes the frames of viewports that are gone. It ends when no layer waits for
+    anything."""
     regions = {region.as_pointer() for window in bpy.context.window_manager.windows
                for area in window.screen.areas if area.type == "VIEW_3D" for region in area.regions}
     for key in [k for k in _layers if k[0] not in regions]:
         _layers.pop(key).close()
     layers = list(_layers.values())
+    deadline = time.perf_counter() + UPLOAD_SECONDS
+    for layer in layers:
+        layer.upload(deadline)
     stale = [layer.stale() for layer in layers]
     if any(stale):
         live.redraw({"VIEW_3D"})

@@ -131,14 +131,16 @@ def saved_frame(addon, name: str, out: Path, layer, model_name: str) -> dict:
     """`layer`'s frame, the viewport's camera and the placement of the model object `model_name`, saved as
     `name`."""
     window, area, region, space = view3d()
-    frame = layer.stream.frame
-    np.save(out / f"{name}_rgba.npy", np.round(frame.pixels * 255).astype(np.uint8).reshape(
-        frame.fields["height"], frame.fields["width"], 4))
-    np.save(out / f"{name}_depth.npy", frame.depth.reshape(frame.fields["height"], frame.fields["width"]))
+    frame = layer.shown
+    size = (frame.fields["height"], frame.fields["width"])
+    rgba, depth = addon.colors.unpacked_layer(frame.pixels)
+    np.save(out / f"{name}_rgba.npy", rgba.reshape(*size, 4))
+    np.save(out / f"{name}_depth.npy", depth.reshape(size))
     view = addon.scene_io.region_camera(region, space.region_3d)
     return {"rgba": str(out / f"{name}_rgba.npy"), "depth": str(out / f"{name}_depth.npy"),
             "camera": addon.core.codecs.camera_to_wire(view), "background": frame.fields["background"],
-            "model_matrix": addon.scene_splats.model_matrix(bpy.data.objects[model_name]).tolist()}
+            "model_matrix": addon.scene_splats.model_matrix(bpy.data.objects[model_name]).tolist(),
+            "strips": layer.strips, "rows_per_strip": addon.overlay.STRIP_PIXELS // frame.fields["width"]}
 
 
 def snapshot(addon, name: str, out: Path, result: dict, layer=None):

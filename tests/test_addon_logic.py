@@ -211,6 +211,19 @@ def wait_until(condition, timeout=60.0):
         time.sleep(0.005)
 
 
+def test_packed_layer_pixels_keep_every_colour_and_depth_to_2_to_the_minus_15():
+    """layer_pixels: every byte of every channel comes back exactly, depths within their stated relative
+    error, and the packed values are plain floats (no NaN, infinity or denormal a GPU might alter)."""
+    rng = np.random.default_rng(4)
+    rgba = np.concatenate([rng.integers(0, 256, (500, 4)), np.repeat(np.arange(256)[:, None], 4, 1)]).astype(np.uint8)
+    depth = np.exp(rng.uniform(np.log(1e-3), np.log(1e10), len(rgba))).astype(np.float32)
+    packed = colors.layer_pixels(rgba.reshape(1, -1, 4), depth.reshape(1, -1))
+    back, back_depth = colors.unpacked_layer(packed)
+    assert np.array_equal(back, rgba)
+    assert np.all(np.abs(back_depth / depth - 1) < 2.0**-15)
+    assert np.all(np.isfinite(packed)) and np.all(np.abs(packed[packed != 0]) >= np.finfo(np.float32).tiny)
+
+
 def test_frame_stream_shows_the_newest_answer_and_says_why_it_has_none():
     client = FakeClient()
     arrived = []

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from blender_addon import frames, placement
+from blender_addon import colors, frames, placement
 from blender_addon.core.cameras import Camera, intrinsics_from_fov_x, look_at
 from blender_addon.core.client import PendingReply
 from blender_addon.core.errors import SplatwrightError
@@ -132,7 +132,7 @@ class DepthClient:
         return pending
 
 
-def test_a_frame_stream_with_depth_carries_the_depth_plane():
+def test_a_frame_stream_with_depth_carries_the_depth_plane_packed_with_the_colour():
     client = DepthClient()
     stream = frames.FrameStream(lambda: client)
     stream.depth = True
@@ -142,5 +142,7 @@ def test_a_frame_stream_with_depth_carries_the_depth_plane():
     finally:
         stream.close()
     assert client.asked_depth == [True]
-    np.testing.assert_array_equal(stream.frame.depth, np.arange(16 * 12, dtype=np.float32))
-    np.testing.assert_allclose(stream.frame.pixels, 200 / 255.0, rtol=1e-6)  # the frame's pixels as without
+    rgba, depth = colors.unpacked_layer(stream.frame.pixels)
+    assert stream.frame.pixels.dtype == np.float32 and np.all(np.isfinite(stream.frame.pixels))
+    assert np.all(rgba == 200)
+    np.testing.assert_allclose(depth, np.arange(16 * 12, dtype=np.float32), rtol=2.0**-15)

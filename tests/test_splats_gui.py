@@ -83,7 +83,10 @@ def drawn_frame(taken: dict):
 
 def test_the_viewport_draws_the_backends_frame_of_the_placed_model(viewport):
     """The frame the viewport drew is the backend's render of the model through the viewport's camera taken
-    into the model's space (the reference rasterizer again, from the same checkpoint)."""
+    into the model's space (the reference rasterizer again, from the same checkpoint), uploaded in strips (the
+    screenshots check that they make up the frame)."""
+    shown = viewport["shown"]
+    assert shown["strips"] >= 2 and shown["rows_per_strip"] < viewport["region"][3]
     for name in ("shown", "moved"):
         straight, alpha, _, cam = drawn_frame(viewport[name])
         with torch.no_grad():
