@@ -79,6 +79,7 @@ class RenderJob:
     fail: Callable[[str, str], None]  # error code and message
     model: str | None = None  # a session whose saved model is drawn (protocol.MODEL_CHOICE); None: the shown one
     crop: np.ndarray | None = None  # model space into the unit cube of the box the drawn Gaussians' centres are in
+    time: float | None = None  # when a 4D model is drawn (None: 0)
     stream: Hashable = None  # a newer job of the same stream supersedes this one while it waits
     seq: int = 0
 
@@ -572,7 +573,7 @@ class Engine:
         view = camera_tensors(camera, self.device)
 
         def queued(model: Model) -> QueuedFrame:
-            return queue_frame(cropped(model.g, job.crop), camera, model.sh_degree, model.background,
+            return queue_frame(chosen(model.g, job.crop, job.time), camera, model.sh_degree, model.background,
                                self.rasterizer, view, job.depth)
         frame = None
         with torch.no_grad():
@@ -592,19 +593,19 @@ class Engine:
         return fields, frame
 
     def export_ply(self, name: str = "splats.ply", model: str | None = None, crop: np.ndarray | None = None,
-                   placement: np.ndarray | None = None) -> tuple[dict, bytes]:
-        """Session `model`'s model (None: the shown one; protocol.MODEL_CHOICE), cropped and placed, in the format
-        the file `name` is for."""
+                   time: float | None = None, placement: np.ndarray | None = None) -> tuple[dict, bytes]:
+        """Session `model`'s model (None: the shown one; protocol.MODEL_CHOICE), at `time` if it is 4D, cropped
+        and placed, in the format the file `name` is for."""
         fmt = format_for_path(name)
         with self.model_lock:  # a snapshot only: encoding a large model must not hold up training or rendering
             shown = self._live_model(model)
             if shown is not None:
                 shown = replace(shown, g=shown.g.detached())
         shown = shown or self.saved.get(model)
-        g = placed(cropped(shown.g, crop), placement)
+        g = placed(chosen(shown.g, crop, time), placement)
         data = encode_any(g, fmt)
         path = ""
-        if shown.trained and crop is None and placement is None:
+        if shown.trained and crop is None and time is None and placement is None:
             # the session's whole trained model is also kept beside its checkpoint, as a PLY; a viewed one is not
             path = self.session.write_file("splats.ply", data if fmt == "ply" else encode_ply(g))
         fields = {"path": path, "gaussians": len(g), "step": shown.step, "format": fmt, "note": "; ".join(notes(g, fmt))}
@@ -656,6 +657,11 @@ class Engine:
 
 def _finite_or_none(x: float) -> float | None:
     return x if math.isfinite(x) else None
+
+
+def chosen(g: Gaussians, crop: np.ndarray | None, time: float | None) -> Gaussians:
+    """The Gaussians a request chose of model `g` (protocol.MODEL_CHOICE): a 4D model's at `time`, cropped."""
+    return cropped(g.at(0.0 if time is None else time), crop)
 
 
 def cropped(g: Gaussians, crop: np.ndarray | None) -> Gaussians:

@@ -187,7 +187,7 @@ class Server:
             "pause": lambda m: (self.engine.pause(), b""), "resume": lambda m: (self.engine.resume(), b""),
             "stop": lambda m: (self.engine.stop(), b""),
             "export_ply": lambda m: self.engine.export_ply(m.fields["name"], m.fields["model"], m.fields["crop"],
-                                                           m.fields["placement"]),
+                                                           m.fields["time"], m.fields["placement"]),
             "save_checkpoint": lambda m: (self.engine.save_checkpoint(), b""),
             "load_checkpoint": lambda m: (self.engine.load_checkpoint(), b""),
             "load_ply": lambda m: (self.engine.load_ply(m.payload, m.fields["background"], m.fields["name"]), b""),
@@ -360,7 +360,8 @@ class Server:
             message.fields["camera"], message.fields["format"], message.fields["depth"],
             done=lambda fields, payload: conn.reply(message, fields, payload),
             fail=lambda code, text: conn.error(message.id, code, text),
-            model=message.fields["model"], crop=message.fields["crop"], stream=(conn, message.fields["stream"])))
+            model=message.fields["model"], crop=message.fields["crop"], time=message.fields["time"],
+            stream=(conn, message.fields["stream"])))
 
     # ---- handlers that decode payloads ----
 

@@ -28,7 +28,7 @@ SIZE = 24
 BACKGROUNDS = {"near": (1.0, 1.0, 1.0), "far": (0.2, 0.3, 0.4)}
 
 
-def save_model(workdir: Path, name: str, model: Gaussians, step: int = 1) -> None:
+def save_model(workdir: Path, name: str, model: Gaussians, step: int = 1, dynamic: bool = False) -> None:
     """A session `name` in `workdir` whose checkpoint holds `model` at `step`, with two small views."""
     folder_exists = (workdir / name).is_dir()
     session = Session.open(workdir, name, create=True)
@@ -38,7 +38,8 @@ def save_model(workdir: Path, name: str, model: Gaussians, step: int = 1) -> Non
             with torch.no_grad():
                 image = expected_frame(model, cam, model.max_sh_degree, background)[::-1, :, :3]
             session.add_view(cam, np.ascontiguousarray(image), f"view_{i}")
-    cfg = TrainConfig(iterations=step, sh_degree=model.max_sh_degree, sh_interval=1, background=background)
+    cfg = TrainConfig(iterations=step, sh_degree=model.max_sh_degree, sh_interval=1, background=background,
+                      dynamic=dynamic)
     trainer = Trainer(session.dataset(background), cfg, "cpu", model.detached())
     trainer.step = step
     trainer.save_checkpoint(session.checkpoint_path)
@@ -180,3 +181,38 @@ def test_a_bad_model_choice_is_refused_in_one_line_and_the_connection_goes_on(se
         assert error.fields["message"].startswith(said) and "\n" not in error.fields["message"]
         protocol.send_message(sock, protocol.encode_message(REQUESTS, "status", 4))
         assert protocol.read_message(sock, SERVER_MESSAGES).fields["session"] is None
+
+
+def test_a_4d_session_renders_and_exports_the_time_asked_for(tmp_path):
+    """A session whose checkpoint is a 4D model: render and export at a time give the model at that time
+    (null: its first frame), two times give different frames, and a static model ignores the time."""
+    from backend.dynamic import DynamicGaussians
+    model = DynamicGaussians.from_static(random_gaussians(80, seed=6, sh_degree=0, scale=0.12))
+    model.velocities = torch.full((len(model), 3), 0.6)
+    save_model(tmp_path, "moving", model, dynamic=True)
+    save_model(tmp_path, "still", random_gaussians(80, seed=7, sh_degree=0))
+    server = Server(Engine(tmp_path, "cpu", "reference"))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    cam = orbit_cameras(4, 40, 32)[1]
+    try:
+        with Client("127.0.0.1", server.port) as client:
+            frames = {}
+            for time in (None, 0.0, 0.8):
+                reply = client.request("render", {"camera": cam, "model": "moving", "time": time})
+                frames[time] = decode_frame(reply)
+                expected = expected_frame(model.at(0.0 if time is None else time), cam, 0, (1.0, 1.0, 1.0))
+                assert np.array_equal(frames[time], expected), time
+            assert np.array_equal(frames[None], frames[0.0]) and not np.array_equal(frames[0.0], frames[0.8])
+            exported = client.request("export_ply", {"model": "moving", "time": 0.8, "name": "at.ply"})
+            (tmp_path / "at.ply").write_bytes(exported.payload)
+            np.testing.assert_allclose(read_ply(tmp_path / "at.ply").means.numpy(), model.at(0.8).means.numpy(),
+                                       atol=1e-6)
+            still = [decode_frame(client.request("render", {"camera": cam, "model": "still", "time": t}))
+                     for t in (0.0, 0.8)]
+            assert np.array_equal(*still)
+            with pytest.raises(ValueError, match="time: 1.5 is outside"):  # checked before it is sent
+                client.request("render", {"camera": cam, "model": "moving", "time": 1.5})
+    finally:
+        server.stop()
+        thread.join(30)

@@ -192,13 +192,13 @@ class Client:
 
     def submit_render(self, camera: Camera, format: str | None = None, depth: bool = False,
                       on_done: Callable[[PendingReply], None] | None = None, model: str | None = None,
-                      crop=None, stream: int = 0) -> PendingReply:
+                      crop=None, time: float | None = None, stream: int = 0) -> PendingReply:
         """Ask for a frame without waiting (in `format`, by default this connection's frame_format); a newer
         request of the same `stream` supersedes this one if it has not started (its result() then raises
-        RemoteError with code 'superseded'). Decode with decode_frame and, with `depth`, decode_depth. `model`
-        and `crop`: which model, and which part of it (protocol.MODEL_CHOICE)."""
+        RemoteError with code 'superseded'). Decode with decode_frame and, with `depth`, decode_depth. `model`,
+        `crop` and `time`: which model, which part of it, and when (protocol.MODEL_CHOICE)."""
         fields = {"camera": camera, "format": format or self.frame_format, "depth": depth, "model": model,
-                  "crop": crop, "stream": stream}
+                  "crop": crop, "time": time, "stream": stream}
         return self.submit("render", fields, on_done=on_done)
 
     def render(self, camera: Camera, format: str | None = None, timeout: float | None = None) -> np.ndarray:

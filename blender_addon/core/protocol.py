@@ -140,8 +140,10 @@ NUMBER = Float(-1e300, 1e300)
 # Which model a render or an export is of, and the part of it kept. `model`: a session whose last saved model (its
 # checkpoint) is drawn, the open session's trained model as it is now when it names that one; null: the shown
 # model. `crop`: model space into a box's unit cube [-1, 1]^3; only the Gaussians whose centres fall inside it are
-# kept (null: all of them).
-MODEL_CHOICE = Fields(model=optional(Maybe(SessionName()), None), crop=optional(Maybe(Matrix()), None))
+# kept (null: all of them). `time`: when a 4D model is drawn, normalised over its captured frames (0 the first, 1
+# the last; null: 0); a static model is the same at every time.
+MODEL_CHOICE = Fields(model=optional(Maybe(SessionName()), None), crop=optional(Maybe(Matrix()), None),
+                      time=optional(Maybe(Float(0.0, 1.0)), None))
 
 REQUESTS: dict[str, MessageSpec] = {
     "hello": MessageSpec(Fields(token=Str(MAX_TOKEN_CHARS), protocol=Int(0, 2**31),
