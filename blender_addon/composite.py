@@ -165,7 +165,7 @@ def fetch(scene, obj):
     if scene.render.use_border:
         raise SplatwrightError("render regions are not composited with splats yet; turn Render Region off")
     cam, depth_scale = scene_splats.placed_camera(obj, camera_of(scene.camera, scene), "it")
-    choice, backend = scene_splats.model_choice(obj), live.backend
+    choice, backend = scene_splats.model_choice(obj, scene), live.backend
     if bpy.app.background and backend.connection == "disconnected":  # nobody pressed Start: -b -f
         backend.connect(prefs(bpy.context).connect_settings())
 

@@ -44,6 +44,12 @@ def capture_percentage(resolution_x: int, resolution_y: int, percentage: int, ma
     return max(1, percentage)
 
 
+def frame_time(frame: float, start: int, end: int) -> float:
+    """A frame's time as a 4D model has it (the D-NeRF `time`): its place in the frame range, 0 at `start` to 1
+    at `end`, clamped; 0 throughout a range of one frame."""
+    return min(1.0, max(0.0, (frame - start) / (end - start))) if end > start else 0.0
+
+
 def split_of(index: int, test_every: int) -> str:
     """Every `test_every`-th view is held out for testing (0: none)."""
     return "test" if test_every > 0 and index % test_every == test_every - 1 else "train"

@@ -49,7 +49,7 @@ class LiveView:
         self.stream = live.backend.frame_stream()
         self.view_key = None  # the camera of the view as last drawn
         self.moved_at = 0.0
-        self.shows = (None, None)  # the model and crop of the frames asked for
+        self.shows = (None, None, None)  # the model, crop and time of the frames asked for
         self.asked = None  # (view key, scale, backend revision, shows) of the newest request
         self.asked_at = 0.0
         self.first_asked_at: float | None = None
@@ -63,12 +63,12 @@ class LiveView:
 
     def update(self, cam: Camera, choice: dict | None = None) -> None:
         """Ask for a frame of `choice` (scene_splats.model_choice; None: the model the backend shows) when the
-        view, the wanted size, the model or its crop changed since the last request (on a training CPU backend:
-        only when the view rests and the backend had its time to train)."""
+        view, the wanted size, the model, its crop or the time changed since the last request (on a training
+        CPU backend: only when the view rests and the backend had its time to train)."""
         choice = choice or {}
         crop = choice.get("crop")
-        shows = (choice.get("model"), None if crop is None else crop.tobytes())
-        if shows != self.shows:  # a frame of the old crop would pass for one of the new
+        shows = (choice.get("model"), None if crop is None else crop.tobytes(), choice.get("time"))
+        if shows != self.shows:  # a frame of the old crop or time would pass for one of the new
             self.stream.model_choice, self.shows = choice, shows
         now = time.monotonic()
         key = (cam.c2w.tobytes(), cam.K.tobytes(), cam.width, cam.height)
@@ -131,11 +131,18 @@ class LiveView:
         self.shown_wait = int(time.monotonic() - self.first_asked_at)
         return f"Splatwright: waiting for the first frame\u2026 {self.shown_wait} s"
 
+    def of_this_time(self, frame) -> bool:
+        """Whether `frame` shows the model at the time asked for now: a 4D model's frames of another time are
+        never shown."""
+        return frame.tag[3][2] == self.shows[2]  # its tag is the `asked` of its request
+
     def texture_of_newest(self, texture_format: str):
-        """The newest frame as a texture of that format, uploaded here when it is new: the stream's thread
-        already made the float buffer, so this is one copy."""
+        """The newest frame as a texture of that format, uploaded here when it is new (the stream's thread
+        already made the float buffer, so this is one copy); None while it is of another time."""
         frame = self.stream.frame
-        if frame is not None and (frame.seq, texture_format) != (self.texture_seq, self.texture_format):
+        if frame is None or not self.of_this_time(frame):
+            return None
+        if (frame.seq, texture_format) != (self.texture_seq, self.texture_format):
             start = time.perf_counter()
             self.texture = frame_texture(frame.pixels, frame.fields["width"], frame.fields["height"], texture_format)
             self.texture_seq, self.texture_format = frame.seq, texture_format
@@ -423,26 +430,26 @@ class SPLATWRIGHT_RE_engine(bpy.types.RenderEngine):
             if not client.call("status")["gaussians"] and session:  # a fresh backend: show the scene's session
                 client.call("open_session", name=session, create=False)
                 client.call("load_checkpoint")
-            return client.submit_render(cam, depth=True, **(choice or {}))
+            return client.submit_render(cam, depth=True, **choice)
         self.update_stats("Splatwright", f"rendering {cam.width}x{cam.height} on the backend")
         pending = backend.wait("render", submit, RENDER_TIMEOUT, self.test_break)
         return wait_done(pending, "render", RENDER_TIMEOUT, self.test_break), depth_scale
 
 
-def placed(scene, cam: Camera, session: str | None, shown: Callable) -> tuple[Camera, float, dict | None]:
+def placed(scene, cam: Camera, session: str | None, shown: Callable) -> tuple[Camera, float, dict]:
     """Where a splat object of `session` places its model in the scene (the first by name): the camera to
     render it through for `cam`, taken into the model's space, the factor from the model's depths to the
-    scene's, and the model and crop to ask for (scene_splats.model_choice); without such an object `cam`
-    itself, 1 and None (the model the backend shows, as it is). An object that is not `shown(obj)` in this
-    view or render, or a placement splats cannot take, raises SplatwrightError."""
+    scene's, and the model, crop and time to ask for (scene_splats.model_choice); without such an object `cam`
+    itself, 1 and the scene's time only (the model the backend shows, as it is). An object that is not
+    `shown(obj)` in this view or render, or a placement splats cannot take, raises SplatwrightError."""
     from . import scene_splats  # here: it imports this module (through composite)
     obj = next((o for o in scene_splats.splat_objects(scene) if session and o[scene_splats.SESSION_KEY] == session),
                None)
     if obj is None:
-        return cam, 1.0, None
+        return cam, 1.0, {"time": scene_splats.scene_time(scene)}
     if not shown(obj):
         raise SplatwrightError(f"the model object {obj.name} is hidden; show it to see its splats")
-    return (*scene_splats.placed_camera(obj, cam), scene_splats.model_choice(obj))
+    return (*scene_splats.placed_camera(obj, cam), scene_splats.model_choice(obj, scene))
 
 
 def set_pass(render_pass, values: np.ndarray) -> None:

@@ -93,7 +93,7 @@ class SPLATWRIGHT_OT_export_splats(Guarded, Operator, ExportHelper):
         obj = scene_splats.active_model(context)
         if obj is None:
             return {"name": name}
-        fields = {"name": name, **scene_splats.model_choice(obj, self.cropped)}
+        fields = {"name": name, **scene_splats.model_choice(obj, context.scene, self.cropped)}
         if self.world_space:
             fields["placement"] = scene_splats.model_matrix(obj)
             uniform_scale(fields["placement"], obj.name)

@@ -283,7 +283,7 @@ def draw_layers(context) -> None:
     for obj in objects:
         try:
             cam, depth_scale = placed_camera(obj, view)
-            choice = model_choice(obj)
+            choice = model_choice(obj, context.scene)
         except SplatwrightError:
             continue  # scaled unevenly, or a crop box of no size: the panel says so
         layer = _layers.get((region_key, obj.name))
@@ -291,7 +291,7 @@ def draw_layers(context) -> None:
             layer = _layers[(region_key, obj.name)] = SplatLayer()
         layer.update(cam, choice)
         frame = layer.newest()
-        if frame is not None:
+        if frame is not None and layer.of_this_time(frame):
             distance = float(np.linalg.norm(view.c2w[:3, 3] - np.array(obj.matrix_world.translation)))
             drawn.append((distance, layer, frame.fields["background"], depth_scale))
     drawn.sort(key=lambda d: -d[0])

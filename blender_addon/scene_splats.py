@@ -19,6 +19,7 @@ from bpy.types import Operator
 from . import composite, live
 from .core.cameras import Camera
 from .core.errors import SplatwrightError
+from .dataset import frame_time
 from .operators import Guarded, nothing_to_show, not_connected, set_status, training_runs
 from .panels import SplatsPanel, buttons, labels
 from .placement import camera_in_model, crop_matrix, model_bounds, model_to_world, uniform_scale
@@ -49,13 +50,19 @@ def crop_box(obj):
     return next((child for child in sorted(obj.children, key=lambda o: o.name) if CROP_KEY in child), None)
 
 
-def model_choice(obj, cropped: bool = True) -> dict:
-    """What a render or export request names for `obj`'s model (protocol.MODEL_CHOICE): its session, and its
-    crop box (unless not `cropped`) as a matrix from model space into the box's unit cube."""
+def model_choice(obj, scene, cropped: bool = True) -> dict:
+    """What a render or export request names for `obj`'s model (protocol.MODEL_CHOICE): its session, its crop
+    box (unless not `cropped`) as a matrix from model space into the box's unit cube, and `scene`'s time."""
     box = crop_box(obj) if cropped else None
     crop = None if box is None else crop_matrix(np.array(box.matrix_world), box.empty_display_size,
                                                 model_matrix(obj), f"the crop box {box.name}")
-    return {"model": obj[SESSION_KEY], "crop": crop}
+    return {"model": obj[SESSION_KEY], "crop": crop, "time": scene_time(scene)}
+
+
+def scene_time(scene) -> float:
+    """The time a 4D model is shown at in `scene`: its current frame's in the scene's frame range, which a 4D
+    model's captured frames span."""
+    return frame_time(scene.frame_current, scene.frame_start, scene.frame_end)
 
 
 def active_model(context):
@@ -66,12 +73,12 @@ def active_model(context):
     return obj if obj is not None and SESSION_KEY in obj else None
 
 
-def problem(obj) -> str:
-    """Why `obj`'s splats are not drawn, or ''."""
+def problem(obj, scene) -> str:
+    """Why `obj`'s splats are not drawn in `scene`, or ''."""
     from . import overlay  # here: it imports this module
     try:
         uniform_scale(model_matrix(obj), obj.name)
-        model_choice(obj)
+        model_choice(obj, scene)
     except SplatwrightError as e:
         return str(e)
     return not_connected() or overlay.refusal(obj.name)
@@ -212,7 +219,7 @@ class SPLATWRIGHT_PT_scene_splats(SplatsPanel, bpy.types.Panel):
             layout.label(text=f"{obj.name}: session {obj[SESSION_KEY]}", icon="OUTLINER_OB_EMPTY")
             if (box := crop_box(obj)) is not None:
                 layout.label(text=f"cropped to {box.name}", icon="MESH_CUBE")
-            if reason := problem(obj):
+            if reason := problem(obj, context.scene):
                 labels(layout, context, reason, icon="INFO")
 
 

@@ -134,7 +134,7 @@ def placed_render(scene, session: str, out: Path) -> dict:
     bpy.context.view_layer.update()
     scene.render.filepath = str(out / "cropped.png")
     bpy.ops.render.render(write_still=True)
-    placed.update(cropped_png=str(out / "cropped.png"), crop=a.scene_splats.model_choice(obj)["crop"].tolist())
+    placed.update(cropped_png=str(out / "cropped.png"), crop=a.scene_splats.model_choice(obj, bpy.context.scene)["crop"].tolist())
     bpy.data.objects.remove(box)
     return placed
 

@@ -7,7 +7,7 @@ result.json into the output folder, then quits. The scene (add_wall_and_cube) is
 too.
 
     blender --factory-startup -p 0 0 W H --python tests/blender_splats_gui_scenario.py -- --zip Z --workdir W \
-        --session S --second S2 --python PY --out DIR
+        --session S --second S2 --moving S3 --python PY --out DIR
 
 Blender's event loop runs the whole time; the scenario is a generator stepped by a timer, so it never blocks it.
 """
@@ -32,6 +32,7 @@ CUBE_AT, CUBE_SIZE = (0.45, -2.0, 0.0), 0.5  # in front of the model, which sits
 CAMERA_AT, LOOK_AT, RENDER_SIZE = (0.0, -6.0, 0.6), (0.0, 0.0, 0.2), (64, 48)
 MOVE = Matrix.Translation((-0.3, 0.0, -0.2)) @ Euler((0.0, 0.0, 0.35)).to_matrix().to_4x4()
 SECOND_AT = Matrix.Translation((0.35, -3.4, 0.25)) @ Matrix.Scale(0.5, 4)  # a second model, in front of the first
+TIMELINE_END = 24  # the scene's last frame while a 4D model is shown: time 1
 CROP_LOCATION, CROP_SCALE = (0.45, 0.0, 0.1), (0.6, 1.5, 1.5)  # in the first model object's space: its right part
 
 
@@ -174,11 +175,38 @@ def several_models(addon, args: dict, out: Path, result: dict):
     yield from until(lambda: all(k in overlay._layers and settled(overlay._layers[k], region) for k in keys),
                      "frames of the cropped model and the second one", FRAME_TIMEOUT)
     yield from snapshot(addon, "several", out, result)
-    result["several"].update(crop=addon.scene_splats.model_choice(model)["crop"].tolist(), frames={
+    result["several"].update(crop=addon.scene_splats.model_choice(model, bpy.context.scene)["crop"].tolist(), frames={
         label: saved_frame(addon, f"several_{label}", out, overlay._layers[key], key[1])
         for key, label in zip(keys, ("first", "second"))})
     bpy.data.objects.remove(box)
     bpy.data.objects.remove(other)
+
+
+def timeline(addon, args: dict, out: Path, result: dict):
+    """A 4D session's model (the first one hidden) at the scene's first and last frames."""
+    window, area, region, space = view3d()
+    scene, overlay = bpy.context.scene, addon.overlay
+    first = bpy.data.objects[args["session"]]
+    first.hide_set(True)
+    moving = addon.scene_splats.add_model_object(bpy.context.view_layer, scene.collection, args["moving"],
+                                                 (0.0, 0.0, 0.0), 0.5)
+    scene.frame_start, scene.frame_end = 1, TIMELINE_END
+    key = (region.as_pointer(), moving.name)
+    for frame in (1, TIMELINE_END):
+        scene.frame_set(frame)
+        area.tag_redraw()
+        time = addon.scene_splats.scene_time(scene)
+
+        def shows_the_frame():
+            layer = overlay._layers.get(key)
+            return (layer is not None and layer.shows[2] == time and settled(layer, region)
+                    and layer.of_this_time(layer.shown))
+        yield from until(shows_the_frame, f"the 4D model's frame at frame {frame}", FRAME_TIMEOUT)
+        yield from snapshot(addon, f"frame_{frame}", out, result)
+        result[f"frame_{frame}"].update(saved_frame(addon, f"frame_{frame}", out, overlay._layers[key], moving.name),
+                                        time=time)
+    bpy.data.objects.remove(moving)
+    first.hide_set(False)
 
 
 def final_renders(addon, out: Path, result: dict):
@@ -258,6 +286,7 @@ def scenario(args: dict, result: dict):
                   cube_color=CUBE_COLOR)
 
     yield from several_models(addon, args, out, result)
+    yield from timeline(addon, args, out, result)
     space.shading.type = "WIREFRAME"  # not a shading the splats are drawn in: their frames stop
     yield from until(lambda: not overlay._layers, "no frames in wireframe shading", 10)
     yield from final_renders(addon, out, result)

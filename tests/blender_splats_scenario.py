@@ -100,7 +100,7 @@ def several_models_and_a_crop_box(scene, session: str, second: str, out: Path) -
     exports = {"cropped": export(out / "cropped.ply", cropped=True),
                "world": export(out / "world.ply", cropped=False, world_space=True)}
     return {"several": several, "matrices": matrices, "crop_box": added_box, "crop_panel": panel,
-            "cropped": cropped, "crop": scene_splats.model_choice(model)["crop"].tolist(), "exports": exports}
+            "cropped": cropped, "crop": scene_splats.model_choice(model, bpy.context.scene)["crop"].tolist(), "exports": exports}
 
 
 def placed_model(zip_path: Path, workdir: Path, session: str, python: str):

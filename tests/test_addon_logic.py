@@ -108,6 +108,12 @@ def test_capture_percentage_keeps_the_longest_side_within_the_limit():
     assert dataset.capture_percentage(100_000, 100, 100, 160) == 1  # never below 1 %
 
 
+
+def test_frame_time_spans_the_frame_range():
+    assert [dataset.frame_time(f, 10, 30) for f in (10, 15, 30)] == [0.0, 0.25, 1.0]
+    assert dataset.frame_time(5, 10, 30) == 0.0 and dataset.frame_time(40, 10, 30) == 1.0  # outside: clamped
+    assert dataset.frame_time(7, 7, 7) == 0.0
+
 def test_dataset_writer_and_training_views_round_trip(tmp_path):
     writer = dataset.DatasetWriter(tmp_path)
     cams = [Camera(p @ np.diag([1.0, -1.0, -1.0, 1.0]), intrinsics(50.0, 52.0, 16.0, 12.0), 32, 24)

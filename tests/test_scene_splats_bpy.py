@@ -17,6 +17,7 @@ from PIL import Image
 from blender_addon.colors import linear_to_srgb, srgb_to_linear
 from blender_addon.core.codecs import camera_from_wire
 from blender_addon.placement import camera_in_model
+from backend.dynamic import DynamicGaussians
 from backend.gaussians import Gaussians, rgb_to_sh_dc
 from backend.ply import read_ply
 from backend.render import render
@@ -51,6 +52,14 @@ def second_model() -> Gaussians:
     return g
 
 
+def moving_model() -> DynamicGaussians:
+    """Gaussians that move 0.6 along x over the clip."""
+    g = DynamicGaussians.from_static(random_gaussians(150, seed=9, sh_degree=0, scale=0.1))
+    g.opacity_logits = g.opacity_logits + 3.0
+    g.velocities = torch.tensor([[0.6, 0.0, 0.0]]).expand(len(g), 3).clone()
+    return g
+
+
 def trained_session(workdir: Path, model: Gaussians, name: str = SESSION) -> str:
     """A backend session in `workdir` whose checkpoint holds `model`, as training leaves one (two small views)."""
     from backend.session import Session
@@ -61,7 +70,8 @@ def trained_session(workdir: Path, model: Gaussians, name: str = SESSION) -> str
         with torch.no_grad():
             image = render(model, cam, model.max_sh_degree, BACKGROUND).image.clamp(0, 1)
         session.add_view(cam, (image.numpy() * 255 + 0.5).astype(np.uint8), f"view_{i}")
-    cfg = TrainConfig(iterations=1, sh_degree=model.max_sh_degree, sh_interval=1, background=BACKGROUND)
+    cfg = TrainConfig(iterations=1, sh_degree=model.max_sh_degree, sh_interval=1, background=BACKGROUND,
+                      dynamic=isinstance(model, DynamicGaussians))
     trainer = Trainer(session.dataset(BACKGROUND), cfg, "cpu", model.detached())
     trainer.step = 1  # past the SH schedule: the full degree shows
     trainer.save_checkpoint(session.checkpoint_path)

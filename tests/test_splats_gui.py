@@ -23,8 +23,8 @@ from blender_addon.core.codecs import camera_from_wire
 from blender_addon.placement import camera_in_model
 from backend.render import render
 from conftest import ROOT
-from test_scene_splats_bpy import (BACKGROUND, MARKER_AT, MARKER_RGB, SECOND, SESSION, inside_crop, second_model,
-                                   splat_model, subset, trained_session)
+from test_scene_splats_bpy import (BACKGROUND, MARKER_AT, MARKER_RGB, SECOND, SESSION, inside_crop, moving_model,
+                                   second_model, splat_model, subset, trained_session)
 from test_viewport_gui import ARTIFACTS, EDGE, xvfb  # noqa: F401  (xvfb is a fixture)
 
 pytestmark = pytest.mark.blender
@@ -34,6 +34,7 @@ WINDOW = (640, 480)
 LEVEL = 1 / 255 + 1e-9  # one 8-bit level, with room for the rounding of pixel differences
 DEPTH_MARGIN = 0.05  # splats this close to a surface may fall either side of it in a pixel
 UI_GAMMA = 2.2  # the power Blender's viewport blends what draw handlers draw in (overlay.py)
+MOVING = "splat-moving"  # a 4D session
 
 
 @pytest.fixture(scope="module")
@@ -42,12 +43,13 @@ def viewport(xvfb, tmp_path_factory) -> dict:  # noqa: F811
     model = splat_model()
     trained_session(home / "sessions", model)
     trained_session(home / "sessions", second_model(), SECOND)
+    trained_session(home / "sessions", moving_model(), MOVING)
     addon_zip = build_addon.build(home / "dist")
     env = {**os.environ, "DISPLAY": xvfb, "BLENDER_USER_SCRIPTS": str(home / "scripts"),
            "BLENDER_USER_CONFIG": str(home / "config")}
     run = subprocess.run(["blender", "--factory-startup", "-p", "0", "0", str(WINDOW[0]), str(WINDOW[1]),
                           "--python", str(SCENARIO), "--", "--zip", str(addon_zip), "--workdir", str(home / "sessions"),
-                          "--session", SESSION, "--second", SECOND, "--python", sys.executable,
+                          "--session", SESSION, "--second", SECOND, "--moving", MOVING, "--python", sys.executable,
                           "--out", str(home / "out")],
                          env=env, cwd=home, capture_output=True, text=True, timeout=240)
     result_file = home / "out" / "result.json"
@@ -212,6 +214,24 @@ def test_the_viewport_draws_a_cropped_model_and_a_second_one_in_depth_order(view
     assert min(counts.values()) > 50
     assert errors["second over the first"] <= 2 * LEVEL and errors["second opaque in front"] <= 2 * LEVEL
     assert errors["first alone, blended"] <= 2 * LEVEL and errors["cropped away"] <= LEVEL
+
+
+def test_two_frames_of_the_timeline_show_the_4d_model_at_their_times(viewport):
+    """At the scene's first and last frames the viewport draws the backend's renders of the 4D model at times 0
+    and 1, and the screenshots differ where the splats moved."""
+    model = moving_model()
+    for name, time in (("frame_1", 0.0), ("frame_24", 1.0)):
+        assert viewport[name]["time"] == time
+        _, _, _, cam = drawn_frame(viewport[name])
+        with torch.no_grad():
+            out = render(model.at(time), cam, 0, BACKGROUND)
+        expected = (torch.cat([out.image, out.alpha[..., None]], -1).clamp(0, 1) * 255 + 0.5).to(torch.uint8)
+        got = np.load(viewport[name]["rgba"])[::-1]
+        assert np.abs(got.astype(int) - expected.numpy().astype(int)).max() <= 1, name
+    first, last = region_of(viewport, "frame_1"), region_of(viewport, "frame_24")
+    changed = (np.abs(first - last).max(-1) > 10 * LEVEL).mean()
+    print(f"the 4D model between the first and the last frame: {100 * changed:.1f}% of the viewport changed")
+    assert changed > 0.01
 
 
 def test_drawing_the_splats_never_waits_on_the_main_thread(viewport):
