@@ -608,7 +608,8 @@ class Engine:
         if shown.trained and crop is None and time is None and placement is None:
             # the session's whole trained model is also kept beside its checkpoint, as a PLY; a viewed one is not
             path = self.session.write_file("splats.ply", data if fmt == "ply" else encode_ply(g))
-        fields = {"path": path, "gaussians": len(g), "step": shown.step, "format": fmt, "note": "; ".join(notes(g, fmt))}
+        fields = {"path": path, "gaussians": len(g), "step": shown.step, "format": fmt,
+                  "note": "; ".join(notes(g, fmt))}
         return fields, data
 
     def save_checkpoint(self) -> dict:

@@ -60,8 +60,8 @@ class FrameStream:
     called on the stream's thread when a frame is ready. `start(thread)` starts the stream's thread; Blender's
     drawing passes one that hands it to another thread, as Thread.start waits until the thread runs.
     With `depth` (settable until the first ask) frames also carry their view depth plane, packed with the
-    colour (colors.layer_pixels), for views that composite them with the scene by depth. `model_choice` (model and crop, protocol.MODEL_CHOICE) goes with
-    each request sent after it is set."""
+    colour (colors.layer_pixels), for views that composite them with the scene by depth. `model_choice` (model,
+    crop and time: protocol.MODEL_CHOICE) goes with each request sent after it is set."""
 
     def __init__(self, client_of: Callable[[], "Client | None"], on_frame: Callable[[Frame], None] | None = None,
                  start: Callable[[threading.Thread], None] = threading.Thread.start):

@@ -84,11 +84,11 @@ def main(argv: list[str]) -> int:
                 ("timer tick uploading strips of a full-size frame (between redraws)", "upload_tick"))]
     worst = max(result[key]["p95_ms"] for key in ("draw_steady", "draw_new_frame", "upload_tick"))
     report = "\n".join([
-        f"Viewport composite, main thread per redraw: {result['region'][0]}x{result['region'][1]} region of a "
-        f"{WINDOW[0]}x{WINDOW[1]} window, Blender {result['blender']} ({result['gpu']}), {args.gaussians} "
+        f"Viewport composite, main thread per redraw and upload tick: {result['region'][0]}x{result['region'][1]} "
+        f"region of a {WINDOW[0]}x{WINDOW[1]} window, Blender {result['blender']} ({result['gpu']}), {args.gaussians} "
         f"Gaussians on a CPU backend; commit {result['commit']}, {result['date']}, {result['cpus']} CPUs (1-minute "
         f"load average {result['load_average'][0]:.1f} before, {result['load_average'][1]:.1f} after)", "",
-        "| what | redraws | p50 ms | p95 ms | max ms |", "|---|---|---|---|---|", *rows, "",
+        "| what | count | p50 ms | p95 ms | max ms |", "|---|---|---|---|---|", *rows, "",
         f"A new full-size frame is shown {result['frame_shown']['p50_ms']:.0f} ms (p50; p95 "
         f"{result['frame_shown']['p95_ms']:.0f} ms) after its first strip went up, over "
         f"{result['upload_ticks_per_frame']:.1f} timer ticks ({result['frame_shown']['count']} frames).", "",
