@@ -123,7 +123,7 @@ def load_transforms(path: Path, background=(1.0, 1.0, 1.0), downscale: float = 1
         cameras.append(cam)
         images.append(torch.from_numpy(np.ascontiguousarray(rgb)))
         names.append(Path(str(frame.get("file_path"))).name)
-    return Dataset(cameras, torch.stack(images), names, _scene_times(times, path))
+    return Dataset(cameras, torch.stack(images), names, scene_times(times, path.name))
 
 
 def load_cameras(path: str | Path, downscale: float = 1.0) -> tuple[list[Camera], list[str]]:
@@ -195,14 +195,14 @@ def _frame_time(frame: dict, what: str) -> float | None:
     return float(value)
 
 
-def _scene_times(times: list[float | None], path: Path) -> list[float] | None:
-    """The views' times: None when no frame has one; every frame needs one when some do."""
+def scene_times(times: list[float | None], what: str) -> list[float] | None:
+    """The views' times: None when no view has one; every view needs one when some do."""
     missing = [i for i, t in enumerate(times) if t is None]
     if len(missing) == len(times):
         return None
     if missing:
-        raise SplatwrightError(f"{path.name}: frame {missing[0]} has no time but other frames do; give every "
-                               "frame a time in [0, 1], or none")
+        raise SplatwrightError(f"{what}: view {missing[0]} has no time but other views do; give every view a time "
+                               "in [0, 1], or none")
     return times
 
 

@@ -264,13 +264,14 @@ class Engine:
         self.limits.check("session_pixels", session.pixels + camera.width * camera.height,
                           "pixels of the session's views with this one")
 
-    def add_view(self, camera: Camera, image: np.ndarray, name: str) -> dict:
+    def add_view(self, camera: Camera, image: np.ndarray, name: str, time: float | None = None) -> dict:
         session = self._require_session()
         self.check_view(camera)
         with self.model_lock:
-            index = session.add_view(camera, image, name)
+            index = session.add_view(camera, image, name, time)
             if self.trainer is not None:
-                self.trainer.add_view(camera, view_rgb(image, self.trainer.cfg.background), session.names[index])
+                self.trainer.add_view(camera, view_rgb(image, self.trainer.cfg.background), session.names[index],
+                                      time or 0.0)
         return {"index": index, "views": index + 1}
 
     def set_points(self, xyz: np.ndarray, rgb: np.ndarray) -> dict:

@@ -372,7 +372,7 @@ class Server:
         camera = message.fields["camera"]
         self.engine.check_view(camera)  # before decoding: the image may be large
         image = decode_upload(message.fields["format"], message.payload, camera.width, camera.height)
-        return self.engine.add_view(camera, image, message.fields["name"]), b""
+        return self.engine.add_view(camera, image, message.fields["name"], message.fields["time"]), b""
 
     def _set_points(self, message: Message):
         try:

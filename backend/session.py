@@ -17,7 +17,7 @@ from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.files import remove_stale_temporaries, write_atomic
 from blender_addon.core.points import POINTS_FILE, read_points, write_points
 from blender_addon.core.settings import TRAINING
-from .data import Dataset
+from .data import Dataset, scene_times
 from .frames import view_rgb
 from .policy import CHECKPOINT
 from .train import load_latest_checkpoint, previous_checkpoint
@@ -27,7 +27,7 @@ SESSION_FORMAT = 2  # 2: initial points as points3d.ply (blender_addon/core/poin
 
 class Session:
     """Layout: session.json (format, name, and the training settings once training started);
-    views/NNNNNN.npy (image as uploaded, rows top-down) and views/NNNNNN.json (camera, name), the .json
+    views/NNNNNN.npy (image as uploaded, rows top-down) and views/NNNNNN.json (camera, name, time), the .json
     written last so a view exists once it does; points3d.ply; checkpoint.pt and the one before it,
     checkpoint.prev.pt; splats.ply. Every file is replaced atomically and durably.
 
@@ -39,6 +39,7 @@ class Session:
         self.cameras: list[Camera] = []
         self.images: list[np.ndarray] = []
         self.names: list[str] = []
+        self.times: list[float | None] = []  # when each view is seen, in a dynamic scene
         self.next_view = 0  # file number of the next view: after every file there, read or not
         self.points: tuple[np.ndarray, np.ndarray] | None = None
         self.settings: dict | None = None  # the training settings of the last start (settings.TRAINING)
@@ -124,6 +125,9 @@ class Session:
             view = json.loads(camera_file.read_text())
             image = np.load(camera_file.with_suffix(".npy"), allow_pickle=False)
             name = str(view.pop("name"))
+            time = view.pop("time", None)
+            if time is not None and not 0.0 <= float(time) <= 1.0:
+                raise ValueError(f"its time {time} is outside [0, 1]")
             camera = codecs.camera_from_wire(view)
             if image.ndim != 3 or image.shape[:2] != (camera.height, camera.width):
                 raise ValueError(f"its image is {image.shape[:2]}, its camera {camera.width}x{camera.height}")
@@ -134,6 +138,7 @@ class Session:
         self.cameras.append(camera)
         self.images.append(image)
         self.names.append(name)
+        self.times.append(None if time is None else float(time))
 
     def _check_checkpoint(self) -> None:
         """An unreadable newest checkpoint (a power loss can leave it empty) gives way to the previous one, so
@@ -185,8 +190,8 @@ class Session:
                 raise SplatwrightError(f"the view is {camera.width}x{camera.height} but this session's views are "
                                        f"{first.width}x{first.height}; all views of a session share one size")
 
-    def add_view(self, camera: Camera, image: np.ndarray, name: str) -> int:
-        """Store a view; returns its index among the session's views."""
+    def add_view(self, camera: Camera, image: np.ndarray, name: str, time: float | None = None) -> int:
+        """Store a view (seen at `time`, in a dynamic scene); returns its index among the session's views."""
         self._check_size(camera)
         index = len(self.cameras)
         name = name or f"view_{self.next_view:06d}"
@@ -194,11 +199,13 @@ class Session:
         buffer = io.BytesIO()
         np.save(buffer, image, allow_pickle=False)
         self._write(stem.with_suffix(".npy"), buffer.getbuffer())
-        self._write(stem.with_suffix(".json"), json.dumps({**codecs.camera_to_wire(camera), "name": name}).encode())
+        self._write(stem.with_suffix(".json"), json.dumps({**codecs.camera_to_wire(camera), "name": name,
+                                                           "time": time}).encode())
         self.next_view += 1
         self.cameras.append(camera)
         self.images.append(image)
         self.names.append(name)
+        self.times.append(time)
         return index
 
     def set_points(self, xyz: np.ndarray, rgb: np.ndarray) -> None:
@@ -216,7 +223,8 @@ class Session:
     def dataset(self, background, views: int | None = None) -> Dataset:
         """The first `views` views (all by default) as a training dataset."""
         images = torch.stack([view_rgb(image, background) for image in self.images[:views]])
-        return Dataset(list(self.cameras[:views]), images, list(self.names[:views]))
+        return Dataset(list(self.cameras[:views]), images, list(self.names[:views]),
+                       scene_times(self.times[:views], f"session {self.name!r}"))
 
 
 def _looks_whole(path: Path) -> bool:

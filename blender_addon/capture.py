@@ -17,7 +17,7 @@ from mathutils import Matrix
 
 from .core.errors import SplatwrightError
 from .core.points import POINTS_FILE, write_points
-from .dataset import DatasetWriter, capture_percentage, fitting_distance, orbit_poses, split_of
+from .dataset import DatasetWriter, capture_percentage, fitting_distance, frame_time, orbit_poses, split_of
 from .runtime import Backend
 from .scene_io import (GEOMETRY, animation_frames, bounds, camera_of, capture_cameras, surface_points,
                        visible_geometry)
@@ -35,6 +35,7 @@ class View:
     camera: object  # the camera object to render through
     frame: int | None = None  # set this frame first
     matrix: np.ndarray | None = None  # or place the camera here first (Blender camera-to-world)
+    time: float | None = None  # the frame's time (dataset.frame_time) in a capture over time
 
 
 class Capture:
@@ -173,9 +174,9 @@ class Capture:
         if not path.is_file():
             raise SplatwrightError(f"the render of {view.name} was not written to {path}")
         cam = camera_of(view.camera, self.scene)
-        self.writer.add(view.split, view.name, cam)
+        self.writer.add(view.split, view.name, cam, view.time)
         if self.backend is not None and view.split == "train":
-            self.backend.call("add_view", lambda c: c.add_view(cam, path.read_bytes(), view.name),
+            self.backend.call("add_view", lambda c: c.add_view(cam, path.read_bytes(), view.name, view.time),
                               self._views_added)
         self.done += 1
 
@@ -190,21 +191,35 @@ class Capture:
     # ---- planning ----
 
     def _plan(self, context) -> list[View]:
+        """The views in render order. Over time (Animation, Animation from the Rig) each carries its frame's time;
+        a rig's held-out cameras are held out at every frame."""
         s, scene = self.settings, self.scene
-        if s.source == "CAMERAS":
-            cameras = capture_cameras(scene)
-            if not cameras:
-                raise SplatwrightError("no " + ("selected " if s.only_selected else "") + "camera objects to "
-                                       "capture from; add a camera or choose Views: Orbit")
-            targets = [(None, None, cam) for cam in cameras]
-        elif s.source == "ANIMATION":
+        if s.source == "ANIMATION":
             if scene.camera is None:
                 raise SplatwrightError("the scene has no active camera to animate; set one or choose Views: Orbit")
-            targets = [(frame, None, scene.camera) for frame in animation_frames(scene)]
-        else:
-            targets = [(None, m, self._make_orbit_camera()) for m in self._orbit_matrices(context)]
-        return [View(f"r_{i:03d}", split_of(i, s.test_every), cam, frame, matrix)
-                for i, (frame, matrix, cam) in enumerate(targets)]
+            return [View(f"r_{i:03d}", split_of(i, s.test_every), scene.camera, frame,
+                         time=frame_time(frame, scene.frame_start, scene.frame_end))
+                    for i, frame in enumerate(animation_frames(scene))]
+        rig = self._rig(context)  # (camera object, matrix or None) of each camera
+        if s.source != "RIG_ANIMATION":
+            return [View(f"r_{i:03d}", split_of(i, s.test_every), cam, matrix=matrix)
+                    for i, (cam, matrix) in enumerate(rig)]
+        return [View(f"r_{f:03d}_{c:03d}", split_of(c, s.test_every), cam, frame, matrix,
+                     frame_time(frame, scene.frame_start, scene.frame_end))
+                for f, frame in enumerate(animation_frames(scene)) for c, (cam, matrix) in enumerate(rig)]
+
+    def _rig(self, context) -> list[tuple[object, np.ndarray | None]]:
+        """Scene Cameras: the camera objects; Orbit, and Animation from the Rig without camera objects: the
+        generated cameras around the selection or the scene (placed at the current frame; they stay put)."""
+        s = self.settings
+        cameras = capture_cameras(self.scene)
+        if s.source == "CAMERAS" and not cameras:
+            raise SplatwrightError("no " + ("selected " if s.only_selected else "") + "camera objects to "
+                                   "capture from; add a camera or choose Views: Orbit")
+        if s.source == "ORBIT" or not cameras:
+            orbit_camera = self._make_orbit_camera()
+            return [(orbit_camera, m) for m in self._orbit_matrices(context)]
+        return [(cam, None) for cam in cameras]
 
     def _make_orbit_camera(self):
         if self._orbit_camera is None:

@@ -191,8 +191,8 @@ def session_name(empty) -> str:
     return f"colmap-{safe or 'photos'}"[:64].rstrip(".")
 
 
-def training_photos(empty, max_side: int) -> list[tuple[str, Camera, np.ndarray]]:
-    """(name, camera, RGBA8 pixels with rows bottom-up) of the import's training photos in name order: the
+def training_photos(empty, max_side: int) -> list[tuple[str, Camera, np.ndarray, None]]:
+    """(name, camera, RGBA8 pixels with rows bottom-up, no time) of the import's training photos in name order: the
     camera as the scene has it now, its intrinsics the model's, fitted to the photo file and scaled so that
     its longer side is at most `max_side` pixels (0: full size)."""
     model = colmap.read_model(empty[MODEL_KEY])
@@ -227,7 +227,7 @@ def training_photos(empty, max_side: int) -> list[tuple[str, Camera, np.ndarray]
         finally:
             bpy.data.images.remove(image)
         rgba = (pixels * 255.0 + 0.5).astype(np.uint8).reshape(cam.height, cam.width, 4)
-        photos.append((Path(name).stem, cam, rgba))
+        photos.append((Path(name).stem, cam, rgba, None))
     return photos
 
 

@@ -67,13 +67,15 @@ class DatasetWriter:
         (self.folder / split).mkdir(parents=True, exist_ok=True)
         return self.folder / split / f"{name}.png"
 
-    def add(self, split: str, name: str, cam: Camera) -> None:
+    def add(self, split: str, name: str, cam: Camera, time: float | None = None) -> None:
+        """A view; `time` (frame_time) in a dynamic scene, as D-NeRF datasets have it."""
         K = cam.K
         self.frames[split].append({
             "file_path": f"./{split}/{name}",
             "transform_matrix": (cam.c2w @ BLENDER_TO_OPENCV).tolist(),
             "fl_x": K[0, 0], "fl_y": K[1, 1], "cx": K[0, 2], "cy": K[1, 2], "w": cam.width, "h": cam.height,
             "camera_angle_x": 2.0 * math.atan(0.5 * cam.width / K[0, 0]),
+            **({} if time is None else {"time": time}),
         })
 
     def write(self) -> None:
@@ -85,8 +87,8 @@ class DatasetWriter:
             write_atomic(path, (json.dumps(meta, indent=1) + "\n").encode())
 
 
-def training_views(folder: str | Path) -> list[tuple[str, Camera, Path]]:
-    """(name, camera, image path) of each training view a DatasetWriter wrote into `folder`."""
+def training_views(folder: str | Path) -> list[tuple[str, Camera, Path, float | None]]:
+    """(name, camera, image path, time or None) of each training view a DatasetWriter wrote into `folder`."""
     path = Path(folder) / "transforms_train.json"
     views = []
     try:
@@ -94,10 +96,11 @@ def training_views(folder: str | Path) -> list[tuple[str, Camera, Path]]:
             K = intrinsics(frame["fl_x"], frame["fl_y"], frame["cx"], frame["cy"])
             cam = from_blender_c2w(np.array(frame["transform_matrix"]), K, frame["w"], frame["h"],
                                    f"{path} frame {i}")
-            views.append((Path(frame["file_path"]).name, cam, Path(folder) / (frame["file_path"] + ".png")))
+            views.append((Path(frame["file_path"]).name, cam, Path(folder) / (frame["file_path"] + ".png"),
+                          frame.get("time")))
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise SplatwrightError(f"{path}: not a readable capture ({e}); capture the views again") from None
-    missing = [str(image) for _, _, image in views if not image.is_file()]
+    missing = [str(image) for _, _, image, _ in views if not image.is_file()]
     if missing:
         raise SplatwrightError(f"{missing[0]} is missing ({len(missing)} images in all); capture the views again")
     return views

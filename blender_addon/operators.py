@@ -317,15 +317,16 @@ class SPLATWRIGHT_OT_send_views(Guarded, Operator):
 
 
 def send_to_session(context, request: str, name: str, views: list, points, what: str) -> None:
-    """On the worker: open session `name`, send the `views` (name, camera, image) it does not have yet and
-    the initial `points`; the session becomes the scene's. An image is a frame or a file's bytes, or the path
-    of a PNG, which is read there; `points` is (xyz, rgb), the path of a points file, or None."""
+    """On the worker: open session `name`, send the `views` (name, camera, image, time) it does not have yet
+    and the initial `points`; the session becomes the scene's. An image is a frame or a file's bytes, or the
+    path of a PNG, which is read there; a time is a dynamic scene's (or None); `points` is (xyz, rgb), the path
+    of a points file, or None."""
     s = context.scene.splatwright
 
     def send(client):
         missing = views[client.call("open_session", name=name)["views"]:]
-        for view_name, cam, image in missing:
-            client.add_view(cam, image.read_bytes() if isinstance(image, Path) else image, view_name)
+        for view_name, cam, image, time in missing:
+            client.add_view(cam, image.read_bytes() if isinstance(image, Path) else image, view_name, time)
         if points is not None:
             client.set_points(*(read_points(points) if isinstance(points, Path) else points))
         return len(missing), client.call("status")

@@ -106,11 +106,11 @@ class SPLATWRIGHT_PT_capture(SplatsPanel, bpy.types.Panel):
             layout.operator(SPLATWRIGHT_OT_capture_cancel.bl_idname, icon="CANCEL")
         layout.prop(s, "source")
         col = layout.column()
-        if s.source == "CAMERAS":
-            col.prop(s, "only_selected")
-        elif s.source == "ANIMATION":
+        if s.source in ("ANIMATION", "RIG_ANIMATION"):
             col.prop(s, "frame_step")
-        else:
+        if s.source in ("CAMERAS", "RIG_ANIMATION"):
+            col.prop(s, "only_selected")
+        if s.source == "ORBIT" or (s.source == "RIG_ANIMATION" and not capture_cameras(context.scene)):
             for name in ("orbit_shape", "orbit_target", "orbit_count", "orbit_radius", "orbit_lens", "orbit_seed"):
                 col.prop(s, name)
         col = layout.column()
@@ -144,8 +144,10 @@ def draw_estimate(layout, scene) -> None:
     that the CPU trains a preview."""
     s = scene.splatwright
     width, height = capture_size(scene)
+    rig = len(capture_cameras(scene)) or s.orbit_count  # Animation from the Rig: the orbit's without cameras
     views = {"ORBIT": lambda: s.orbit_count, "ANIMATION": lambda: len(animation_frames(scene)),
-             "CAMERAS": lambda: len(capture_cameras(scene))}[s.source]()
+             "CAMERAS": lambda: len(capture_cameras(scene)),
+             "RIG_ANIMATION": lambda: rig * len(animation_frames(scene))}[s.source]()
     col = layout.column(align=True)
     col.label(text=f"{views} views of {width}x{height} px", icon="RENDER_RESULT")
     b = live.backend

@@ -19,7 +19,9 @@ class SPLATWRIGHT_PG_settings(bpy.types.PropertyGroup):
     # Capture
     source: EnumProperty(name="Views", default="ORBIT", items=[
         ("CAMERAS", "Scene Cameras", "One view from each camera object of the scene"),
-        ("ANIMATION", "Animation", "The active camera over the animation range"),
+        ("ANIMATION", "Animation", "The active camera over the animation range, each view at its frame's time"),
+        ("RIG_ANIMATION", "Animation from the Rig", "The scene's camera objects (the orbit's cameras where it has "
+                                                    "none) at every captured frame: multi-view video for a 4D model"),
         ("ORBIT", "Orbit", "Generated cameras around the selection or the scene"),
     ])
     only_selected: BoolProperty(name="Only Selected", description="Only the selected camera objects")

@@ -216,7 +216,7 @@ def run(zip_path: Path, out: Path, foreign_ply: Path) -> dict:
 
     s = bpy.context.scene.splatwright
     s.folder, s.point_count, s.test_every = str(out / "dataset"), 2000, 5
-    for source, step in (("CAMERAS", 1), ("ANIMATION", 10)):  # offline: only the dataset is written
+    for source, step in (("RIG_ANIMATION", 10), ("CAMERAS", 1), ("ANIMATION", 10)):  # offline: the dataset only
         s.source, s.frame_step = source, step
         result[f"capture_{source}"] = list(bpy.ops.splatwright.capture())
         result[f"dataset_{source}"] = str(newest(out / "dataset"))
@@ -244,6 +244,8 @@ def run(zip_path: Path, out: Path, foreign_ply: Path) -> dict:
         result[f"offline_{attempt}"] = {"views": live.backend.status["views"], "session": s.session,
                                         "error": live.backend.last_error}
     result["offline_frames"] = len(json.loads((offline / "transforms_train.json").read_text())["frames"])
+    result["offline_times"] = [json.loads(p.read_text()).get("time")
+                               for p in sorted((out / "sessions" / offline.name / "views").glob("*.json"))]
 
     s.source, s.orbit_shape, s.orbit_count = "ORBIT", "HEMISPHERE", 10
     s.custom_steps, s.iterations, s.sh_degree = True, 150, 1

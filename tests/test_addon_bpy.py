@@ -214,23 +214,29 @@ def test_main_thread_never_waits_while_training(scenario):
 
 
 def test_capture_from_scene_cameras_and_animation(scenario):
-    """Offline captures (no backend yet) write the dataset only; its cameras sit where Blender's are."""
+    """Offline captures (no backend yet) write the dataset only; its cameras sit where Blender's are, and over
+    time (the active camera, or the rig of the scene's cameras at every captured frame) each view has its frame's
+    time."""
     import numpy as np
     at = {k: np.array(v) for k, v in scenario["camera_positions"].items()}
-    for source, expected in (("CAMERAS", [at["frame1"], at["CamB"]]),
-                             ("ANIMATION", [at["frame1"], at["frame11"], at["frame21"]])):
+    for source, expected, times in (
+            ("CAMERAS", [at["frame1"], at["CamB"]], None),
+            ("ANIMATION", [at["frame1"], at["frame11"], at["frame21"]], [0.0, 0.5, 1.0]),
+            ("RIG_ANIMATION", [at["frame1"], at["CamB"], at["frame11"], at["CamB"], at["frame21"], at["CamB"]],
+             [0.0, 0.0, 0.5, 0.5, 1.0, 1.0])):
         assert scenario[f"capture_{source}"] == ["FINISHED"]
         data = load_split(scenario[f"dataset_{source}"], "train")
         assert np.allclose([c.position for c in data.cameras], expected, atol=1e-4), source
+        assert data.times == times, source
     assert scenario["frame_after_capture"] == 1  # the scene's frame is restored
 
 
 def test_an_offline_capture_is_sent_later_once(scenario):
-    """Views captured while no backend ran, and the capture's surface points, reach the backend by Send Views;
-    sending again adds nothing."""
+    """Views captured while no backend ran (the animation's, with their times), and the capture's surface
+    points, reach the backend by Send Views; sending again adds nothing."""
     assert scenario["offline_points"]
     session = Path(scenario["dataset_ANIMATION"]).name
-    assert scenario["offline_frames"] == 3
+    assert scenario["offline_frames"] == 3 and scenario["offline_times"] == [0.0, 0.5, 1.0]
     for attempt in ("sent", "resent"):
         assert scenario[f"offline_{attempt}"] == {"views": 3, "session": session, "error": ""}, attempt
 

@@ -120,11 +120,12 @@ def test_dataset_writer_and_training_views_round_trip(tmp_path):
             for p in dataset.orbit_poses([0, 0, 0], 2.0, 3, 0, True)]
     for i, cam in enumerate(cams):
         writer.image_path("train", f"v{i}").write_bytes(b"png")
-        writer.add("train", f"v{i}", cam)
+        writer.add("train", f"v{i}", cam, time=[0.0, 0.5, None][i])
     writer.write()
     views = dataset.training_views(tmp_path)
-    assert [name for name, _, _ in views] == ["v0", "v1", "v2"]
-    for (_, cam, image), original in zip(views, cams):
+    assert [name for name, _, _, _ in views] == ["v0", "v1", "v2"]
+    assert [time for _, _, _, time in views] == [0.0, 0.5, None]
+    for (_, cam, image, _), original in zip(views, cams):
         np.testing.assert_allclose(cam.c2w, original.c2w, atol=1e-12)
         np.testing.assert_array_equal(cam.K, original.K)
         assert image.is_file()

@@ -74,7 +74,7 @@ def test_a_dnerf_folder_loads_with_its_times(moving_scene, tmp_path):
     meta = json.loads((tmp_path / "transforms_train.json").read_text())
     meta["frames"][0]["time"] = 0.5
     (tmp_path / "transforms_train.json").write_text(json.dumps(meta))
-    with pytest.raises(SplatwrightError, match="frame 1 has no time but other frames do"):
+    with pytest.raises(SplatwrightError, match="view 1 has no time but other views do"):
         load_split(tmp_path, "train")
     meta["frames"][1]["time"] = 1.5
     (tmp_path / "transforms_train.json").write_text(json.dumps(meta))
@@ -222,3 +222,41 @@ def test_cli_trains_4d_on_timed_views_and_renders_any_time(moving_scene, tmp_pat
     assert cli.main(["render", str(out / "splats.ply"), "--cameras", cameras, "--out", str(tmp_path / "static"),
                      "--device", "cpu", "--time", "0.5"]) == 1
     assert "is a static model, the same at every time" in capsys.readouterr().err
+
+
+def test_timed_views_sent_to_the_server_train_a_4d_model_it_shows_at_any_time(moving_scene, tmp_path):
+    """Views with times (as the add-on's captures over time send them) make the session dynamic: training
+    through the server fits a 4D model, renders at two times differ, and the reopened session keeps the times."""
+    import threading
+
+    from backend.engine import Engine
+    from backend.server import Server
+    from backend.session import Session
+    from blender_addon.core.client import Client, decode_frame
+    from test_server import wait_for
+    data = load_split(moving_scene, "train")
+    server = Server(Engine(tmp_path, "cpu", "reference"))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with Client("127.0.0.1", server.port) as client:
+            client.call("open_session", name="moving")
+            for cam, image, name, t in zip(data.cameras, data.images, data.names, data.times):
+                pixels = (image.numpy()[::-1] * 255 + 0.5).astype(np.uint8)  # rows bottom-up, as Blender's
+                client.add_view(cam, np.ascontiguousarray(pixels), name, t)
+            client.call("start_training", iterations=40, sh_degree=0, max_gaussians=800, progress_interval=0.1)
+            wait_for(client, lambda e: e["event"] == "state" and e["state"] == "finished", timeout=300)
+            frames = [decode_frame(client.request("render", {"camera": data.cameras[0], "time": t}))
+                      for t in (0.0, 1.0)]
+    finally:
+        server.stop()
+        thread.join(30)
+    assert not np.array_equal(*frames)  # a static model looks the same at every time
+    reopened = Session.open(tmp_path, "moving", create=False)
+    assert reopened.dataset((1.0, 1.0, 1.0)).times == pytest.approx(data.times)
+    assert isinstance(load_checkpoint_model(reopened.checkpoint_path), DynamicGaussians)
+
+
+def load_checkpoint_model(path):
+    from backend.dynamic import gaussians_from_tensors
+    return gaussians_from_tensors(load_checkpoint(path)["gaussians"])

@@ -178,13 +178,15 @@ class Client:
         call("open_session", name="scene") or call("start_training", preset="fast"); its reply's fields."""
         return self.request(type, fields).fields
 
-    def add_view(self, camera: Camera, image, name: str = "") -> dict:
-        """`image` is PNG bytes or an (H, W, 3 or 4) uint8 or float16 array with rows bottom-up."""
+    def add_view(self, camera: Camera, image, name: str = "", time: float | None = None) -> dict:
+        """`image` is PNG bytes or an (H, W, 3 or 4) uint8 or float16 array with rows bottom-up; `time`: when it
+        is seen, for a 4D model (protocol)."""
         if isinstance(image, (bytes, bytearray)):
             format, payload = "png", image
         else:
             format, payload = codecs.image_to_wire(image)
-        return self.request("add_view", {"camera": camera, "format": format, "name": name}, payload).fields
+        return self.request("add_view", {"camera": camera, "format": format, "name": name, "time": time},
+                            payload).fields
 
     def set_points(self, xyz: np.ndarray, rgb: np.ndarray) -> dict:
         """Initial points: positions (N, 3) and 8-bit colours (N, 3)."""

@@ -152,7 +152,11 @@ REQUESTS: dict[str, MessageSpec] = {
     "status": MessageSpec(),
     "open_session": MessageSpec(Fields(name=SessionName(), create=optional(Bool(), True))),
     "add_view": MessageSpec(Fields(camera=CAMERA, format=Str(choices=UPLOAD_FORMATS),
-                                   name=optional(Str(200), "")), MAX_IMAGE_BYTES),
+                                   name=optional(Str(200), ""),
+                                   time=optional(Maybe(Float(0.0, 1.0)), None, "when the view is seen (the D-NeRF "
+                                                 "time over the captured frames): a session whose views all have "
+                                                 "one trains a 4D model; null: a static scene")),
+                            MAX_IMAGE_BYTES),
     "set_points": MessageSpec(Fields(count=Int(1, MAX_POINTS)), MAX_POINTS * 15),
     "start_training": MessageSpec(TRAINING.extended(
         fresh=optional(Bool(), False, "ignore the session's checkpoint and start over"))),
