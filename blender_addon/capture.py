@@ -191,21 +191,22 @@ class Capture:
     # ---- planning ----
 
     def _plan(self, context) -> list[View]:
-        """The views in render order. Over time (Animation, Animation from the Rig) each carries its frame's time;
-        a rig's held-out cameras are held out at every frame."""
+        """The views in render order. Over time (Animation, Animation from the Rig) of a Moving Scene each
+        carries its frame's time; a rig's held-out cameras are held out at every frame."""
         s, scene = self.settings, self.scene
+
+        def time_of(frame: int) -> float | None:
+            return frame_time(frame, scene.frame_start, scene.frame_end) if s.moving_scene else None
         if s.source == "ANIMATION":
             if scene.camera is None:
                 raise SplatwrightError("the scene has no active camera to animate; set one or choose Views: Orbit")
-            return [View(f"r_{i:03d}", split_of(i, s.test_every), scene.camera, frame,
-                         time=frame_time(frame, scene.frame_start, scene.frame_end))
+            return [View(f"r_{i:03d}", split_of(i, s.test_every), scene.camera, frame, time=time_of(frame))
                     for i, frame in enumerate(animation_frames(scene))]
         rig = self._rig(context)  # (camera object, matrix or None) of each camera
         if s.source != "RIG_ANIMATION":
             return [View(f"r_{i:03d}", split_of(i, s.test_every), cam, matrix=matrix)
                     for i, (cam, matrix) in enumerate(rig)]
-        return [View(f"r_{f:03d}_{c:03d}", split_of(c, s.test_every), cam, frame, matrix,
-                     frame_time(frame, scene.frame_start, scene.frame_end))
+        return [View(f"r_{f:03d}_{c:03d}", split_of(c, s.test_every), cam, frame, matrix, time_of(frame))
                 for f, frame in enumerate(animation_frames(scene)) for c, (cam, matrix) in enumerate(rig)]
 
     def _rig(self, context) -> list[tuple[object, np.ndarray | None]]:

@@ -108,6 +108,7 @@ class SPLATWRIGHT_PT_capture(SplatsPanel, bpy.types.Panel):
         col = layout.column()
         if s.source in ("ANIMATION", "RIG_ANIMATION"):
             col.prop(s, "frame_step")
+            col.prop(s, "moving_scene")
         if s.source in ("CAMERAS", "RIG_ANIMATION"):
             col.prop(s, "only_selected")
         if s.source == "ORBIT" or (s.source == "RIG_ANIMATION" and not capture_cameras(context.scene)):

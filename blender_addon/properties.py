@@ -26,6 +26,9 @@ class SPLATWRIGHT_PG_settings(bpy.types.PropertyGroup):
     ])
     only_selected: BoolProperty(name="Only Selected", description="Only the selected camera objects")
     frame_step: IntProperty(name="Every N Frames", default=10, min=1)
+    moving_scene: BoolProperty(name="Moving Scene (4D)", default=True,
+                               description="Each view carries its frame's time, and the session trains a 4D model; "
+                                           "off: the scene stands still and the animation only moves cameras")
     orbit_shape: EnumProperty(name="Shape", default="HEMISPHERE", items=[
         ("SPHERE", "Sphere", "Cameras all around"), ("HEMISPHERE", "Upper Hemisphere", "Cameras above the horizon")])
     orbit_target: EnumProperty(name="Around", default="SELECTION", items=[

@@ -7,6 +7,7 @@ stand-in for a connected backend that records every request instead of sending i
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import sys
 from pathlib import Path
 
@@ -14,6 +15,9 @@ import bpy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from blender_scenario import pump, report  # noqa: E402  (also catches the add-on's timers)
+
+STALL_SECONDS = 240  # under test_capture_bpy's timeout
+
 
 def capture(out: Path) -> dict:
     """Run Capture Views; what it returned, the one line it reported and what it made."""
@@ -101,6 +105,7 @@ def main() -> int:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    faulthandler.dump_traceback_later(STALL_SECONDS, exit=True)  # a stall shows where it is in the test's output
     return report(lambda: run(Path(args.zip), out))
 
 
