@@ -47,9 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--downscale", type=float, default=1.0)
 
     p = sub.add_parser("convert", help="convert a splat file to the format OUT's name gives")
-    p.add_argument("input", help="splat file: 3DGS PLY, PlayCanvas compressed PLY, SPZ or .splat (found by content)")
+    p.add_argument("input", help="splat file: 3DGS PLY, PlayCanvas compressed PLY, SPZ or .splat (found by content); "
+                   "or a 4D model (splats4d.pt)")
     p.add_argument("output", help="file to write: *.ply (3DGS), *.compressed.ply, *.spz or *.splat")
     p.add_argument("--sh-degree", type=int, choices=range(4), default=None, help="drop SH bands above this degree")
+    p.add_argument("--frames", type=positive_int, default=None,
+                   help="a 4D model as N files, one per frame at evenly spaced times (OUT name_0001.ply ...)")
 
     sub.add_parser("info", help="report Python, torch, CUDA, the GPU and whether the CUDA rasterizer builds")
 

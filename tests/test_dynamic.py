@@ -260,3 +260,23 @@ def test_timed_views_sent_to_the_server_train_a_4d_model_it_shows_at_any_time(mo
 def load_checkpoint_model(path):
     from backend.dynamic import gaussians_from_tensors
     return gaussians_from_tensors(load_checkpoint(path)["gaussians"])
+
+
+def test_cli_converts_a_4d_model_to_a_ply_sequence_one_file_per_frame(tmp_path):
+    """convert --frames N: N official-layout PLYs (name_0001.ply ...) at evenly spaced times, each reading
+    back as the model at its time; a static model with --frames, and no --frames, say what they do."""
+    from backend.dynamic import write_dynamic
+    from backend.ply import read_ply, write_ply
+    model = moving_model()
+    write_dynamic(tmp_path / "splats4d.pt", model)
+    r = run_cli("convert", str(tmp_path / "splats4d.pt"), str(tmp_path / "seq" / "moving.ply"), "--frames", "3")
+    assert r.returncode == 0, r.stderr
+    paths = sorted((tmp_path / "seq").glob("*.ply"))
+    assert [p.name for p in paths] == ["moving_0001.ply", "moving_0002.ply", "moving_0003.ply"]
+    for path, t in zip(paths, (0.0, 0.5, 1.0)):
+        np.testing.assert_allclose(read_ply(path).means.numpy(), model.at(t).means.numpy(), atol=1e-6)
+    r = run_cli("convert", str(tmp_path / "splats4d.pt"), str(tmp_path / "first.spz"))
+    assert r.returncode == 0 and "holds its first frame" in r.stderr
+    write_ply(tmp_path / "still.ply", random_gaussians(10, seed=1))
+    r = run_cli("convert", str(tmp_path / "still.ply"), str(tmp_path / "x.ply"), "--frames", "3")
+    assert r.returncode != 0 and "--frames: " in r.stderr and "is a static model" in r.stderr
