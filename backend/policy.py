@@ -32,6 +32,9 @@ def resolve_device(name: str) -> tuple[str, str]:
 PRESETS = {
     "quality": TrainConfig(iterations=12_000, densify=DensifyConfig(stop=6000, reset_opacity_every=3000)),
     "fast": TrainConfig(iterations=8000, densify=DensifyConfig(stop=5000, reset_opacity_every=2000)),
+    # Captures over time: every view is one time of one camera, so a 4D model sees each camera-time once per
+    # epoch; the longer schedule lets motion and windows settle after densification.
+    "dynamic": TrainConfig(iterations=15_000, densify=DensifyConfig(stop=7500, reset_opacity_every=3000)),
 }
 assert tuple(PRESETS) == PRESET_NAMES
 

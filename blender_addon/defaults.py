@@ -15,7 +15,7 @@ DEVICE_DEFAULTS = {
 }
 
 # The steps of the backend's schedules when the panel leaves the count to them (backend/policy.py).
-PRESET_STEPS = {"quality": 12_000, "fast": 8000}
+PRESET_STEPS = {"quality": 12_000, "fast": 8000, "dynamic": 15_000}
 CPU_STEPS = 3000
 
 # Seconds per training step: a fixed part plus a part per pixel of the step's view (rough: the splats' sizes

@@ -7,7 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
-BENCHMARKS = ("raster", "train", "serve", "profile", "viewport", "defaults", "cpu", "overlay")
+BENCHMARKS = ("raster", "train", "serve", "profile", "viewport", "defaults", "cpu", "overlay", "dynamic", "scrub")
 ROOT = Path(__file__).resolve().parents[2]  # the checkout
 RESULTS = ROOT / "bench" / "results"
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from .schema import Fields, Float, Int, Maybe, Numbers, Str, optional
 
-PRESETS = ("quality", "fast")  # GPU schedules; the CPU reference path runs a short schedule of its own
+PRESETS = ("quality", "fast", "dynamic")  # GPU schedules; the CPU reference path runs a short schedule of its own
 BACKGROUND = Numbers((3,), 0.0, 1.0)
 
 TRAINING = Fields(
     preset=optional(Str(choices=PRESETS), "quality",
-                    "GPU schedule: quality (30k steps) or fast (5k steps); the CPU runs a short one"),
+                    "GPU schedule: quality, fast, or dynamic (for 4D captures over time); the CPU runs a short one"),
     iterations=optional(Maybe(Int(1, 10_000_000)), None,
                         "training steps (default: the preset's on the GPU, the short schedule's on the CPU)"),
     sh_degree=optional(Int(0, 3), 3, "spherical harmonics degree of the view-dependent colour"),
