@@ -9,6 +9,7 @@ them) the Gaussians are their static part at every time.
 """
 from __future__ import annotations
 
+import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,11 +94,13 @@ def write_dynamic(path: str | Path, g: DynamicGaussians) -> None:
         raise SplatwrightError(f"cannot write the 4D model {Path(path).name} ({e.strerror or e})") from None
 
 
-def read_dynamic(path: str | Path) -> DynamicGaussians:
-    """The 4D model write_dynamic wrote to `path`."""
-    name = Path(path).name
+def read_dynamic(source: str | Path | bytes, name: str = "") -> DynamicGaussians:
+    """The 4D model write_dynamic wrote to a file, or that file's bytes (`name` then says what they are in
+    errors)."""
+    name = name or (Path(source).name if not isinstance(source, bytes) else "the uploaded model")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(io.BytesIO(source) if isinstance(source, bytes) else source, map_location="cpu",
+                           weights_only=True)
     except Exception as e:  # torch raises assorted types for truncated or foreign files
         raise SplatwrightError(f"{name}: cannot read a 4D model ({e})") from None
     if not isinstance(state, dict) or state.get("format") != _FILE_TAG:
