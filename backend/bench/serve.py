@@ -32,6 +32,7 @@ from ..gaussians import Gaussians
 from ..render import render
 from . import ROOT, git_commit
 
+SESSION = "bench"  # the session LiveBench.paused_training trains in
 
 
 def orbit_camera(angle: float, width: int, height: int, radius: float = 3.0) -> Camera:
@@ -130,20 +131,22 @@ class LiveBench:
         return bench
 
     @contextlib.contextmanager
-    def paused_training(self) -> Iterator[Client]:
-        """A backend on loopback with a training session on a random model of this size, paused; it trains
-        at a fixed size (no growth, no checkpoints) so steps stay comparable. Stopped and shut down after."""
+    def paused_training(self, dynamic: bool = False) -> Iterator[Client]:
+        """A backend on loopback with a training session (SESSION) on a random model of this size, paused; it
+        trains at a fixed size (no growth, no checkpoints) so steps stay comparable. Stopped and shut down after.
+        `dynamic`: the views carry evenly spaced times in [0, 1], so the session trains a 4D model."""
         xyz, rgb, cameras, images = make_scene(self.gaussians, self.views, self.width, self.height, self.device,
                                                self.rasterizer)
+        times = [i / max(1, self.views - 1) if dynamic else None for i in range(self.views)]
         if self.device == "cuda":
             torch.cuda.empty_cache()  # leave the GPU to the server
         with tempfile.TemporaryDirectory() as workdir:
             proc, port = start_backend(workdir, self.device)
             try:
                 with Client("127.0.0.1", port, timeout=600) as client:
-                    client.call("open_session", name="bench")
-                    for cam, image in zip(cameras, images):
-                        client.add_view(cam, image)
+                    client.call("open_session", name=SESSION)
+                    for cam, image, t in zip(cameras, images, times):
+                        client.add_view(cam, image, time=t)
                     client.set_points(xyz, rgb)
                     client.call("start_training", iterations=10_000_000, sh_degree=0, max_gaussians=self.gaussians,
                                           checkpoint_every=0, checkpoint_seconds=0)
