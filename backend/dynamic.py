@@ -3,7 +3,8 @@
 Each Gaussian moves along a quadratic trajectory about its time centre, turns at a constant angular velocity,
 and is seen during a window of time (a Gaussian in t around the centre, as spacetime Gaussians are). `at(t)`
 gives plain Gaussians at time t through differentiable torch operations, so either rasterizer renders them
-unchanged and autograd carries the gradients back to the motion. Time is normalised to [0, 1] over the
+unchanged and autograd carries the gradients back to the motion; on a GPU one CUDA kernel each way
+(cuda/motion.cu) evaluates what reference_motion does in torch. Time is normalised to [0, 1] over the
 captured frames (the D-NeRF `time`). Without motion and with an endless window (how `from_static` makes
 them) the Gaussians are their static part at every time.
 """
@@ -19,6 +20,7 @@ import torch
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.files import replacing
 from .gaussians import Gaussians, quat_multiply
+from .kernels import extension
 
 DYNAMIC_FILE = "splats4d.pt"  # a trained 4D model, beside the splats.ply of its first frame
 _FILE_TAG = "splatwright-4d-gaussians"
@@ -46,12 +48,10 @@ class DynamicGaussians(Gaussians):
                    time_precisions=torch.zeros_like(like[:, 0]))
 
     def at(self, time: float) -> Gaussians:
-        dt = time - self.time_centers
-        means = self.means + self.velocities * dt[:, None] + 0.5 * self.accelerations * (dt * dt)[:, None]
-        quats = quat_multiply(rotvec_to_quat(self.angular_velocities * dt[:, None]), self.quats)
-        log_visibility = -0.5 * self.time_precisions * dt * dt
-        return Gaussians(means=means, log_scales=self.log_scales, quats=quats,
-                         opacity_logits=scaled_logits(self.opacity_logits, log_visibility),
+        motion = [getattr(self, name) for name in MOTION_INPUTS]
+        means, quats, logits = (_Motion.apply(float(time), *motion) if self.means.is_cuda
+                                else reference_motion(time, *motion))
+        return Gaussians(means=means, log_scales=self.log_scales, quats=quats, opacity_logits=logits,
                          sh_dc=self.sh_dc, sh_rest=self.sh_rest)
 
     def keep_valid_(self) -> None:
@@ -59,6 +59,36 @@ class DynamicGaussians(Gaussians):
         opaque away from its time centre than at it)."""
         with torch.no_grad():
             self.time_precisions.clamp_(min=0.0)
+
+
+MOTION_INPUTS = ("means", "velocities", "accelerations", "angular_velocities", "quats", "opacity_logits",
+                 "time_centers", "time_precisions")  # what the Gaussians at a time depend on, in the kernel's order
+
+
+def reference_motion(time: float, means, velocities, accelerations, angular_velocities, quats, opacity_logits,
+                     time_centers, time_precisions) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Means, quats and opacity logits at `time`, in torch operations (what cuda/motion.cu computes)."""
+    dt = time - time_centers
+    means_t = means + velocities * dt[:, None] + 0.5 * accelerations * (dt * dt)[:, None]
+    quats_t = quat_multiply(rotvec_to_quat(angular_velocities * dt[:, None]), quats)
+    return means_t, quats_t, scaled_logits(opacity_logits, -0.5 * time_precisions * dt * dt)
+
+
+class _Motion(torch.autograd.Function):
+    """reference_motion in one CUDA kernel each way (cuda/motion.cu)."""
+
+    @staticmethod
+    def forward(ctx, time, *motion):
+        motion = [t.detach().contiguous() for t in motion]
+        ctx.save_for_backward(*motion)
+        ctx.time = time
+        return tuple(extension().motion_forward(motion, time))
+
+    @staticmethod
+    def backward(ctx, grad_means, grad_quats, grad_logits):
+        grads = extension().motion_backward(list(ctx.saved_tensors), ctx.time, grad_means.contiguous(),
+                                            grad_quats.contiguous(), grad_logits.contiguous())
+        return None, grad_means, *grads
 
 
 def rotvec_to_quat(rotvec: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ import torch
 from blender_addon.core.errors import SplatwrightError
 
 CUDA_DIR = Path(__file__).resolve().parents[1] / "cuda"
-SOURCES = ("bindings.cpp", "projection_fwd.cu", "projection_bwd.cu", "binning.cu", "rasterize_fwd.cu",
+SOURCES = ("bindings.cpp", "projection_fwd.cu", "projection_bwd.cu", "motion.cu", "binning.cu", "rasterize_fwd.cu",
            "rasterize_bwd.cu", "training.cu")
 CUDA_FLAGS = ["-O3", "-std=c++17", "--ftz=true"]  # flush denormals: leaner exp/rcp in the pixel loops
 CXX_FLAGS = ["-O3", "-std=c++17"]

@@ -108,6 +108,56 @@ std::vector<torch::Tensor> project_backward(const torch::Tensor& means, const to
   return {gm, gq, gs, gsh};
 }
 
+sw::MotionArgs motion_args(const std::vector<torch::Tensor>& motion, double time) {
+  TORCH_CHECK(motion.size() == 8, "motion: means, velocities, accelerations, angular_velocities, quats, "
+              "opacity_logits, time_centers, time_precisions");
+  const char* names[] = {"means", "velocities", "accelerations", "angular_velocities", "quats", "opacity_logits",
+                         "time_centers", "time_precisions"};
+  const int widths[] = {3, 3, 3, 3, 4, 1, 1, 1};
+  const int64_t n = motion[0].size(0);
+  TORCH_CHECK(n <= std::numeric_limits<int>::max(), "too many Gaussians");
+  for (int k = 0; k < 8; ++k) {
+    check_input(motion[k], names[k]);
+    TORCH_CHECK(motion[k].numel() == n * widths[k], names[k], " must have ", widths[k], " values per Gaussian");
+  }
+  return {fptr(motion[0]), fptr(motion[1]), fptr(motion[2]), fptr(motion[3]), fptr(motion[4]), fptr(motion[5]),
+          fptr(motion[6]), fptr(motion[7]), (int)n, (float)time};
+}
+
+// motion as motion_args takes it; returns means, quats and opacity logits at `time`.
+std::vector<torch::Tensor> motion_forward(const std::vector<torch::Tensor>& motion, double time) {
+  const c10::cuda::CUDAGuard guard(motion.at(0).device());
+  const sw::MotionArgs m = motion_args(motion, time);
+  torch::Tensor means_t = new_output(motion[0].sizes(), motion[0].options());
+  torch::Tensor quats_t = new_output(motion[4].sizes(), motion[4].options());
+  torch::Tensor logits_t = new_output(motion[5].sizes(), motion[5].options());
+  check(sw::launch_motion_fwd(m, fptr(means_t), fptr(quats_t), fptr(logits_t), c10::cuda::getCurrentCUDAStream()),
+        "motion forward");
+  return {means_t, quats_t, logits_t};
+}
+
+// Returns grads w.r.t. velocities, accelerations, angular_velocities, quats, opacity_logits, time_centers and
+// time_precisions (the means' is grad_means_t).
+std::vector<torch::Tensor> motion_backward(const std::vector<torch::Tensor>& motion, double time,
+                                           const torch::Tensor& grad_means_t, const torch::Tensor& grad_quats_t,
+                                           const torch::Tensor& grad_logits_t) {
+  const c10::cuda::CUDAGuard guard(motion.at(0).device());
+  const sw::MotionArgs m = motion_args(motion, time);
+  check_input(grad_means_t, "grad_means_t");
+  check_input(grad_quats_t, "grad_quats_t");
+  check_input(grad_logits_t, "grad_logits_t");
+  TORCH_CHECK(grad_means_t.numel() == 3 * (int64_t)m.n && grad_quats_t.numel() == 4 * (int64_t)m.n &&
+                  grad_logits_t.numel() == m.n,
+              "motion_backward: one gradient row per Gaussian");
+  std::vector<torch::Tensor> grads;
+  for (int k = 1; k < 8; ++k) grads.push_back(new_output(motion[k].sizes(), motion[k].options()));
+  check(sw::launch_motion_bwd(m, fptr(grad_means_t), fptr(grad_quats_t), fptr(grad_logits_t), fptr(grads[0]),
+                              fptr(grads[1]), fptr(grads[2]), fptr(grads[3]), fptr(grads[4]), fptr(grads[5]),
+                              fptr(grads[6]), c10::cuda::getCurrentCUDAStream()),
+        "motion backward");
+  return grads;
+}
+
 // Returns, all int32 but the last: tile ranges (n_tiles, 2) and the sorted Gaussian id of each entry
 // (n_entries,), which the forward reads; batch offsets (n_tiles + 1,) and batch tiles (max_tile_batches,), which
 // both passes read; and for the backward the sorted entries' emit positions (n_entries,) and each Gaussian's
@@ -362,6 +412,8 @@ pybind11::dict constants() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("project_forward", &project_forward);
   m.def("project_backward", &project_backward);
+  m.def("motion_forward", &motion_forward);
+  m.def("motion_backward", &motion_backward);
   m.def("bin_tiles", &bin_tiles);
   m.def("rasterize_forward", &rasterize_forward);
   m.def("rasterize_backward", &rasterize_backward);

@@ -44,6 +44,29 @@ cudaError_t launch_projection_bwd(const GaussianArgs& g, const CameraArgs& cam, 
                                   float* grad_means, float* grad_quats, float* grad_scales, float* grad_sh,
                                   cudaStream_t stream);
 
+// A 4D model's Gaussians at `time` (motion.cu; backend/dynamic.py's reference): means, quats and opacity
+// logits at that time from the static part and the motion, one thread per Gaussian.
+struct MotionArgs {
+  const float* means;               // (n, 3) at the time centre
+  const float* velocities;          // (n, 3)
+  const float* accelerations;       // (n, 3)
+  const float* angular_velocities;  // (n, 3) rotation vector per unit of time
+  const float* quats;               // (n, 4) at the time centre
+  const float* opacity_logits;      // (n,) at the time centre
+  const float* time_centers;        // (n,)
+  const float* time_precisions;     // (n,) >= 0
+  int n;
+  float time;
+};
+cudaError_t launch_motion_fwd(const MotionArgs& m, float* means_t, float* quats_t, float* logits_t,
+                              cudaStream_t stream);
+// Gradients w.r.t. every motion input but the means (whose gradient is grad_means_t itself), every element
+// written, from those w.r.t. the outputs.
+cudaError_t launch_motion_bwd(const MotionArgs& m, const float* grad_means_t, const float* grad_quats_t,
+                              const float* grad_logits_t, float* grad_velocities, float* grad_accelerations,
+                              float* grad_angular_velocities, float* grad_quats, float* grad_logits,
+                              float* grad_time_centers, float* grad_time_precisions, cudaStream_t stream);
+
 // Tile binning, in steps so the caller can allocate between them:
 //   1. launch_tile_counts: tiles each Gaussian touches, and their inclusive sum (offsets): Gaussian i's entries
 //      are [offsets[i - 1], offsets[i]) in emit order;
