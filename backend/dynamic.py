@@ -54,6 +54,12 @@ class DynamicGaussians(Gaussians):
         return Gaussians(means=means, log_scales=self.log_scales, quats=quats, opacity_logits=logits,
                          sh_dc=self.sh_dc, sh_rest=self.sh_rest)
 
+    def peak_opacities(self) -> torch.Tensor:
+        """Each Gaussian's opacity at the captured time (in [0, 1]) where it is most opaque."""
+        centers, precisions = self.time_centers.detach(), self.time_precisions.detach()
+        dt = centers.clamp(0.0, 1.0) - centers
+        return torch.sigmoid(scaled_logits(self.opacity_logits.detach(), -0.5 * precisions * dt * dt))
+
     def keep_valid_(self) -> None:
         """After an optimizer step: windows keep a precision >= 0 (a negative one would make a Gaussian more
         opaque away from its time centre than at it)."""
@@ -89,6 +95,22 @@ class _Motion(torch.autograd.Function):
         grads = extension().motion_backward(list(ctx.saved_tensors), ctx.time, grad_means.contiguous(),
                                             grad_quats.contiguous(), grad_logits.contiguous())
         return None, grad_means, *grads
+
+
+def split_in_time(rows: dict[str, torch.Tensor], generator: torch.Generator, divisor: float) -> dict[str, torch.Tensor]:
+    """Split Gaussians' rows (one per new Gaussian) spread over their parent's window in time: each moves its
+    time centre by a sample of the window, along the parent's trajectory (so it is where the parent was
+    then), and its window narrows by `divisor`. Gaussians seen at every time stay as they are."""
+    precisions = rows["time_precisions"]
+    widths = torch.where(precisions > 0, torch.rsqrt(precisions), 0.0)
+    dt = torch.randn(widths.shape, generator=generator).to(widths.device) * widths
+    moved = dict(rows)
+    moved["means"] = rows["means"] + rows["velocities"] * dt[:, None] + 0.5 * rows["accelerations"] * (dt * dt)[:, None]
+    moved["velocities"] = rows["velocities"] + rows["accelerations"] * dt[:, None]
+    moved["quats"] = quat_multiply(rotvec_to_quat(rows["angular_velocities"] * dt[:, None]), rows["quats"])
+    moved["time_centers"] = rows["time_centers"] + dt
+    moved["time_precisions"] = precisions * divisor ** 2
+    return moved
 
 
 def rotvec_to_quat(rotvec: torch.Tensor) -> torch.Tensor:

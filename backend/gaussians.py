@@ -70,6 +70,10 @@ class Gaussians:
         (backend.dynamic's model moves)."""
         return self
 
+    def peak_opacities(self) -> torch.Tensor:
+        """Each Gaussian's highest opacity over the captured times (a static one's is its opacity)."""
+        return self.opacities.detach()
+
     def requires_grad_(self) -> "Gaussians":
         for v in self.tensors().values():
             v.requires_grad_(True)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from .distributed import SINGLE, Group
+from .dynamic import DynamicGaussians, split_in_time
 from .gaussians import Gaussians, logit
 from .kernels import extension
 from .render import RasterOutput
@@ -132,7 +133,7 @@ class DefaultStrategy:
         for name in new_rows:
             new_rows[name] = torch.cat([new_rows[name], split_rows[name]])
 
-        prune = torch.sigmoid(g.opacity_logits.detach()) < cfg.prune_opacity
+        prune = g.peak_opacities() < cfg.prune_opacity  # a 4D model's: at its best time, so windows count
         if step > cfg.reset_opacity_every:
             prune |= max_scale > cfg.prune_scale * self.extent
         keep = ~(prune | split)
@@ -141,12 +142,15 @@ class DefaultStrategy:
         self.count = torch.zeros(len(g), device=g.means.device)
 
     def _split_samples(self, g: Gaussians, split: torch.Tensor, generator) -> dict[str, torch.Tensor]:
-        """Two Gaussians per split one, placed by sampling it, with scales divided by 1.6."""
+        """Two Gaussians per split one, placed by sampling it, with scales divided by 1.6; a 4D model's also
+        in time (dynamic.split_in_time)."""
         rows = {name: t.detach()[split].repeat_interleave(2, dim=0) for name, t in g.tensors().items()}
         scales = torch.exp(rows["log_scales"])
         noise = torch.randn(scales.shape, generator=generator).to(scales.device) * scales
         rows["means"] = rows["means"] + (quat_to_rotmat(rows["quats"]) @ noise[..., None])[..., 0]
         rows["log_scales"] = rows["log_scales"] - math.log(self.cfg.split_scale_divisor)
+        if isinstance(g, DynamicGaussians):
+            rows = split_in_time(rows, generator, self.cfg.split_scale_divisor)
         return rows
 
     def _reset_opacity(self, g: Gaussians, optimizer) -> None:

@@ -13,10 +13,12 @@ from PIL import Image
 
 from backend import cli
 from backend.data import load_split
-from backend.dynamic import DynamicGaussians, read_dynamic
+from backend.dynamic import DynamicGaussians, read_dynamic, split_in_time
 from backend.gaussians import Gaussians
+from backend.optim import Adam
 from backend.policy import cpu_config
 from backend.render import camera_tensors, reference, render
+from backend.strategy import DefaultStrategy, DensifyConfig
 from backend.train import Trainer, evaluate, load_checkpoint
 from blender_addon.core.errors import SplatwrightError
 from conftest import ROOT, orbit_cameras, random_gaussians, write_scene
@@ -133,6 +135,41 @@ def test_motion_gradients_match_finite_differences():
     motion = (0.3 * rand(6, 3), 0.5 * rand(6, 3), rand(6, 3), 0.5 + 0.2 * rand(6), 4 * rand(6).abs())
     inputs = tuple(t.requires_grad_() for t in motion)
     assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-5, rtol=1e-4)
+
+
+def test_split_in_time_keeps_each_child_on_its_parents_trajectory():
+    parent = moving_model()
+    gen = torch.Generator().manual_seed(8)
+    parent.accelerations = 0.5 * torch.randn(len(parent), 3, generator=gen)
+    parent.angular_velocities = 2.0 * torch.randn(len(parent), 3, generator=gen)
+    parent.time_precisions = torch.where(torch.arange(len(parent)) % 2 == 0, 40.0, 0.0)  # half seen always
+    children = DynamicGaussians(**split_in_time(parent.tensors(), gen, 1.6))
+    windowed = parent.time_precisions > 0
+    assert (children.time_centers[windowed] != parent.time_centers[windowed]).all()
+    assert torch.equal(children.time_centers[~windowed], parent.time_centers[~windowed])
+    torch.testing.assert_close(children.time_precisions, parent.time_precisions * 1.6 ** 2)
+    for t in (0.0, 0.4, 1.0):
+        now, then = children.at(t), parent.at(t)
+        torch.testing.assert_close(now.means, then.means, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(now.quats, then.quats, atol=1e-5, rtol=1e-5)
+
+
+def test_pruning_keeps_what_some_captured_time_sees():
+    """A Gaussian seen only outside the captured times is pruned; the same one seen within them is kept."""
+    model = DynamicGaussians.from_static(random_gaussians(3, seed=1, sh_degree=0))
+    model.opacity_logits = torch.full((3,), 2.0)
+    model.time_centers = torch.tensor([0.5, 1.6, -0.05])
+    model.time_precisions = torch.tensor([50.0, 50.0, 50.0])
+    peak = model.peak_opacities()
+    torch.testing.assert_close(peak[0], torch.sigmoid(torch.tensor(2.0)))
+    assert peak[1] < 1e-3 < peak[2]
+    cfg = DensifyConfig(start=0, stop=10, every=1, reset_opacity_every=0, prune_opacity=0.005)
+    strategy = DefaultStrategy(cfg, extent=1.0)
+    strategy.grad_sum, strategy.count = torch.zeros(3), torch.ones(3)
+    model.requires_grad_()
+    optimizer = Adam([{"params": [t], "lr": 0.0, "name": name} for name, t in model.tensors().items()])
+    strategy.refine(1, model, optimizer, torch.Generator())
+    torch.testing.assert_close(model.time_centers.detach(), torch.tensor([0.5, -0.05]))
 
 
 def test_a_4d_model_fits_a_moving_scene_far_better_than_a_static_one(moving_scene):
