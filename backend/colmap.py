@@ -15,7 +15,7 @@ from blender_addon.core.cameras import Camera
 from blender_addon.core.colmap import (IMAGES_FOLDER, ColmapCamera, ColmapImage, Model, camera_of, find_model,
                                        read_model, split_images)
 from blender_addon.core.errors import SplatwrightError
-from .data import Dataset, _check_downscale, load_rgb
+from .data import Dataset, _check_downscale, load_rgb, quantise
 
 # The reader's names are this module's too (the tests and the data loaders use them from here).
 __all__ = ["ColmapCamera", "ColmapImage", "Model", "camera_of", "find_model", "read_model", "split_images",
@@ -48,7 +48,7 @@ def load_split(root: str | Path, split: str, background=(1.0, 1.0, 1.0), downsca
             rgb = np.asarray(Image.fromarray((rgb * 255 + 0.5).astype(np.uint8)).resize(
                 (cam.width, cam.height), Image.Resampling.BOX), dtype=np.float32) / 255.0
         cameras.append(cam)
-        images.append(torch.from_numpy(np.ascontiguousarray(rgb)))
+        images.append(quantise(rgb))
     return Dataset(cameras, torch.stack(images), [Path(im.name).stem for im in chosen])
 
 

@@ -16,15 +16,44 @@ from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.points import POINTS_FILE, read_points
 
 
+def quantise(image) -> torch.Tensor:
+    """The stored form of a float image in [0, 1] (a tensor or array, any shape): uint8 round(255 x), on the
+    image's device. Converts one view at a time: the float temporaries are that view's size."""
+    image = torch.from_numpy(np.ascontiguousarray(image)) if isinstance(image, np.ndarray) else image
+    if image.dtype == torch.uint8:
+        return image
+    return image.clamp(0.0, 1.0).mul_(255.0).round_().to(torch.uint8)
+
+
+def as_float(image: torch.Tensor) -> torch.Tensor:
+    """A stored (uint8) image as float32 in [0, 1] (v / 255), on its device; a float image as it is."""
+    return image.float() / 255.0 if image.dtype == torch.uint8 else image
+
+
 @dataclass
 class Dataset:
+    """A scene's views: cameras, images, names and, for a scene over time, the views' times.
+
+    `images` stores the views compactly as uint8 (N, H, W, 3): round(255 x) of each float image x in [0, 1]
+    composited over the background (quantise), a quarter of float32's memory (300 views at 1920x1080 take
+    1.9 GB, not 7.5), kept whole on the training device. Read a view as float with image(i) (float32
+    (H, W, 3) in [0, 1], on the images' device); convert view by view, never all of them at once. The CUDA
+    loss reads uint8 targets as they are (cuda/training.cu)."""
     cameras: list[Camera]
-    images: torch.Tensor  # (N, H, W, 3) float32 in [0, 1], composited over the background
+    images: torch.Tensor  # (N, H, W, 3) uint8, see above
     names: list[str]
     times: list[float] | None = None  # per view, in [0, 1] over the captured frames; None: a static scene
 
+    def __post_init__(self):
+        if self.images.dtype != torch.uint8:
+            raise TypeError(f"Dataset.images must be uint8 (each view through data.quantise), not {self.images.dtype}")
+
     def __len__(self) -> int:
         return len(self.cameras)
+
+    def image(self, i: int) -> torch.Tensor:
+        """View i as float32 (H, W, 3) in [0, 1], on the images' device."""
+        return as_float(self.images[i])
 
     def time(self, i: int) -> float:
         """The time of view i (0 in a static scene)."""
@@ -121,7 +150,7 @@ def load_transforms(path: Path, background=(1.0, 1.0, 1.0), downscale: float = 1
             rgb = np.asarray(Image.fromarray((rgb * 255 + 0.5).astype(np.uint8)).resize(
                 (cam.width, cam.height), Image.Resampling.BOX), dtype=np.float32) / 255.0
         cameras.append(cam)
-        images.append(torch.from_numpy(np.ascontiguousarray(rgb)))
+        images.append(quantise(rgb))
         names.append(Path(str(frame.get("file_path"))).name)
     return Dataset(cameras, torch.stack(images), names, scene_times(times, path.name))
 

@@ -108,7 +108,7 @@ def scene_demo(args, data: Path, out: Path) -> int:
             cam = test_set.cameras[i]
             save_png(views / f"{i:03d}_render.png",
                      render(trainer.g, cam, trainer.sh_degree, cfg.background, rasterizer).image)
-            save_png(views / f"{i:03d}_truth.png", test_set.images[i])
+            save_png(views / f"{i:03d}_truth.png", test_set.image(i))
     print(f"test PSNR {initial['psnr']:.2f} dB -> {metrics['psnr']:.2f} dB, SSIM {metrics['ssim']:.3f}, "
           f"{metrics['gaussians']} Gaussians, {metrics['train_seconds']:.0f} s training; "
           f"wrote {out}/splats.ply, {views}/, {out}/metrics.json")

@@ -1,4 +1,5 @@
-"""Image losses and metrics on (H, W, 3) tensors in [0, 1]."""
+"""Image losses and metrics on (H, W, 3) tensors in [0, 1]. A target (gt) may also be a dataset's stored uint8
+view (backend.data: v / 255)."""
 from __future__ import annotations
 
 import functools
@@ -6,11 +7,12 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from .data import as_float
 from .kernels import extension
 
 
 def psnr(img: torch.Tensor, gt: torch.Tensor) -> float:
-    mse = torch.mean((img.detach().float() - gt.float()) ** 2).clamp_min(1e-12)
+    mse = torch.mean((img.detach().float() - as_float(gt).float()) ** 2).clamp_min(1e-12)
     return float(-10.0 * torch.log10(mse))
 
 
@@ -26,7 +28,7 @@ def ssim(img: torch.Tensor, gt: torch.Tensor, window: int = 11, sigma: float = 1
     """Mean structural similarity with an 11x11 Gaussian window (sigma 1.5), as in 3DGS; differentiable.
     The five local statistics are blurred in one grouped convolution (fewer kernel launches per step)."""
     x = img.permute(2, 0, 1)
-    y = gt.permute(2, 0, 1)
+    y = as_float(gt).permute(2, 0, 1)
     stats = torch.cat([x, y, x * x, y * y, x * y])[None]  # (1, 15, H, W)
     blurred = F.conv2d(stats, _window(window, sigma, img.device, img.dtype, 15), padding=window // 2, groups=15)
     mu_x, mu_y, xx, yy, xy = blurred[0].split(3)
@@ -39,14 +41,17 @@ def ssim(img: torch.Tensor, gt: torch.Tensor, window: int = 11, sigma: float = 1
 
 def photometric_loss(img: torch.Tensor, gt: torch.Tensor, ssim_weight: float = 0.2) -> torch.Tensor:
     """(1 - w) L1 + w (1 - SSIM), the 3DGS training loss; differentiable w.r.t. img. On CUDA (float32) it runs
-    as five fused kernels (cuda/training.cu) instead of some sixty torch launches; elsewhere in torch."""
+    as five fused kernels (cuda/training.cu) instead of some sixty torch launches, reading a uint8 target as it
+    is; elsewhere in torch, on the target as float (as_float)."""
     if img.is_cuda and img.dtype == torch.float32:
-        return _FusedPhotometricLoss.apply(img.contiguous(), gt.float().contiguous(), float(ssim_weight))
+        gt = gt if gt.dtype == torch.uint8 else gt.float()
+        return _FusedPhotometricLoss.apply(img.contiguous(), gt.contiguous(), float(ssim_weight))
     return torch_photometric_loss(img, gt, ssim_weight)
 
 
 def torch_photometric_loss(img: torch.Tensor, gt: torch.Tensor, ssim_weight: float = 0.2) -> torch.Tensor:
     """The loss in plain torch: the CPU path and the fused kernels' reference."""
+    gt = as_float(gt)
     return (1 - ssim_weight) * (img - gt).abs().mean() + ssim_weight * (1 - ssim(img, gt))
 
 

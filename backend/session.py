@@ -17,7 +17,7 @@ from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.files import remove_stale_temporaries, write_atomic
 from blender_addon.core.points import POINTS_FILE, read_points, write_points
 from blender_addon.core.settings import TRAINING
-from .data import Dataset, scene_times
+from .data import Dataset, quantise, scene_times
 from .frames import view_rgb
 from .policy import CHECKPOINT
 from .train import load_latest_checkpoint, previous_checkpoint
@@ -222,7 +222,7 @@ class Session:
 
     def dataset(self, background, views: int | None = None) -> Dataset:
         """The first `views` views (all by default) as a training dataset."""
-        images = torch.stack([view_rgb(image, background) for image in self.images[:views]])
+        images = torch.stack([quantise(view_rgb(image, background)) for image in self.images[:views]])
         return Dataset(list(self.cameras[:views]), images, list(self.names[:views]),
                        scene_times(self.times[:views], f"session {self.name!r}"))
 

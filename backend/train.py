@@ -11,7 +11,7 @@ import torch
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.files import replacing
 from blender_addon.core.cameras import Camera
-from .data import Dataset, camera_extent, scene_bounds
+from .data import Dataset, as_float, camera_extent, quantise, scene_bounds
 from .distributed import SINGLE, Group
 from .dynamic import DynamicGaussians, gaussians_from_tensors
 from .gaussians import Gaussians
@@ -81,12 +81,13 @@ def score(render_view, data: Dataset) -> dict[str, float]:
 
 
 def mean_scores(images, targets: torch.Tensor) -> dict[str, float]:
-    """Mean PSNR and SSIM of (H, W, 3) images (an iterable, drawn without autograd) against targets."""
+    """Mean PSNR and SSIM of (H, W, 3) images (an iterable, drawn without autograd) against targets (a
+    dataset's uint8 views, or float ones), each converted to float in its turn."""
     psnrs, ssims = [], []
     with torch.no_grad():
         for img, gt in zip(images, targets):
             img = img.clamp(0, 1)
-            gt = gt.to(img.device)
+            gt = as_float(gt.to(img.device))
             psnrs.append(psnr(img, gt))
             ssims.append(float(ssim(img, gt)))
     return {"psnr": sum(psnrs) / len(psnrs), "ssim": sum(ssims) / len(ssims)}
@@ -150,7 +151,7 @@ class Trainer:
                 group["lr"] = self.initial_rates[group["name"]] * means_lr / self.initial_rates["means"]
         batch = torch.randint(len(self.data), (self.cfg.batch_views,), generator=self.generator).tolist()
         for k, i in enumerate(self.group.share(batch)):
-            cam, gt = self.data.cameras[i], self.data.images[i]
+            cam, gt = self.data.cameras[i], self.data.images[i]  # uint8: the loss converts it
             out = render(self.g.at(self.data.time(i)), cam, self.sh_degree, self.background, self.cfg.rasterizer,
                          self.views[i])
             loss = photometric_loss(out.image, gt, self.cfg.ssim_weight)
@@ -184,10 +185,10 @@ class Trainer:
                 grad /= self.cfg.batch_views
 
     def add_view(self, camera: Camera, image: torch.Tensor, name: str, view_time: float = 0.0) -> None:
-        """Append a view (image (H, W, 3) in [0, 1], the size of the others; seen at `view_time` where the views
-        have times) that later steps draw from too. The scene extent, and with it the learning rates, stays
-        that of the views training started with."""
-        images = torch.cat([self.data.images, image[None].to(self.data.images)])
+        """Append a view (image (H, W, 3) float in [0, 1], the size of the others, stored quantised like them;
+        seen at `view_time` where the views have times) that later steps draw from too. The scene extent, and
+        with it the learning rates, stays that of the views training started with."""
+        images = torch.cat([self.data.images, quantise(image)[None].to(self.data.images.device)])
         times = self.data.times + [view_time] if self.data.times is not None else None
         self.data = Dataset(self.data.cameras + [camera], images, self.data.names + [name], times)
         self.views.append(camera_tensors(camera, self.device))

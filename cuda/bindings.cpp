@@ -315,11 +315,20 @@ std::vector<torch::Tensor> rasterize_backward(const torch::Tensor& ranges, const
   return {gm, gc, gcol, gop};
 }
 
+// The loss target: float32 in [0, 1], or uint8 (a dataset's stored views, which the kernels read as v / 255).
+// Checks it and calls launch(pointer) with a const float* or a const uint8_t*.
+template <typename Launch>
+cudaError_t with_target(const torch::Tensor& target, Launch launch) {
+  const bool bytes = target.scalar_type() == torch::kUInt8;
+  check_input(target, "target", bytes ? torch::kUInt8 : torch::kFloat32);
+  if (bytes) return launch(static_cast<const uint8_t*>(target.data_ptr<uint8_t>()));
+  return launch(static_cast<const float*>(fptr(target)));
+}
+
 // Returns the loss (scalar) and the SSIM partial derivatives the backward needs.
 std::vector<torch::Tensor> loss_forward(const torch::Tensor& image, const torch::Tensor& target, double ssim_weight) {
   const c10::cuda::CUDAGuard guard(image.device());
   check_input(image, "image");
-  check_input(target, "target");
   TORCH_CHECK(image.dim() == 3 && image.size(2) == 3, "image must be (H, W, 3)");
   TORCH_CHECK(target.sizes() == image.sizes(), "target must have the image's shape");
   const int height = (int)image.size(0), width = (int)image.size(1);
@@ -327,8 +336,10 @@ std::vector<torch::Tensor> loss_forward(const torch::Tensor& image, const torch:
   torch::Tensor workspace = torch::empty({(int64_t)sw::loss_workspace_floats(width, height)}, f32);
   torch::Tensor partials = torch::empty({(int64_t)sw::loss_partials_floats(width, height)}, f32);
   torch::Tensor loss = torch::empty({}, f32);
-  check(sw::launch_loss_fwd(fptr(image), fptr(target), width, height, (float)ssim_weight, fptr(workspace),
-                            fptr(partials), fptr(loss), c10::cuda::getCurrentCUDAStream()),
+  check(with_target(target, [&](auto target_ptr) {
+          return sw::launch_loss_fwd(fptr(image), target_ptr, width, height, (float)ssim_weight, fptr(workspace),
+                                     fptr(partials), fptr(loss), c10::cuda::getCurrentCUDAStream());
+        }),
         "loss forward");
   return {loss, partials};
 }
@@ -337,15 +348,19 @@ torch::Tensor loss_backward(const torch::Tensor& image, const torch::Tensor& tar
                             double ssim_weight, const torch::Tensor& grad_loss) {
   const c10::cuda::CUDAGuard guard(image.device());
   check_input(image, "image");
-  check_input(target, "target");
   check_input(partials, "partials");
   check_input(grad_loss, "grad_loss");
+  TORCH_CHECK(image.dim() == 3 && image.size(2) == 3, "image must be (H, W, 3)");
+  TORCH_CHECK(target.sizes() == image.sizes(), "target must have the image's shape");
   const int height = (int)image.size(0), width = (int)image.size(1);
   TORCH_CHECK(partials.numel() == (int64_t)sw::loss_partials_floats(width, height), "partials has the wrong size");
   torch::Tensor workspace = torch::empty({(int64_t)sw::loss_partials_floats(width, height)}, image.options());
   torch::Tensor grad_image = new_output(image.sizes(), image.options());
-  check(sw::launch_loss_bwd(fptr(image), fptr(target), fptr(partials), width, height, (float)ssim_weight,
-                            fptr(grad_loss), fptr(workspace), fptr(grad_image), c10::cuda::getCurrentCUDAStream()),
+  check(with_target(target, [&](auto target_ptr) {
+          return sw::launch_loss_bwd(fptr(image), target_ptr, fptr(partials), width, height, (float)ssim_weight,
+                                     fptr(grad_loss), fptr(workspace), fptr(grad_image),
+                                     c10::cuda::getCurrentCUDAStream());
+        }),
         "loss backward");
   return grad_image;
 }

@@ -23,6 +23,13 @@ __device__ void window_weights(float* w) {
   for (int k = 0; k <= 2 * SSIM_RADIUS; ++k) w[k] /= sum;
 }
 
+// The loss target's value i in [0, 1]: a float target as stored; an 8-bit one (a dataset's views) as v / 255,
+// correctly rounded (__fdiv_rn), so it equals torch's uint8 -> float32 / 255 on the CPU.
+__device__ __forceinline__ float target_value(const float* __restrict__ t, int i) { return t[i]; }
+__device__ __forceinline__ float target_value(const uint8_t* __restrict__ t, int i) {
+  return __fdiv_rn((float)t[i], 255.f);
+}
+
 // acc[s] = sum_k w_k src[p + k][s] over the window along a row (VERTICAL false) or a column (true), with zero
 // padding; src holds N values per pixel.
 template <int N, bool VERTICAL>
@@ -52,7 +59,9 @@ __device__ __forceinline__ bool blur_own_pixel(const float* __restrict__ src, in
 }
 
 // Horizontal pass of the SSIM statistics: rows[p][c*5 + s] = sum_k w_k f_s(x, y)[p + (k, 0)], channel c.
-__global__ void ssim_stats_rows_kernel(const float* __restrict__ x, const float* __restrict__ y, int width,
+// Target (here and below): float or uint8, read through target_value.
+template <typename Target>
+__global__ void ssim_stats_rows_kernel(const float* __restrict__ x, const Target* __restrict__ y, int width,
                                        int height, float* __restrict__ rows) {
   float w[2 * SSIM_RADIUS + 1];
   window_weights(w);
@@ -65,7 +74,7 @@ __global__ void ssim_stats_rows_kernel(const float* __restrict__ x, const float*
     const float wk = w[k + SSIM_RADIUS];
     const int base = 3 * (row * width + c);
     for (int ch = 0; ch < 3; ++ch) {
-      const float a = x[base + ch], b = y[base + ch];
+      const float a = x[base + ch], b = target_value(y, base + ch);
       acc[ch * 5 + 0] += wk * a;
       acc[ch * 5 + 1] += wk * b;
       acc[ch * 5 + 2] += wk * a * a;
@@ -80,7 +89,8 @@ __global__ void ssim_stats_rows_kernel(const float* __restrict__ x, const float*
 // Vertical pass, then the SSIM map S and its partial derivatives w.r.t. the statistics that depend on x.
 // Each block writes its sums of S and |x - y| to block_sums[2b], [2b + 1] (reduced later in a fixed order,
 // so the loss is deterministic).
-__global__ void ssim_map_kernel(const float* __restrict__ x, const float* __restrict__ y,
+template <typename Target>
+__global__ void ssim_map_kernel(const float* __restrict__ x, const Target* __restrict__ y,
                                 const float* __restrict__ rows, int width, int height, float* __restrict__ partials,
                                 float* __restrict__ block_sums) {
   float w[2 * SSIM_RADIUS + 1];
@@ -103,7 +113,7 @@ __global__ void ssim_map_kernel(const float* __restrict__ x, const float* __rest
       out[ch * 3 + 0] = (2.f * my * (a2 - a1) - 2.f * mx * s * (b2 - b1)) * inv;  // dS/dmu_x
       out[ch * 3 + 1] = -s / b2;                                                  // dS/dE[x^2]
       out[ch * 3 + 2] = 2.f * a1 * inv;                                           // dS/dE[xy]
-      l1_sum += fabsf(x[3 * p + ch] - y[3 * p + ch]);
+      l1_sum += fabsf(x[3 * p + ch] - target_value(y, 3 * p + ch));
     }
   }
   // Block reduction in shared memory, fixed order.
@@ -158,7 +168,8 @@ __global__ void ssim_grad_rows_kernel(const float* __restrict__ partials, int wi
 
 // Vertical pass and the chain rule: dL/dx = g (1 - w) sign(x - y) / M - g w (B_mu + 2 x B_xx + y B_xy) / M,
 // with B the blurred partials and g the incoming gradient of the loss.
-__global__ void loss_grad_kernel(const float* __restrict__ x, const float* __restrict__ y,
+template <typename Target>
+__global__ void loss_grad_kernel(const float* __restrict__ x, const Target* __restrict__ y,
                                  const float* __restrict__ rows, int width, int height, float inv_count,
                                  float ssim_weight, const float* __restrict__ grad_loss, float* __restrict__ grad_x) {
   int col, row;
@@ -167,7 +178,7 @@ __global__ void loss_grad_kernel(const float* __restrict__ x, const float* __res
   const float g = *grad_loss * inv_count;
   const int p = row * width + col;
   for (int ch = 0; ch < 3; ++ch) {
-    const float a = x[3 * p + ch], b = y[3 * p + ch];
+    const float a = x[3 * p + ch], b = target_value(y, 3 * p + ch);
     const float diff = a - b;
     const float sign = (float)(diff > 0.f) - (float)(diff < 0.f);
     const float d_ssim = acc[ch * 3 + 0] + 2.f * a * acc[ch * 3 + 1] + b * acc[ch * 3 + 2];
@@ -201,6 +212,32 @@ dim3 loss_grid(int width, int height) {
   return dim3((width + LOSS_BLOCK_X - 1) / LOSS_BLOCK_X, (height + LOSS_BLOCK_Y - 1) / LOSS_BLOCK_Y);
 }
 
+// The launchers' one body for either target type.
+template <typename Target>
+cudaError_t loss_fwd(const float* image, const Target* target, int width, int height, float ssim_weight,
+                     float* workspace, float* partials, float* loss, cudaStream_t stream) {
+  const dim3 block(LOSS_BLOCK_X, LOSS_BLOCK_Y), grid = loss_grid(width, height);
+  float* rows = workspace;
+  float* block_sums = workspace + (size_t)N_STATS * width * height;  // (ssim, l1) per block
+  ssim_stats_rows_kernel<Target><<<grid, block, 0, stream>>>(image, target, width, height, rows);
+  ssim_map_kernel<Target><<<grid, block, 0, stream>>>(image, target, rows, width, height, partials, block_sums);
+  loss_finalize_kernel<<<1, 256, 0, stream>>>(block_sums, grid.x * grid.y, 1.f / (3.f * width * height),
+                                              ssim_weight, loss);
+  return cudaGetLastError();
+}
+
+template <typename Target>
+cudaError_t loss_bwd(const float* image, const Target* target, const float* partials, int width, int height,
+                     float ssim_weight, const float* grad_loss, float* workspace, float* grad_image,
+                     cudaStream_t stream) {
+  const dim3 block(LOSS_BLOCK_X, LOSS_BLOCK_Y), grid = loss_grid(width, height);
+  ssim_grad_rows_kernel<<<grid, block, 0, stream>>>(partials, width, height, workspace);
+  loss_grad_kernel<Target><<<grid, block, 0, stream>>>(image, target, workspace, width, height,
+                                                       1.f / (3.f * width * height), ssim_weight, grad_loss,
+                                                       grad_image);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 size_t loss_workspace_floats(int width, int height) {
@@ -212,24 +249,24 @@ size_t loss_partials_floats(int width, int height) { return (size_t)N_PARTIALS *
 
 cudaError_t launch_loss_fwd(const float* image, const float* target, int width, int height, float ssim_weight,
                             float* workspace, float* partials, float* loss, cudaStream_t stream) {
-  const dim3 block(LOSS_BLOCK_X, LOSS_BLOCK_Y), grid = loss_grid(width, height);
-  float* rows = workspace;
-  float* block_sums = workspace + (size_t)N_STATS * width * height;  // (ssim, l1) per block
-  ssim_stats_rows_kernel<<<grid, block, 0, stream>>>(image, target, width, height, rows);
-  ssim_map_kernel<<<grid, block, 0, stream>>>(image, target, rows, width, height, partials, block_sums);
-  loss_finalize_kernel<<<1, 256, 0, stream>>>(block_sums, grid.x * grid.y, 1.f / (3.f * width * height),
-                                              ssim_weight, loss);
-  return cudaGetLastError();
+  return loss_fwd(image, target, width, height, ssim_weight, workspace, partials, loss, stream);
+}
+
+cudaError_t launch_loss_fwd(const float* image, const uint8_t* target, int width, int height, float ssim_weight,
+                            float* workspace, float* partials, float* loss, cudaStream_t stream) {
+  return loss_fwd(image, target, width, height, ssim_weight, workspace, partials, loss, stream);
 }
 
 cudaError_t launch_loss_bwd(const float* image, const float* target, const float* partials, int width, int height,
                             float ssim_weight, const float* grad_loss, float* workspace, float* grad_image,
                             cudaStream_t stream) {
-  const dim3 block(LOSS_BLOCK_X, LOSS_BLOCK_Y), grid = loss_grid(width, height);
-  ssim_grad_rows_kernel<<<grid, block, 0, stream>>>(partials, width, height, workspace);
-  loss_grad_kernel<<<grid, block, 0, stream>>>(image, target, workspace, width, height, 1.f / (3.f * width * height),
-                                               ssim_weight, grad_loss, grad_image);
-  return cudaGetLastError();
+  return loss_bwd(image, target, partials, width, height, ssim_weight, grad_loss, workspace, grad_image, stream);
+}
+
+cudaError_t launch_loss_bwd(const float* image, const uint8_t* target, const float* partials, int width, int height,
+                            float ssim_weight, const float* grad_loss, float* workspace, float* grad_image,
+                            cudaStream_t stream) {
+  return loss_bwd(image, target, partials, width, height, ssim_weight, grad_loss, workspace, grad_image, stream);
 }
 
 cudaError_t launch_adam(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,

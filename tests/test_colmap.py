@@ -147,7 +147,7 @@ def test_every_eighth_image_by_name_is_held_out(capture):
     assert train.names == [n for i, n in enumerate(truth["names"]) if i % 8]
     assert train.images.shape == (8, 20, 24, 3)
     rendered = np.asarray(Image.open(root / "images" / f"{truth['names'][1]}.png"), dtype=np.float32) / 255
-    assert torch.allclose(train.images[0], torch.from_numpy(rendered))
+    assert torch.allclose(train.image(0), torch.from_numpy(rendered))
     half = load_split(root, "train", downscale=2.0)
     assert half.images.shape == (8, 10, 12, 3) and np.allclose(half.cameras[0].K[0, 0], cams[1].K[0, 0] / 2)
 

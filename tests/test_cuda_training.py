@@ -1,8 +1,9 @@
 """The training kernels (cuda/training.cu) against their torch definitions, and a GPU training run.
 
 Tolerances: the loss value relative 1e-5 and its image gradient relative L2 1e-4 against the torch loss in
-float64; Adam parameters after 30 float32 steps within 1e-5 of the same arithmetic in float64; the densification
-statistics relative 1e-6 against the torch formula.
+float64; both for a uint8 target relative 1e-6 against the same target as float; Adam parameters after 30
+float32 steps within 1e-5 of the same arithmetic in float64; the densification statistics relative 1e-6
+against the torch formula.
 """
 from __future__ import annotations
 
@@ -49,6 +50,44 @@ def test_fused_loss_matches_torch(height, width, ssim_weight):
     (3.0 * ours).backward()
     assert abs(float(ours) - float(ref)) <= 1e-5 * abs(float(ref)) + 1e-7
     assert rel_l2(ours_img.grad.cpu(), ref_img.grad) <= 1e-4
+
+
+@pytest.mark.parametrize("height,width", [(400, 400), (37, 23), (1, 1)])
+def test_fused_loss_of_a_byte_target_equals_its_float_version(height, width):
+    """A dataset's uint8 view read by the kernels as v / 255 gives the loss and gradient of the same target as
+    float32 v / 255 (divided on the CPU, correctly rounded like the kernels' division)."""
+    gen = torch.Generator().manual_seed(height * 7 + width)
+    target = torch.randint(0, 256, (height, width, 3), generator=gen, dtype=torch.uint8)
+    as_float = target.float() / 255
+    img = (as_float + 0.1 * torch.randn(height, width, 3, generator=gen)).clamp(0, 1)
+    img[: height // 2, : width // 3] = as_float[: height // 2, : width // 3]  # |x - y| = 0: the sign is 0 there
+    results = []
+    for gt in (target, as_float):
+        x = img.to(DEV).requires_grad_()
+        loss = photometric_loss(x, gt.to(DEV), 0.2)
+        (3.0 * loss).backward()
+        results.append((float(loss), x.grad.cpu()))
+    (byte_loss, byte_grad), (float_loss, float_grad) = results
+    assert abs(byte_loss - float_loss) <= 1e-6 * abs(float_loss)
+    torch.testing.assert_close(byte_grad, float_grad, rtol=1e-6, atol=1e-6 * float(float_grad.abs().max()))
+
+
+def test_gpu_training_on_byte_views(tiny_scene):
+    """The views stay uint8 on the GPU (the fused loss reads them as they are), a view added during training
+    is stored the same way, and training fits."""
+    data = load_split(tiny_scene, "train")
+    cfg = make_config("cuda", "cuda", iterations=300, init_points=2000)
+    cfg = replace(cfg, sh_interval=50, densify=replace(cfg.densify, start=50, every=50, stop=250,
+                                                       reset_opacity_every=150))
+    trainer = Trainer(data, cfg, DEV)
+    assert trainer.data.images.dtype == torch.uint8 and trainer.data.images.is_cuda
+    before = evaluate(trainer.g, data, 0, cfg.background, "cuda")["psnr"]
+    trainer.add_view(data.cameras[0], data.image(0), "again")
+    assert trainer.data.images.dtype == torch.uint8 and torch.equal(trainer.data.images[-1].cpu(), data.images[0])
+    while trainer.step < cfg.iterations:
+        trainer.train_step()
+    after = evaluate(trainer.g, data, trainer.sh_degree, cfg.background, "cuda")["psnr"]
+    assert after > before + 5, (before, after)
 
 
 def test_adam_kernel_matches_the_cpu_arithmetic():

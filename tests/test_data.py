@@ -5,7 +5,7 @@ import pytest
 import torch
 from PIL import Image
 
-from backend.data import load_cameras, load_split, parse_background, scene_bounds
+from backend.data import Dataset, as_float, load_cameras, load_rgb, load_split, parse_background, quantise, scene_bounds
 from blender_addon.core.errors import SplatwrightError
 from backend.data import LEGO
 from blender_addon.core.cameras import Camera
@@ -18,7 +18,34 @@ def test_loads_splits_composited_over_the_background(tiny_scene):
     assert white.images.shape == (8, 32, 32, 3) and len(load_split(tiny_scene, "test")) == 3
     corner_white, corner_black = white.images[:, 0, 0], black.images[:, 0, 0]
     assert torch.all(corner_white >= corner_black)
-    assert (white.images - black.images).abs().max() > 0.5  # transparent pixels differ
+    assert (white.images.float() - black.images.float()).abs().max() > 0.5 * 255  # transparent pixels differ
+
+
+@pytest.mark.parametrize("background", [(1.0, 1.0, 1.0), (0.5, 0.25, 0.0)])
+def test_views_are_stored_as_bytes_of_the_float_images(tiny_scene, background):
+    """uint8 round(255 x) of each float view x as loaded (composited over the background), read back as
+    x' = v / 255 by Dataset.image."""
+    data = load_split(tiny_scene, "train", background)
+    assert data.images.dtype == torch.uint8 and data.images.shape == (8, 32, 32, 3)
+    for i, name in enumerate(data.names):
+        x = torch.from_numpy(load_rgb(tiny_scene / "train" / f"{name}.png", background))
+        assert torch.equal(data.images[i], torch.round(255 * x).to(torch.uint8)), name
+        image = data.image(i)
+        assert image.dtype == torch.float32 and torch.equal(image, data.images[i].float() / 255)
+        assert (image - x).abs().max() <= 0.5 / 255 + 1e-6
+    half = load_split(tiny_scene, "train", background, downscale=2)
+    assert half.images.dtype == torch.uint8 and half.images.shape == (8, 16, 16, 3)
+
+
+def test_quantise_rounds_and_clamps_and_datasets_hold_only_bytes():
+    x = torch.tensor([-0.1, 0.0, 0.4 / 255, 0.6 / 255, 0.5, 1.0, 1.3])
+    assert quantise(x).tolist() == [0, 0, 0, 1, 128, 255, 255]
+    assert quantise(x.numpy()).tolist() == quantise(x).tolist()
+    u = torch.arange(256, dtype=torch.uint8)
+    assert torch.equal(quantise(u), u) and torch.equal(quantise(as_float(u)), u)
+    assert torch.equal(as_float(x), x)
+    with pytest.raises(TypeError, match="uint8"):
+        Dataset(orbit_cameras(1, 4, 4), torch.zeros(1, 4, 4, 3), ["a"])
 
 
 def test_cameras_survive_the_file_round_trip(tiny_scene):

@@ -279,7 +279,7 @@ def test_timed_views_sent_to_the_server_train_a_4d_model_it_shows_at_any_time(mo
         with Client("127.0.0.1", server.port) as client:
             client.call("open_session", name="moving")
             for cam, image, name, t in zip(data.cameras, data.images, data.names, data.times):
-                pixels = (image.numpy()[::-1] * 255 + 0.5).astype(np.uint8)  # rows bottom-up, as Blender's
+                pixels = image.numpy()[::-1]  # the stored uint8 view, rows bottom-up as Blender's
                 client.add_view(cam, np.ascontiguousarray(pixels), name, t)
             client.call("start_training", iterations=40, sh_degree=0, max_gaussians=800, progress_interval=0.1)
             wait_for(client, lambda e: e["event"] == "state" and e["state"] == "finished", timeout=300)

@@ -15,7 +15,8 @@ from backend.optim import Adam
 from backend.ply import read_ply
 from blender_addon.core.points import POINTS_FILE, write_points
 from backend.strategy import edit_rows
-from backend.train import Trainer, evaluate, load_checkpoint
+from backend.metrics import photometric_loss
+from backend.train import Trainer, evaluate, load_checkpoint, mean_scores
 from conftest import ROOT, orbit_cameras, random_gaussians, write_scene
 
 
@@ -207,3 +208,31 @@ def test_foreign_and_older_checkpoints_are_refused_saying_why(tiny_scene, tmp_pa
     (tmp_path / "text.pt").write_text("hello")
     with pytest.raises(SplatwrightError, match="cannot read checkpoint"):
         load_checkpoint(tmp_path / "text.pt")
+
+
+def test_the_loss_and_scores_of_a_byte_target_are_those_of_its_float_version():
+    """A dataset's uint8 view as target gives, on the CPU, exactly the loss, gradient and scores of the same
+    target as float (v / 255)."""
+    gen = torch.Generator().manual_seed(4)
+    target = (torch.rand(24, 20, 3, generator=gen) * 256).clamp(max=255).to(torch.uint8)
+    image = (target.float() / 255 + 0.05 * torch.randn(24, 20, 3, generator=gen)).clamp(0, 1)
+    losses, grads = [], []
+    for gt in (target, target.float() / 255):
+        img = image.clone().requires_grad_()
+        loss = photometric_loss(img, gt, 0.2)
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append(img.grad)
+    assert torch.equal(losses[0], losses[1]) and torch.equal(grads[0], grads[1])
+    assert mean_scores([image], target[None]) == mean_scores([image], target[None].float() / 255)
+
+
+def test_added_views_are_stored_quantised(tiny_scene):
+    data = load_split(tiny_scene, "train")
+    trainer = Trainer(data, small_config(10))
+    image = torch.rand(32, 32, 3, generator=torch.Generator().manual_seed(5))
+    trainer.add_view(data.cameras[0], image, "new")
+    assert trainer.data.images.dtype == torch.uint8 and len(trainer.data) == len(data) + 1
+    assert torch.equal(trainer.data.images[-1], torch.round(255 * image).to(torch.uint8))
+    assert torch.equal(trainer.data.images[:-1], data.images)
+    trainer.train_step()

@@ -7,7 +7,8 @@ import os
 import subprocess
 from pathlib import Path
 
-BENCHMARKS = ("raster", "train", "serve", "profile", "viewport", "defaults", "cpu", "overlay", "dynamic", "scrub")
+BENCHMARKS = ("raster", "train", "serve", "profile", "viewport", "defaults", "cpu", "overlay", "dynamic", "scrub",
+              "memory")
 ROOT = Path(__file__).resolve().parents[2]  # the checkout
 RESULTS = ROOT / "bench" / "results"
 

@@ -193,7 +193,7 @@ def run_gsplat(train_set: Dataset, test_set: Dataset, steps: int, background, se
             cam = train_set.cameras[i]
             img, info = render(*cams[i], cam.width, cam.height, min(step // st["sh_degree_interval"], st["sh_degree"]))
             strategy.step_pre_backward(params, optimizers, state, step, info)
-            loss = photometric_loss(img, train_set.images[i], st["ssim_lambda"])
+            loss = photometric_loss(img, train_set.image(i), st["ssim_lambda"])  # float, as its users train
             loss.backward()
             for opt in optimizers.values():
                 opt.step()
