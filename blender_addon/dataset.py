@@ -56,22 +56,26 @@ def split_of(index: int, test_every: int) -> str:
 
 
 class DatasetWriter:
-    """transforms_train.json / transforms_test.json with per-frame intrinsics (as instant-ngp writes them),
-    next to train/ and test/ folders of PNGs, readable by `python -m backend train`."""
+    """transforms_train.json / transforms_test.json (and any other split's) with per-frame intrinsics (as
+    instant-ngp writes them), next to train/ and test/ folders of PNGs (or of images with another `extension`,
+    such as ".jpg"), readable by `python -m backend train`."""
 
-    def __init__(self, folder: str | Path):
+    def __init__(self, folder: str | Path, extension: str = ".png"):
         self.folder = Path(folder)
+        self.extension = extension
         self.frames: dict[str, list[dict]] = {"train": [], "test": []}
 
     def image_path(self, split: str, name: str) -> Path:
         (self.folder / split).mkdir(parents=True, exist_ok=True)
-        return self.folder / split / f"{name}.png"
+        return self.folder / split / f"{name}{self.extension}"
 
     def add(self, split: str, name: str, cam: Camera, time: float | None = None) -> None:
         """A view; `time` (frame_time) in a dynamic scene, as D-NeRF datasets have it."""
         K = cam.K
-        self.frames[split].append({
-            "file_path": f"./{split}/{name}",
+        # A PNG's file path leaves out ".png", as NeRF-synthetic datasets do; other images' keep their extension.
+        file_path = f"./{split}/{name}" + ("" if self.extension == ".png" else self.extension)
+        self.frames.setdefault(split, []).append({
+            "file_path": file_path,
             "transform_matrix": (cam.c2w @ BLENDER_TO_OPENCV).tolist(),
             "fl_x": K[0, 0], "fl_y": K[1, 1], "cx": K[0, 2], "cy": K[1, 2], "w": cam.width, "h": cam.height,
             "camera_angle_x": 2.0 * math.atan(0.5 * cam.width / K[0, 0]),
@@ -96,14 +100,21 @@ def training_views(folder: str | Path) -> list[tuple[str, Camera, Path, float | 
             K = intrinsics(frame["fl_x"], frame["fl_y"], frame["cx"], frame["cy"])
             cam = from_blender_c2w(np.array(frame["transform_matrix"]), K, frame["w"], frame["h"],
                                    f"{path} frame {i}")
-            views.append((Path(frame["file_path"]).name, cam, Path(folder) / (frame["file_path"] + ".png"),
-                          frame.get("time")))
+            image = image_file(folder, frame["file_path"])
+            views.append((image.stem, cam, image, frame.get("time")))
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise SplatwrightError(f"{path}: not a readable capture ({e}); capture the views again") from None
     missing = [str(image) for _, _, image, _ in views if not image.is_file()]
     if missing:
         raise SplatwrightError(f"{missing[0]} is missing ({len(missing)} images in all); capture the views again")
     return views
+
+
+def image_file(folder: str | Path, file_path: str) -> Path:
+    """The image a DatasetWriter's file path names: the path itself where it ends in an image extension, else
+    the path with ".png" (the NeRF-synthetic convention)."""
+    path = Path(folder) / file_path
+    return path if path.suffix.lower() in (".png", ".jpg", ".jpeg") else path.with_name(path.name + ".png")
 
 
 def sample_surface(triangles: np.ndarray, colors: np.ndarray, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
