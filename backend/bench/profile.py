@@ -21,6 +21,7 @@ from ..train import Trainer
 # First match wins; kernel names come from cuda/ and from torch's own kernels.
 STAGES = [
     ("projection", r"projection_(fwd|bwd)"),
+    ("motion (4D)", r"motion_(fwd|bwd)"),
     ("binning + sort",
      r"tile_counts|emit_keys|gather_ids|tile_ranges|tile_batch|batch_tiles|RadixSort|DeviceScan|cub::"),
     ("rasterize forward", r"rasterize_fwd"),
