@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -22,7 +23,7 @@ from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.protocol import placement_scale
 from blender_addon.core.settings import TRAINING
 from .frames import QueuedFrame, encode_frame, queue_frame, view_rgb
-from .dynamic import gaussians_from_tensors
+from .dynamic import DYNAMIC_FILE, DynamicGaussians, gaussians_from_tensors, read_dynamic, write_dynamic
 from .gaussians import Gaussians, quat_multiply
 from .sh import rotate_sh
 from .formats import encode_any, format_for_path, notes, read_any
@@ -33,6 +34,9 @@ from .session import Session
 from .train import TrainConfig, Trainer, load_latest_checkpoint
 
 SAVED_MODELS = 4  # sessions' saved models kept loaded for the requests that name them
+DYNAMIC_SUFFIX = ".pt"  # a file name with this ending is a 4D model's file (backend.dynamic's splats4d.pt)
+DYNAMIC_FORMAT = "4d"  # what export_ply's reply calls that format
+ZIP_MAGIC = b"PK\x03\x04"  # how a torch file (a 4D model's) begins
 
 
 def log(message: str) -> None:
@@ -194,7 +198,7 @@ class Engine:
         self.stepping = False  # the training thread is inside a step
         self.session: Session | None = None
         self.trainer: Trainer | None = None
-        self.viewed: tuple[Gaussians, tuple] | None = None  # a loaded PLY and its background
+        self.viewed: tuple[Gaussians, tuple] | None = None  # a loaded splat file (or 4D model) and its background
         self.settings = TRAINING.defaults()  # of the running training: its checkpoint and progress cadence
         # Whether the trainer's run has a checkpoint of its own: a fresh run leaves the old model's checkpoint
         # on the disk until it writes its first one.
@@ -212,12 +216,14 @@ class Engine:
         """Without the model lock, so it answers at once whatever runs: each value is read once, and a step
         in progress shows as the one before it."""
         session, t, viewed = self.session, self.trainer, self.viewed
+        shown = viewed[0] if viewed else (t.g if t else None)
         return {"session": session.name if session else None, "state": self.state,
                 "views": len(session.cameras) if session else 0,
                 "step": t.step if t else 0, "iterations": t.cfg.iterations if t else 0,
                 "gaussians": len(viewed[0]) if viewed else (len(t.g) if t else 0),
                 "checkpoint": bool(session and session.checkpoint_path.is_file()),
-                "settings": session.settings if session else None}
+                "settings": session.settings if session else None,
+                "dynamic": isinstance(shown, DynamicGaussians)}
 
     def capabilities(self) -> dict:
         if self._capabilities is None:
@@ -596,21 +602,36 @@ class Engine:
     def export_ply(self, name: str = "splats.ply", model: str | None = None, crop: np.ndarray | None = None,
                    time: float | None = None, placement: np.ndarray | None = None) -> tuple[dict, bytes]:
         """Session `model`'s model (None: the shown one; protocol.MODEL_CHOICE), at `time` if it is 4D, cropped
-        and placed, in the format the file `name` is for."""
-        fmt = format_for_path(name)
+        and placed, in the format the file `name` is for; a *.pt name asks for a 4D model's own file (the one
+        training writes), its motion placed with it and cropped to the Gaussians inside the box at `time`."""
+        dynamic_file = Path(name).suffix.lower() == DYNAMIC_SUFFIX
+        fmt = DYNAMIC_FORMAT if dynamic_file else format_for_path(name)
         with self.model_lock:  # a snapshot only: encoding a large model must not hold up training or rendering
             shown = self._live_model(model)
             if shown is not None:
                 shown = replace(shown, g=shown.g.detached())
         shown = shown or self.saved.get(model)
-        g = placed(chosen(shown.g, crop, time), placement)
-        data = encode_any(g, fmt)
+        dynamic = isinstance(shown.g, DynamicGaussians)
+        if dynamic_file:
+            if not dynamic:
+                what = "the model shown" if model is None else f"the model of session {model!r}"
+                raise SplatwrightError(f"{name}: {what} is a static model, the same at every time, and a .pt file "
+                                       f"holds a 4D model ({DYNAMIC_FILE} from training on views with times); "
+                                       "export it as .ply, .compressed.ply, .spz or .splat")
+            g = placed(kept(shown.g, crop, time), placement)
+            data = dynamic_file_bytes(g)
+            said = [] if crop is None else [f"the crop box kept the Gaussians inside it at time {time or 0.0:g}"]
+        else:
+            g = placed(chosen(shown.g, crop, time), placement)
+            data = encode_any(g, fmt)
+            said = notes(g, fmt)
         path = ""
-        if shown.trained and crop is None and time is None and placement is None:
+        whole = crop is None and placement is None and (time is None or not dynamic)  # a static one at any time
+        if shown.trained and whole and not dynamic_file:
             # the session's whole trained model is also kept beside its checkpoint, as a PLY; a viewed one is not
             path = self.session.write_file("splats.ply", data if fmt == "ply" else encode_ply(g))
-        fields = {"path": path, "gaussians": len(g), "step": shown.step, "format": fmt,
-                  "note": "; ".join(notes(g, fmt))}
+        fields = {"path": path, "gaussians": len(g), "step": shown.step, "format": fmt, "note": "; ".join(said),
+                  "dynamic": dynamic}
         return fields, data
 
     def save_checkpoint(self) -> dict:
@@ -637,15 +658,18 @@ class Engine:
         return self.status()
 
     def load_ply(self, data: bytes, background, name: str = "") -> dict:
-        """View the splat file `data` (any format, told by its content; `name`, its file name, tells a .splat)."""
+        """View the splat file `data` (any format, told by its content; `name`, its file name, tells a .splat),
+        or a 4D model's file (splats4d.pt: a *.pt name or a torch file's content), drawn at each request's
+        time."""
         with self.cond:
             if self.state in protocol.RUNNING:
                 raise SplatwrightError("training is running; stop it before loading a model to view")
-        g = read_any(bytes(data), name or "the uploaded model").to(self.device)
+        data, what = bytes(data), name or "the uploaded model"
+        g = (read_dynamic_file(data, what) if is_dynamic_file(data, name) else read_any(data, what)).to(self.device)
         with self.model_lock:
             self.viewed = (g, tuple(background))
         self._emit_state()
-        return {"gaussians": len(g), "sh_degree": g.max_sh_degree}
+        return {"gaussians": len(g), "sh_degree": g.max_sh_degree}  # and the status says whether it is 4D
 
     def close(self, render_wait: float = 0.2) -> bool:
         """Stop training (with a checkpoint) and the render thread; returns whether the render thread ended
@@ -661,6 +685,36 @@ def _finite_or_none(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
+def is_dynamic_file(data: bytes, name: str) -> bool:
+    """Whether a file is a 4D model's (backend.dynamic): named *.pt, or a torch file (a zip) not named as a
+    .splat (the one splat format without magic bytes)."""
+    lower = name.lower()
+    return lower.endswith(DYNAMIC_SUFFIX) or (data[:len(ZIP_MAGIC)] == ZIP_MAGIC and not lower.endswith(".splat"))
+
+
+def read_dynamic_file(data: bytes, name: str) -> DynamicGaussians:
+    """The 4D model of a file's bytes (read_dynamic), refused in one line where torch explains at length why it
+    will not load a file (one of objects other than tensors, which no upload may run, or no torch file)."""
+    try:
+        return read_dynamic(data, name)
+    except SplatwrightError as e:
+        if "\n" not in str(e):
+            raise
+    what = ("a torch file of objects other than tensors" if data[:len(ZIP_MAGIC)] == ZIP_MAGIC
+            else "not a torch file")
+    raise SplatwrightError(f"{name}: not a Splatwright 4D model ({what}; training on timed views writes "
+                           f"{DYNAMIC_FILE})") from None
+
+
+def dynamic_file_bytes(g: DynamicGaussians) -> bytes:
+    """The file of 4D model `g` as training writes it: by write_dynamic itself (one definition of the file), in
+    a temporary folder."""
+    with tempfile.TemporaryDirectory(prefix="splatwright-") as folder:
+        path = Path(folder) / DYNAMIC_FILE
+        write_dynamic(path, g)
+        return path.read_bytes()
+
+
 def chosen(g: Gaussians, crop: np.ndarray | None, time: float | None) -> Gaussians:
     """The Gaussians a request chose of model `g` (protocol.MODEL_CHOICE): a 4D model's at `time`, cropped."""
     return cropped(g.at(0.0 if time is None else time), crop)
@@ -668,25 +722,42 @@ def chosen(g: Gaussians, crop: np.ndarray | None, time: float | None) -> Gaussia
 
 def cropped(g: Gaussians, crop: np.ndarray | None) -> Gaussians:
     """The Gaussians whose centres `crop` (model space into a box's unit cube) takes into [-1, 1]^3."""
-    if crop is None:
-        return g
-    m = torch.as_tensor(crop, dtype=g.means.dtype, device=g.means.device)
-    inside = ((g.means @ m[:3, :3].T + m[:3, 3]).abs() <= 1.0).all(dim=-1)
-    return type(g)(**{name: value[inside] for name, value in g.tensors().items()})
+    return g if crop is None else subset(g, inside(g.means, crop))
+
+
+def kept(g: Gaussians, crop: np.ndarray | None, time: float | None) -> Gaussians:
+    """The Gaussians of model `g` (a 4D model's with their motion) whose centres at `time` (None: 0) `crop`
+    takes into [-1, 1]^3."""
+    return g if crop is None else subset(g, inside(g.at(0.0 if time is None else time).means, crop))
+
+
+def inside(means: torch.Tensor, crop: np.ndarray) -> torch.Tensor:
+    m = torch.as_tensor(crop, dtype=means.dtype, device=means.device)
+    return ((means @ m[:3, :3].T + m[:3, 3]).abs() <= 1.0).all(dim=-1)
+
+
+def subset(g: Gaussians, mask: torch.Tensor) -> Gaussians:
+    return type(g)(**{name: value[mask] for name, value in g.tensors().items()})
 
 
 def placed(g: Gaussians, placement: np.ndarray | None) -> Gaussians:
     """The Gaussians moved by `placement` (a rotation, a translation and one scale: protocol.placement_scale):
-    their means, rotations, scales and view-dependent colours."""
+    their means, rotations, scales and view-dependent colours, and a 4D model's motion with them (so the
+    placed model at any time is the model at that time, placed)."""
     if placement is None:
         return g
     scale = placement_scale(placement)
     m = torch.as_tensor(placement, dtype=g.means.dtype, device=g.means.device)
     rotation = placement[:3, :3] / scale
     turn = torch.as_tensor(matrix_to_quat(rotation), dtype=g.quats.dtype, device=g.quats.device)
-    return replace(g, means=g.means @ m[:3, :3].T + m[:3, 3], log_scales=g.log_scales + math.log(scale),
-                   quats=quat_multiply(turn.expand_as(g.quats), g.quats),
-                   sh_rest=rotate_sh(g.sh_rest, torch.as_tensor(rotation)))
+    moved = replace(g, means=g.means @ m[:3, :3].T + m[:3, 3], log_scales=g.log_scales + math.log(scale),
+                    quats=quat_multiply(turn.expand_as(g.quats), g.quats),
+                    sh_rest=rotate_sh(g.sh_rest, torch.as_tensor(rotation)))
+    if isinstance(g, DynamicGaussians):  # velocities and accelerations scale and turn, angular velocities turn
+        turned = torch.as_tensor(rotation, dtype=g.means.dtype, device=g.means.device)
+        moved = replace(moved, velocities=g.velocities @ m[:3, :3].T, accelerations=g.accelerations @ m[:3, :3].T,
+                        angular_velocities=g.angular_velocities @ turned.T)
+    return moved
 
 
 def matrix_to_quat(rotation: np.ndarray) -> np.ndarray:

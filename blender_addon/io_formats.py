@@ -1,12 +1,17 @@
 """File > Import and File > Export of splat models in every format the backend reads and writes (the official
-3DGS PLY, PlayCanvas's compressed PLY, Niantic's SPZ and antimatter15's .splat; backend/formats). Import sends
-the file to the backend, which tells its format from its content and shows the model; Export asks the backend
-for a model in the format the file name's ending picks (*.ply, *.compressed.ply, *.spz, *.splat) and reports
-what that format leaves out (a .splat keeps no SH beyond degree 0). The model is the active splat object's
+3DGS PLY, PlayCanvas's compressed PLY, Niantic's SPZ and antimatter15's .splat; backend/formats) and of 4D models
+(splats4d.pt, backend/dynamic.py). Import sends the file to the backend, which tells its format from its content
+and shows the model (a 4D one at the scene's frame); Export asks the backend for a model in the format the file
+name's ending picks (*.ply, *.compressed.ply, *.spz, *.splat; *.pt: a 4D model's own file) and reports what that
+format leaves out (a .splat keeps no SH beyond degree 0). The model is the active splat object's
 (scene_splats.py), cropped to its crop box unless told otherwise and, if asked, in world space as the object
-places it; with no splat object active, the model the backend shows."""
+places it; with no splat object active, the model the backend shows. A 4D model is exported at the scene's
+frame, or as a sequence of files, one per frame of the frame range (SequenceExport)."""
 from __future__ import annotations
 
+import os
+import tempfile
+import threading
 from pathlib import Path
 
 import bpy
@@ -15,19 +20,25 @@ from bpy.types import Operator
 from bpy_extras.io_utils import ExportHelper, ImportHelper
 
 from . import live, scene_splats  # which imports this module (through panels): its names are looked up when used
+from .core.client import RemoteError
 from .core.errors import SplatwrightError
-from .core.files import write_atomic
+from .core.files import TEMPORARY_SUFFIX, sync_folder, write_atomic
+from .dataset import frame_time
 from .operators import Guarded, nothing_to_show, not_connected, set_status, training_runs
 from .placement import uniform_scale
 from .training import background_rgb
 
-SPLAT_FILES = "*.ply;*.spz;*.splat"  # what the file browsers list (a compressed PLY ends in .ply too)
+SPLAT_FILES = "*.ply;*.spz;*.splat;*.pt"  # what the file browsers list (a compressed PLY ends in .ply too)
+DYNAMIC_SUFFIX = ".pt"  # a 4D model's own file (splats4d.pt)
 DEFAULT_EXTENSION = ".ply"  # given to an export name that has none
-MENU_TEXT = "Gaussian Splats (.ply, .spz, .splat)"
+MENU_TEXT = "Gaussian Splats (.ply, .spz, .splat, .pt)"
+PROGRESS_SECONDS = 1.0  # how often a sequence export reports how far it got
+_progress_timers: set = set()  # those of sequence exports, unregistered with the add-on if they still are
 
 
 class SPLATWRIGHT_OT_import_splats(Guarded, Operator, ImportHelper):
-    """View a Gaussian splat file through the backend: a 3DGS PLY, a compressed PLY, an SPZ or a .splat"""
+    """View a Gaussian splat file through the backend: a 3DGS PLY, a compressed PLY, an SPZ, a .splat, or a 4D
+    model (splats4d.pt), shown at the scene's frame"""
     bl_idname = "splatwright.import_splats"
     bl_label = "Import Splats"
 
@@ -40,7 +51,7 @@ class SPLATWRIGHT_OT_import_splats(Guarded, Operator, ImportHelper):
     def execute(self, context):
         path = Path(self.filepath)
         if not path.is_file():
-            self.report({"ERROR"}, f"{path}: no such file; choose a .ply, .spz or .splat file")
+            self.report({"ERROR"}, f"{path}: no such file; choose a .ply, .spz, .splat or .pt file")
             return {"CANCELLED"}
         s = context.scene.splatwright
         background = background_rgb(s.background, s.background_color)
@@ -52,15 +63,17 @@ class SPLATWRIGHT_OT_import_splats(Guarded, Operator, ImportHelper):
         def loaded(result) -> str:
             reply, status = result
             set_status(status)
-            return f"loaded {reply['gaussians']} Gaussians (SH degree {reply['sh_degree']}) from {path}"
+            what = " of a 4D model, shown at the scene's frame," if status["dynamic"] else ""
+            return f"loaded {reply['gaussians']} Gaussians (SH degree {reply['sh_degree']}){what} from {path}"
         live.backend.call("import_splats", load, loaded)
         return {"FINISHED"}
 
 
 class SPLATWRIGHT_OT_export_splats(Guarded, Operator, ExportHelper):
     """Save the active splat object's model (or else the trained or viewed Gaussians) in the format the file
-    name's ending gives: .ply (3DGS PLY), .compressed.ply (PlayCanvas), .spz (Niantic) or .splat (antimatter15,
-    no view-dependent colour)"""
+    name's ending gives: .ply (3DGS PLY), .compressed.ply (PlayCanvas), .spz (Niantic), .splat (antimatter15,
+    no view-dependent colour) or .pt (a 4D model's own file); a 4D model at the scene's frame, or as a PLY
+    sequence"""
     bl_idname = "splatwright.export_splats"
     bl_label = "Export Splats"
 
@@ -73,6 +86,10 @@ class SPLATWRIGHT_OT_export_splats(Guarded, Operator, ExportHelper):
                               description="The model as the active splat object places it in the scene: its "
                                           "means, rotations, scales and view-dependent colours moved by the "
                                           "object's transform")
+    sequence: BoolProperty(name="PLY Sequence", default=False,
+                           description="A 4D model as one file per frame of the scene's frame range, each the "
+                                       "model at that frame's time: name_0001.ply, name_0002.ply ... (in the "
+                                       "format the name's ending gives), written whole or not at all")
 
     @classmethod
     def blocked(cls, context):
@@ -82,17 +99,17 @@ class SPLATWRIGHT_OT_export_splats(Guarded, Operator, ExportHelper):
         obj, layout = scene_splats.active_model(context), self.layout
         layout.label(text=f"Model of {obj.name}" if obj is not None else "The model the backend shows")
         for name, usable in (("cropped", obj is not None and scene_splats.crop_box(obj) is not None),
-                             ("world_space", obj is not None)):
+                             ("world_space", obj is not None), ("sequence", may_move(obj))):
             row = layout.row()
             row.enabled = usable
             row.prop(self, name)
 
     def request_fields(self, context, name: str) -> dict:
         """The export_ply request's fields: the active splat object's model as the options say, or the shown
-        model; SplatwrightError for a placement splats cannot take."""
+        model, at the scene's frame; SplatwrightError for a placement splats cannot take."""
         obj = scene_splats.active_model(context)
         if obj is None:
-            return {"name": name}
+            return {"name": name, "time": scene_splats.scene_time(context.scene)}
         fields = {"name": name, **scene_splats.model_choice(obj, context.scene, self.cropped)}
         if self.world_space:
             fields["placement"] = scene_splats.model_matrix(obj)
@@ -103,8 +120,12 @@ class SPLATWRIGHT_OT_export_splats(Guarded, Operator, ExportHelper):
         path = Path(self.filepath)
         if not path.suffix:
             path = path.with_name(path.name + DEFAULT_EXTENSION)
+        obj = scene_splats.active_model(context)
         try:
             fields = self.request_fields(context, path.name)
+            if self.sequence and may_move(obj):
+                SequenceExport(context.scene, path, fields, obj.name if obj is not None else "").start()
+                return {"FINISHED"}
         except SplatwrightError as e:
             self.report({"ERROR"}, str(e))
             return {"CANCELLED"}
@@ -120,6 +141,107 @@ class SPLATWRIGHT_OT_export_splats(Guarded, Operator, ExportHelper):
             return f"exported {fields['gaussians']} Gaussians (step {fields['step']}) to {path} ({fields['format']})"
         live.backend.call("export_splats", export, exported)
         return {"FINISHED"}
+
+
+def may_move(obj) -> bool:
+    """Whether the model exported may be 4D: the backend's status tells of the model it shows; a splat object's
+    (`obj`) only the backend knows, and says so when a sequence of a static model is asked for."""
+    return obj is not None or bool(live.backend.status.get("dynamic"))
+
+
+def sequence_paths(path: Path, frames: int) -> list[Path]:
+    """name_0001.ext ... for name.ext (the whole ending kept: name_0001.compressed.ply): the names `python -m
+    backend convert --frames` gives (backend/convert.py's sequence_paths, which the add-on cannot import)."""
+    stem, dot, ending = path.name.partition(".")
+    return [path.with_name(f"{stem}_{k:04d}{dot}{ending}") for k in range(1, frames + 1)]
+
+
+class SequenceExport:
+    """A 4D model as files, one per frame of the scene's frame range, each the model at that frame's time
+    (dataset.frame_time), exported on the worker; a timer reports how far it got. Each frame goes to a
+    temporary file beside its own, and once every frame is written they replace their files together; a failure
+    removes them and names the frame, so a sequence is written whole or not at all."""
+
+    def __init__(self, scene, path: Path, fields: dict, obj_name: str = ""):
+        if path.name.lower().endswith(DYNAMIC_SUFFIX):
+            raise SplatwrightError(f"{path.name}: a PLY sequence is one splat file per frame; name it .ply (or "
+                                   ".compressed.ply, .spz, .splat)")
+        start, end = scene.frame_start, scene.frame_end
+        self.frames = list(range(start, end + 1))
+        self.times = [frame_time(frame, start, end) for frame in self.frames]
+        self.paths = sequence_paths(path, len(self.frames))
+        self.fields, self.what = fields, f"the model of {obj_name}" if obj_name else "the model the backend shows"
+        self.written = 0  # frames written so far (by the worker)
+        self.done = threading.Event()
+
+    def start(self) -> None:
+        reported = [0]
+
+        def progress():  # a timer on the main thread, until the worker is done
+            if self.done.is_set():
+                return None
+            if self.written > reported[0]:
+                reported[0] = self.written
+                live.report("INFO", f"exporting {self.paths[0].name} ...: {self.written} of {len(self.paths)} frames")
+            return PROGRESS_SECONDS
+        _progress_timers.difference_update([t for t in _progress_timers if not bpy.app.timers.is_registered(t)])
+        _progress_timers.add(progress)
+        bpy.app.timers.register(progress, first_interval=PROGRESS_SECONDS)
+        live.backend.call("export_sequence", self.run, self.finished)
+
+    def run(self, client) -> dict:
+        """On the worker: every frame, staged, then put in place; the last frame's reply fields."""
+        staged: list[Path] = []
+        try:
+            for frame, time, path in zip(self.frames, self.times, self.paths):
+                try:
+                    reply = client.request("export_ply", {**self.fields, "name": path.name, "time": time})
+                except (RemoteError, SplatwrightError, OSError, ValueError) as e:
+                    raise self.failure(frame, path, e) from None
+                if not reply.fields["dynamic"]:
+                    raise SplatwrightError(f"{self.what} is a static model, the same at every frame: a PLY sequence "
+                                           "needs a 4D model (splats4d.pt, or a session trained on views with "
+                                           "times); untick PLY Sequence to export one file")
+                try:
+                    staged.append(stage(path, reply.payload))
+                except OSError as e:
+                    raise self.failure(frame, path, e) from None
+                self.written += 1
+            for tmp, path in zip(staged, self.paths):
+                os.replace(tmp, path)
+            sync_folder(self.paths[0].parent)
+            return reply.fields
+        finally:
+            for tmp in staged:
+                tmp.unlink(missing_ok=True)  # those not put in place
+            self.done.set()
+
+    def failure(self, frame: int, path: Path, e: Exception) -> SplatwrightError:
+        reason = e.message if isinstance(e, RemoteError) else str(e) if isinstance(e, SplatwrightError) \
+            else f"{type(e).__name__}: {e}"
+        return SplatwrightError(f"frame {frame} ({path.name}) failed: {reason}; no file of the sequence was written")
+
+    def finished(self, fields: dict) -> str:
+        if fields["note"]:
+            live.report("WARNING", f"{self.paths[0].name} ...: {fields['note']}")
+        first, last = self.paths[0], self.paths[-1]
+        return (f"exported {len(self.paths)} frames ({self.frames[0]}-{self.frames[-1]}) of {fields['gaussians']} "
+                f"Gaussians to {first.parent}: {first.name} ... {last.name} ({fields['format']})")
+
+
+def stage(path: Path, data: bytes | memoryview) -> Path:
+    """`data` in a new temporary file beside `path`, on the disk; its name."""
+    fd, name = tempfile.mkstemp(prefix=path.name + ".", suffix=TEMPORARY_SUFFIX, dir=path.parent)
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
 
 
 def import_menu(self, context):
@@ -141,6 +263,10 @@ def register():
 
 
 def unregister():
+    for timer in _progress_timers:
+        if bpy.app.timers.is_registered(timer):
+            bpy.app.timers.unregister(timer)
+    _progress_timers.clear()
     bpy.types.TOPBAR_MT_file_export.remove(export_menu)
     bpy.types.TOPBAR_MT_file_import.remove(import_menu)
     _unregister_classes()

@@ -2,11 +2,12 @@
 backend through the add-on, view a PLY, and render F12 with the Splatwright engine, Combined to a PNG and the
 Depth pass through the compositor's File Output node, then under other view transforms (VIEWS), keeping the
 backend's frames and the view transforms' inverses the add-on made. Then a splat object of a trained session
-places its model elsewhere (PLACEMENT): F12 again, and the camera the viewport asks through. Prints
-`RESULT <json>` for pytest.
+places its model elsewhere (PLACEMENT): F12 again, and the camera the viewport asks through. With --model4d, a
+4D model (splats4d.pt) then goes through File > Import and Export (moving_files). Prints `RESULT <json>` for
+pytest.
 
     python tests/blender_engine_scenario.py --zip dist/splatwright-X.zip --ply model.ply --session NAME \
-        --out DIR [--python PY]
+        --out DIR [--python PY] [--model4d splats4d.pt]
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ import numpy as np
 from mathutils import Euler, Matrix
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from blender_scenario import addon, build_scene, op, report, stop_and_disable, wait_for  # noqa: E402  (also catches the add-on's timers)
+from blender_scenario import (addon, blender_reports, build_scene, op, report, stop_and_disable,  # noqa: E402
+                              wait_for)  # (also catches the add-on's timers)
 
 SIZE = (80, 60)
 BORDER = (0.25, 0.8, 0.1, 0.6)  # render border: min x, max x, min y, max y (fractions, y from the bottom)
@@ -28,6 +30,7 @@ BORDER = (0.25, 0.8, 0.1, 0.6)  # render border: min x, max x, min y, max y (fra
 VIEWS = (("AgX", "None", 0.0, 1.0), ("Filmic", "Medium High Contrast", 0.5, 1.2))
 # Where the splat object puts the model: moved, turned and scaled (a uniform scale multiplies its depths).
 PLACEMENT = Matrix.Translation((0.6, -0.4, 0.3)) @ Euler((0.3, -0.2, 0.8)).to_matrix().to_4x4() @ Matrix.Scale(0.8, 4)
+SEQUENCE_FRAMES = 3  # the frame range a 4D model is exported over, one file per frame
 
 
 def compositor(scene):
@@ -139,7 +142,43 @@ def placed_render(scene, session: str, out: Path) -> dict:
     return placed
 
 
-def run(zip_path: Path, ply: Path, session: str, out: Path, python: str) -> dict:
+def moving_files(scene, model4d: Path, out: Path) -> dict:
+    """A 4D model through File > Import and Export over a frame range of SEQUENCE_FRAMES: the splat object's static
+    model as a PLY sequence is refused; with the object gone, Import the 4D model, F12 at the last frame, Export a
+    PLY sequence, then at frame 2 one PLY and the model's own .pt file."""
+    a, live = addon(), addon().live
+    scene.frame_start, scene.frame_end = 1, SEQUENCE_FRAMES
+    scene.frame_set(1)
+    obj = a.scene_splats.splat_objects(scene)[0]
+    bpy.context.view_layer.objects.active = obj
+    folder = out / "sequence"
+    folder.mkdir()
+    reported = len(blender_reports.lines)
+    op("export_splats", filepath=str(folder / "still.ply"), sequence=True)
+    wait_for(lambda: not live.backend.in_flight, "export a static model as a PLY sequence")
+    static_reports = blender_reports.lines[reported:]
+    bpy.data.objects.remove(obj)
+    may_move = [a.io_formats.may_move(None)]
+    op("import_splats", filepath=str(model4d))
+    wait_for(lambda: live.backend.status.get("dynamic") and not live.backend.in_flight, "import the 4D model")
+    may_move.append(a.io_formats.may_move(None))
+    scene.frame_set(SEQUENCE_FRAMES)
+    scene.render.use_compositing = False
+    scene.render.filepath = str(out / "moving.png")
+    bpy.ops.render.render(write_still=True)
+    scene.frame_set(2)
+    reported = len(blender_reports.lines)
+    op("export_splats", filepath=str(folder / "moving.ply"), sequence=True)
+    op("export_splats", filepath=str(out / "frame2.ply"))
+    op("export_splats", filepath=str(out / "copy.pt"))
+    wait_for(lambda: not live.backend.in_flight, "export the 4D model")
+    return {"static_reports": static_reports, "may_move": may_move, "png": str(out / "moving.png"),
+            "folder": str(folder), "files": sorted(p.name for p in folder.iterdir()), "frame2": str(out / "frame2.ply"),
+            "copy": str(out / "copy.pt"), "reports": blender_reports.lines[reported:],
+            "camera": a.core.codecs.camera_to_wire(a.scene_io.camera_of(scene.camera, scene))}
+
+
+def run(zip_path: Path, ply: Path, session: str, out: Path, python: str, model4d: Path | None) -> dict:
     build_scene()
     bpy.ops.preferences.addon_install(filepath=str(zip_path), overwrite=True)
     bpy.ops.preferences.addon_enable(module="splatwright")
@@ -180,6 +219,8 @@ def run(zip_path: Path, ply: Path, session: str, out: Path, python: str) -> dict
     result = {"png": str(out / "f12.png"), "border": BORDER, "depth": str(out / "depth.npy"), "seconds": seconds,
               "camera": addon().core.codecs.camera_to_wire(cam), "views": views, "placed": placed,
               "errors": live.backend.last_error}
+    if model4d is not None:
+        result["moving"] = moving_files(scene, model4d, out)
     stop_and_disable()
     return result
 
@@ -191,10 +232,12 @@ def main() -> int:
     parser.add_argument("--session", required=True, help="a trained session in OUT/sessions, placed by an object")
     parser.add_argument("--out", required=True)
     parser.add_argument("--python", default=sys.executable, help="the backend's Python, with torch")
+    parser.add_argument("--model4d", help="a 4D model file (splats4d.pt) to import and export")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    return report(lambda: run(Path(args.zip), Path(args.ply), args.session, out, args.python))
+    return report(lambda: run(Path(args.zip), Path(args.ply), args.session, out, args.python,
+                              Path(args.model4d) if args.model4d else None))
 
 
 if __name__ == "__main__":

@@ -366,6 +366,43 @@ def test_the_engine_renders_only_the_splats_inside_the_objects_crop_box(f12):
     assert psnr(got, cropped) >= 40.0 and psnr(got, whole) < 30.0
 
 
+def test_a_4d_model_is_imported_shown_at_the_frame_and_exported_as_a_ply_sequence(f12):
+    """File > Import of splats4d.pt shows the 4D model at the scene's frame (F12 at the last frame is the model
+    at time 1); Export writes one PLY per frame of the range, each the model at that frame's time (as convert
+    --frames names them, nothing else left in the folder), one PLY at the current frame, and the model's own file;
+    a static model's PLY sequence is refused and writes nothing."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from blender_addon.core.codecs import camera_from_wire
+    from backend.convert import sequence_paths
+    from backend.dynamic import read_dynamic
+    from backend.formats import read_any
+    from backend.metrics import psnr
+    from backend.render import render
+    from test_server_models import assert_same_model
+    moving, model = f12["moving"], f12["model4d"]
+    assert moving["may_move"] == [False, True]  # the status tells a 4D model from a static one
+    folder = Path(moving["folder"])
+    assert [folder / name for name in moving["files"]] == sequence_paths(folder / "moving.ply", 3)
+    for k, name in enumerate(moving["files"]):
+        assert_same_model(read_any(folder / name), model.at(k / 2).detached(), atol=1e-6)
+    assert_same_model(read_any(moving["frame2"]), model.at(0.5).detached(), atol=1e-6)
+    assert_same_model(read_dynamic(moving["copy"]), model)
+    assert any(line.startswith("Info: exported 3 frames (1-3) of 120 Gaussians") for line in moving["reports"])
+    errors = [line for line in moving["static_reports"] if line.startswith("Error: ")]
+    assert len(errors) == 1 and "the model of placed-model is a static model, the same at every frame" in errors[0]
+
+    cam = camera_from_wire(moving["camera"])
+    got = torch.from_numpy(np.asarray(Image.open(moving["png"]), dtype=np.float32)[..., :3] / 255.0)
+    with torch.no_grad():
+        last, first = (render(model.at(t), cam, 1, (1.0, 1.0, 1.0)).image.clamp(0, 1) for t in (1.0, 0.0))
+    print(f"F12 of the 4D model at the last frame: {psnr(got, last):.1f} dB to its time 1, {psnr(got, first):.1f} dB "
+          "to its time 0")
+    assert psnr(got, last) >= 40.0 and psnr(got, first) < 30.0
+
+
 def test_f12_with_a_render_border_renders_that_part(f12):
     """Cropped to the border, the image is that part of the full frame; uncropped, the full frame with only the
     border's pixels rendered (Blender leaves the rest transparent)."""

@@ -216,3 +216,118 @@ def test_a_4d_session_renders_and_exports_the_time_asked_for(tmp_path):
     finally:
         server.stop()
         thread.join(30)
+
+
+def moving_model(n: int = 80, seed: int = 6):
+    """A small 4D model whose Gaussians move, turn and fade in and out."""
+    from backend.dynamic import DynamicGaussians
+    model = DynamicGaussians.from_static(random_gaussians(n, seed=seed, sh_degree=1, scale=0.12))
+    gen = torch.Generator().manual_seed(seed)
+    model.velocities = 0.6 + 0.2 * torch.randn(n, 3, generator=gen)
+    model.accelerations = 0.3 * torch.randn(n, 3, generator=gen)
+    model.angular_velocities = torch.randn(n, 3, generator=gen)
+    model.time_precisions = 2.0 * torch.rand(n, generator=gen)
+    return model
+
+
+def assert_same_model(a: Gaussians, b: Gaussians, atol: float = 0.0) -> None:
+    assert type(a) is type(b) and a.names() == b.names()
+    for name in a.names():
+        torch.testing.assert_close(getattr(a, name), getattr(b, name), atol=atol, rtol=0.0 if atol == 0 else 1e-5,
+                                   msg=name)
+
+
+@pytest.fixture
+def viewer(tmp_path):
+    """A server with nothing open, to load files into."""
+    server = Server(Engine(tmp_path / "sessions", "cpu", "reference"))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.stop()
+    thread.join(30)
+
+
+def test_a_loaded_4d_model_file_is_drawn_and_exported_at_each_requests_time(viewer, tmp_path):
+    """splats4d.pt's bytes, named so or not, are viewed as the 4D model: renders and exports at two times are the
+    model at those times, and a .pt export is the model's own file again (placed, its motion too)."""
+    from backend.dynamic import read_dynamic, write_dynamic
+    model = moving_model()
+    write_dynamic(tmp_path / "splats4d.pt", model)
+    data = (tmp_path / "splats4d.pt").read_bytes()
+    cam = orbit_cameras(4, 40, 32)[1]
+    with Client("127.0.0.1", viewer.port) as client:
+        for name in ("splats4d.pt", "upload.bin", ""):  # by its name, or by its content
+            assert client.load_ply(data, name=name) == {"gaussians": len(model), "sh_degree": 1}, name
+            status = client.call("status")
+            assert status["dynamic"] and status["gaussians"] == len(model), name
+        frames = {}
+        for time in (0.2, 0.9):
+            frames[time] = decode_frame(client.request("render", {"camera": cam, "time": time}))
+            assert np.array_equal(frames[time], expected_frame(model.at(time), cam, 1, (1.0, 1.0, 1.0))), time
+            exported = client.request("export_ply", {"time": time, "name": "at.ply"})
+            assert exported.fields["dynamic"] and exported.fields["format"] == "ply"
+            (tmp_path / "at.ply").write_bytes(exported.payload)
+            assert_same_model(read_ply(tmp_path / "at.ply"), model.at(time).detached(), atol=1e-6)
+        assert not np.array_equal(frames[0.2], frames[0.9])
+
+        own = client.request("export_ply", {"name": "copy.pt"})
+        assert (own.fields["format"], own.fields["gaussians"], own.fields["note"]) == ("4d", len(model), "")
+        assert_same_model(read_dynamic(bytes(own.payload)), model)
+
+        placement = np.eye(4)
+        turn = 0.7
+        placement[:3, :3] = 1.3 * np.array([[math.cos(turn), -math.sin(turn), 0], [math.sin(turn), math.cos(turn), 0],
+                                             [0, 0, 1]])
+        placement[:3, 3] = [0.5, -1.0, 2.0]
+        moved = read_dynamic(bytes(client.request("export_ply", {"name": "moved.pt", "placement": placement}).payload))
+        for time in (0.0, 0.6):
+            at = client.request("export_ply", {"name": "at.ply", "time": time, "placement": placement})
+            (tmp_path / "at.ply").write_bytes(at.payload)
+            placed_then = read_ply(tmp_path / "at.ply")
+            torch.testing.assert_close(moved.at(time).means, placed_then.means, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(moved.at(time).quats * torch.sign(moved.at(time).quats[:, :1]),
+                                       placed_then.quats * torch.sign(placed_then.quats[:, :1]), atol=1e-5, rtol=1e-5)
+
+        crop = box([0.0, 0.0, 0.0], [0.6, 0.6, 0.6])
+        kept = inside(model.at(0.5).means.double().numpy(), crop)
+        assert 5 < kept.sum() < len(model) - 5
+        cropped = client.request("export_ply", {"name": "cropped.pt", "crop": crop, "time": 0.5})
+        assert cropped.fields["gaussians"] == kept.sum() and "at time 0.5" in cropped.fields["note"]
+        assert_same_model(read_dynamic(bytes(cropped.payload)),
+                          type(model)(**{k: v[torch.from_numpy(kept)] for k, v in model.tensors().items()}))
+
+
+def test_a_foreign_pt_file_and_a_static_models_pt_export_are_refused_in_one_line(viewer, tmp_path):
+    import io
+    from backend.ply import write_ply
+    still = random_gaussians(30, seed=4, sh_degree=0)
+    write_ply(tmp_path / "still.ply", still)
+    ply = (tmp_path / "still.ply").read_bytes()
+
+    def torch_file(obj) -> bytes:
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        return buffer.getvalue()
+    with Client("127.0.0.1", viewer.port) as client:
+        client.load_ply(ply, name="still.ply")
+        for data, name, said in ((torch_file({"weights": torch.zeros(3)}), "weights.pt", "weights.pt: not a "
+                                  "Splatwright 4D model (training on timed views writes splats4d.pt)"),
+                                 (torch_file(torch.nn.Linear(2, 2)), "net.pt", "net.pt: not a Splatwright 4D model "
+                                  "(a torch file of objects other than tensors; training on timed views writes "
+                                  "splats4d.pt)"),
+                                 (torch_file(torch.nn.Linear(2, 2)), "", "the uploaded model: not a Splatwright 4D "
+                                  "model (a torch file of objects other than tensors"),
+                                 (ply, "renamed.pt", "renamed.pt: not a Splatwright 4D model (not a torch file")):
+            with pytest.raises(RemoteError) as e:
+                client.load_ply(data, name=name)
+            assert e.value.code == protocol.REJECTED and e.value.message.startswith(said), e.value.message
+            assert "\n" not in e.value.message and len(e.value.message) < 200
+        status = client.call("status")  # the model viewed before stays
+        assert status["gaussians"] == len(still) and status["dynamic"] is False
+        exported = client.request("export_ply", {"name": "still.ply", "time": 0.5})
+        assert exported.fields["dynamic"] is False and exported.fields["gaussians"] == len(still)
+        with pytest.raises(RemoteError, match=r"^still\.pt: the model shown is a static model, the same at every "
+                                              r"time, and a \.pt file holds a 4D model") as e:
+            client.request("export_ply", {"name": "still.pt"})
+        assert e.value.code == protocol.REJECTED

@@ -28,10 +28,11 @@ from .schema import (MAX_TEXT_CHARS, AnyObject, Bool, Fields, Float, Int, Kind, 
                      optional)
 from .settings import BACKGROUND, TRAINING
 
-# 5: render and export_ply name a session's saved model and a crop box, export_ply a placement; 4: load_ply and
-# export_ply name their files (the splat format); 3: warning events; 2: replies and events declared and checked by
-# the client
-PROTOCOL_VERSION = 6
+# 7: load_ply reads a 4D model's file and export_ply writes one (*.pt); status and export_ply say whether the
+# model is 4D; 6: render streams; 5: render and export_ply name a session's saved model and a crop box,
+# export_ply a placement; 4: load_ply and export_ply name their files (the splat format); 3: warning events;
+# 2: replies and events declared and checked by the client
+PROTOCOL_VERSION = 7
 MAGIC = b"SPW\x00"
 PREFIX = struct.Struct(">4sI")  # magic, header length
 
@@ -168,22 +169,25 @@ REQUESTS: dict[str, MessageSpec] = {
         stream=optional(Int(0, 2**31), 0, "a newer request of the same stream on the same connection supersedes "
                         "this one while it waits; other streams' requests wait their turn"))),
     # `name`: the file the model is exported to, whose ending picks the format (backend/formats: *.ply,
-    # *.compressed.ply, *.spz, *.splat). `placement`: model space into the space the file holds (e.g. the world
+    # *.compressed.ply, *.spz, *.splat; *.pt: a 4D model's own file, splats4d.pt, refused for a static model).
+    # `placement`: model space into the space the file holds (e.g. the world
     # of a Blender scene), applied to the means, rotations and scales after the crop; null: model space.
     "export_ply": MessageSpec(MODEL_CHOICE.extended(name=optional(Str(255), "splats.ply"),
                                                     placement=optional(Maybe(Matrix(placement=True)), None))),
     "save_checkpoint": MessageSpec(),
     "load_checkpoint": MessageSpec(),
-    # Payload: a splat file in any format backend/formats reads, recognised by its content; `name`, the file's
+    # Payload: a splat file in any format backend/formats reads, recognised by its content, or a 4D model's file
+    # (splats4d.pt, a torch file: by a *.pt name or its content), drawn at each request's time; `name`, the file's
     # name, is for messages and for .splat, the one format without magic bytes.
     "load_ply": MessageSpec(Fields(background=optional(BACKGROUND, [1.0, 1.0, 1.0]), name=optional(Str(255), "")),
                             MAX_PAYLOAD_BYTES),
     "shutdown": MessageSpec(),
 }
 
-# What a session is doing; `settings` are the training settings it runs (or last ran) with, null before.
+# What a session is doing; `settings` are the training settings it runs (or last ran) with, null before;
+# `dynamic`: the model shown (a loaded file's, else the trained one) is 4D, different at each time.
 STATUS = Fields(session=Maybe(Str(64)), state=Str(choices=STATES), views=COUNT, step=COUNT, iterations=COUNT,
-                gaussians=COUNT, checkpoint=Bool(), settings=Maybe(TRAINING))
+                gaussians=COUNT, checkpoint=Bool(), settings=Maybe(TRAINING), dynamic=optional(Bool(), False))
 
 # The fields of each request's reply; the payloads are named in comments.
 REPLIES: dict[str, Fields] = {
@@ -204,9 +208,11 @@ REPLIES: dict[str, Fields] = {
                      depth_offset=optional(Maybe(COUNT))),
     # Payload: the file in the format its name gave. `path`: where the session keeps its trained model as a PLY
     # (empty for a viewed model). `note`: what the format left out (a .splat keeps no SH beyond degree 0).
-    "export_ply": Fields(path=Str(), gaussians=COUNT, step=COUNT, format=Str(40), note=Str()),
+    # `dynamic`: the model is 4D (the file then holds it at the time asked for, unless it is its own .pt).
+    "export_ply": Fields(path=Str(), gaussians=COUNT, step=COUNT, format=Str(40), note=Str(),
+                         dynamic=optional(Bool(), False)),
     "save_checkpoint": Fields(step=COUNT, path=Str()),
-    "load_ply": Fields(gaussians=COUNT, sh_degree=Int(0, 3)),
+    "load_ply": Fields(gaussians=COUNT, sh_degree=Int(0, 3)),  # whether it is 4D: the status's `dynamic`
 }
 assert set(REPLIES) == set(REQUESTS)
 
