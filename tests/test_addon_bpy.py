@@ -272,16 +272,21 @@ def test_remote_backend_with_token(scenario):
 @pytest.fixture(scope="module", params=BLENDERS)
 def f12(addon_zip, tmp_path_factory, request) -> dict:
     """An F12 render with the Splatwright engine of a generated model the add-on loaded into a CPU backend, then
-    of a trained session's model placed by a splat object, in each Blender version."""
+    of a trained session's model placed by a splat object, in each Blender version; then a 4D model through File >
+    Import and Export."""
+    from backend.dynamic import write_dynamic
     from conftest import viewing_model
     from test_scene_splats_bpy import trained_session
+    from test_server_models import moving_model
     home = tmp_path_factory.mktemp(f"blender-engine-{request.param}")
     model, ply = viewing_model(home)
     session = trained_session(home / "out" / "sessions", model, "placed-model")
+    model4d = moving_model(120, seed=8)
+    write_dynamic(home / "splats4d.pt", model4d)
     result = run_scenario(ENGINE_SCENARIO, home, "--zip", str(addon_zip), "--ply", str(ply), "--session", session,
-                          "--out", str(home / "out"), "--python", sys.executable, timeout=240,
-                          blender=request.param)
-    return {**result, "model": model}
+                          "--out", str(home / "out"), "--python", sys.executable, "--model4d",
+                          str(home / "splats4d.pt"), timeout=240, blender=request.param)
+    return {**result, "model": model, "model4d": model4d}
 
 
 def test_f12_render_is_the_backends_frame_with_a_depth_pass(f12):
