@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from blender_addon.core.errors import SplatwrightError
+from blender_addon.core.files import sequence_paths
 from .commands import read_model
 from .dynamic import DynamicGaussians
 from .formats import format_for_path, with_sh_degree, write_any
@@ -35,12 +36,6 @@ def convert(args) -> int:
     bar.close()
     print(f"wrote {len(paths)} frames of {len(g)} Gaussians: {paths[0]} ... {paths[-1]}")
     return 0
-
-
-def sequence_paths(output: Path, frames: int) -> list[Path]:
-    """name_0001.ext ... for OUT name.ext (the whole ending kept: name_0001.compressed.ply)."""
-    stem, dot, ending = output.name.partition(".")
-    return [output.with_name(f"{stem}_{k:04d}{dot}{ending}") for k in range(1, frames + 1)]
 
 
 def write(g, path: Path, quiet: bool = False) -> None:

@@ -22,7 +22,7 @@ from bpy_extras.io_utils import ExportHelper, ImportHelper
 from . import live, scene_splats  # which imports this module (through panels): its names are looked up when used
 from .core.client import RemoteError
 from .core.errors import SplatwrightError
-from .core.files import TEMPORARY_SUFFIX, sync_folder, write_atomic
+from .core.files import TEMPORARY_SUFFIX, sequence_paths, sync_folder, write_atomic
 from .dataset import frame_time
 from .operators import Guarded, nothing_to_show, not_connected, set_status, training_runs
 from .placement import uniform_scale
@@ -147,13 +147,6 @@ def may_move(obj) -> bool:
     """Whether the model exported may be 4D: the backend's status tells of the model it shows; a splat object's
     (`obj`) only the backend knows, and says so when a sequence of a static model is asked for."""
     return obj is not None or bool(live.backend.status.get("dynamic"))
-
-
-def sequence_paths(path: Path, frames: int) -> list[Path]:
-    """name_0001.ext ... for name.ext (the whole ending kept: name_0001.compressed.ply): the names `python -m
-    backend convert --frames` gives (backend/convert.py's sequence_paths, which the add-on cannot import)."""
-    stem, dot, ending = path.name.partition(".")
-    return [path.with_name(f"{stem}_{k:04d}{dot}{ending}") for k in range(1, frames + 1)]
 
 
 class SequenceExport:

@@ -381,7 +381,7 @@ def test_a_4d_model_is_imported_shown_at_the_frame_and_exported_as_a_ply_sequenc
     from PIL import Image
 
     from blender_addon.core.codecs import camera_from_wire
-    from backend.convert import sequence_paths
+    from blender_addon.core.files import sequence_paths
     from backend.dynamic import read_dynamic
     from backend.formats import read_any
     from backend.metrics import psnr

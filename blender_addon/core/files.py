@@ -74,3 +74,11 @@ def remove_stale_temporaries(folder: str | Path) -> list[Path]:
     for tmp in stale:
         tmp.unlink(missing_ok=True)
     return stale
+
+
+def sequence_paths(path: str | Path, frames: int) -> list[Path]:
+    """The files of a sequence of `frames` saved as `path` (name.ext): name_0001.ext ..., the whole ending kept
+    (name_0001.compressed.ply), as PLY-sequence players number them."""
+    path = Path(path)
+    stem, dot, ending = path.name.partition(".")
+    return [path.with_name(f"{stem}_{k:04d}{dot}{ending}") for k in range(1, frames + 1)]
