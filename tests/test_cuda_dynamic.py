@@ -14,24 +14,10 @@ import torch
 from backend.dynamic import MOTION_INPUTS, DynamicGaussians, reference_motion
 from backend.gaussians import Gaussians
 from backend.render import cuda, reference
-from test_cuda_rasterizer import DEV, GRAD_TOL, IMAGE_TOL, ambiguous_pixels, fresh_seed, random_scene, rel_l2
-
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not torch.cuda.is_available(),
-                       reason="needs a CUDA GPU (torch sees none); run on a GPU machine such as the H200"),
-]
+from test_cuda_rasterizer import (  # noqa: F401  (ext: the poisoned-outputs fixture; pytestmark: needs a GPU)
+    DEV, GRAD_TOL, IMAGE_TOL, ambiguous_pixels, ext, fresh_seed, pytestmark, random_scene, rel_l2)
 
 MOTION_TOL = 1e-5
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ext():
-    from backend.kernels import extension
-    module = extension()
-    module.set_poison_outputs(True)
-    yield module
-    module.set_poison_outputs(False)
 
 
 def random_motion(n: int, gen: torch.Generator, means: torch.Tensor, quats: torch.Tensor,

@@ -29,29 +29,16 @@ from blender_addon.core.cameras import BLENDER_TO_OPENCV, look_at  # noqa: E402
 from blender_addon.core.points import POINTS_FILE, write_points  # noqa: E402
 from blender_addon.dataset import DatasetWriter, frame_time, split_of  # noqa: E402
 from blender_addon.scene_io import camera_of, surface_points  # noqa: E402
+from backend.bench.blender_interior import material  # noqa: E402
 
 CENTER = (0.0, 0.0, 0.5)  # what the cameras look at
 FLOOR = 8.0  # side of the square floor, in metres, its top at z = 0
 BALL = 0.45  # the rolling ball's radius
 
 
-def material(name: str, color, texture: str, scale: float, roughness: float = 0.6):
-    """A principled material whose base colour a procedural texture modulates (detail to fit, and to see
-    motion by)."""
-    mat = bpy.data.materials.new(name)
-    mat.use_nodes = True
-    nodes, links = mat.node_tree.nodes, mat.node_tree.links
-    bsdf = nodes["Principled BSDF"]
-    bsdf.inputs["Roughness"].default_value = roughness
-    tex = nodes.new({"checker": "ShaderNodeTexChecker", "noise": "ShaderNodeTexNoise",
-                     "wave": "ShaderNodeTexWave", "brick": "ShaderNodeTexBrick"}[texture])
-    tex.inputs["Scale"].default_value = scale
-    ramp = nodes.new("ShaderNodeValToRGB")
-    ramp.color_ramp.elements[0].color = (*[c * 0.3 for c in color], 1.0)
-    ramp.color_ramp.elements[1].color = (*color, 1.0)
-    links.new(tex.outputs["Fac"], ramp.inputs["Fac"])
-    links.new(ramp.outputs["Color"], bsdf.inputs["Base Color"])
-    return mat
+def textured(name: str, color, texture: str, scale: float, roughness: float = 0.6):
+    """The bench scenes' material with a procedural texture (detail to fit, and to see motion by)."""
+    return material(name, color, roughness, texture, scale, dark=0.3)
 
 
 def named(name: str, mat):
@@ -88,15 +75,15 @@ def build_scene(frames: int) -> None:
     scene.frame_start, scene.frame_end = 1, frames
 
     bpy.ops.mesh.primitive_cube_add(location=(0, 0, -0.05))
-    named("floor", material("floor", (0.85, 0.75, 0.55), "checker", 12.0)).scale = (FLOOR / 2, FLOOR / 2, 0.05)
+    named("floor", textured("floor", (0.85, 0.75, 0.55), "checker", 12.0)).scale = (FLOOR / 2, FLOOR / 2, 0.05)
     bpy.ops.mesh.primitive_cone_add(radius1=0.4, depth=1.4, location=(-1.4, 1.3, 0.7), vertices=32)
-    named("cone", material("cone", (0.2, 0.6, 0.3), "noise", 6.0))
+    named("cone", textured("cone", (0.2, 0.6, 0.3), "noise", 6.0))
     bpy.ops.mesh.primitive_cube_add(location=(1.5, -1.5, 0.25))
-    named("crate", material("crate", (0.6, 0.35, 0.15), "wave", 5.0)).scale = (0.5, 0.35, 0.25)
+    named("crate", textured("crate", (0.6, 0.35, 0.15), "wave", 5.0)).scale = (0.5, 0.35, 0.25)
 
     # Translation (and the rotation rolling makes): the ball rolls along x, turning about y by distance / radius.
     bpy.ops.mesh.primitive_uv_sphere_add(radius=BALL, location=(-2.0, -0.4, BALL), segments=48, ring_count=24)
-    ball = named("ball", material("ball", (0.9, 0.15, 0.1), "checker", 4.0, roughness=0.4))
+    ball = named("ball", textured("ball", (0.9, 0.15, 0.1), "checker", 4.0, roughness=0.4))
     bpy.ops.object.shade_smooth()
     ball.keyframe_insert("location", frame=1)
     ball.keyframe_insert("rotation_euler", frame=1)
@@ -107,7 +94,7 @@ def build_scene(frames: int) -> None:
 
     # Rotation: a box tilted about x spins a full turn about z, bobbing up and down once.
     bpy.ops.mesh.primitive_cube_add(location=(1.1, 1.1, 0.7), rotation=(0.35, 0.0, 0.0))
-    box = named("box", material("box", (0.2, 0.4, 0.9), "brick", 3.0))
+    box = named("box", textured("box", (0.2, 0.4, 0.9), "brick", 3.0))
     box.scale = (0.35, 0.35, 0.35)
     box.keyframe_insert("rotation_euler", frame=1)
     box.keyframe_insert("location", frame=1)
@@ -121,7 +108,7 @@ def build_scene(frames: int) -> None:
     # Deformation: a striped column bends one way, then the other, through a shape key.
     height = 1.8
     col = column("column", (-0.3, 1.4, 0.0), 0.18, height, rings=24, sides=24,
-                 mat=material("column", (0.95, 0.8, 0.1), "wave", 3.0))
+                 mat=textured("column", (0.95, 0.8, 0.1), "wave", 3.0))
     col.shape_key_add(name="basis")
     bend = col.shape_key_add(name="bend")
     for point in bend.data:

@@ -22,8 +22,9 @@ from blender_addon.scene_io import camera_of  # noqa: E402
 ROOM = (8.0, 6.0, 3.0)  # x, y, z extent in metres, floor at z = 0
 
 
-def material(name: str, color, roughness: float = 0.6, texture: str = "", scale: float = 4.0):
-    """A principled material, optionally modulated by a procedural texture (so surfaces have detail to fit)."""
+def material(name: str, color, roughness: float = 0.6, texture: str = "", scale: float = 4.0, dark: float = 0.35):
+    """A principled material, optionally modulated by a procedural texture (so surfaces have detail to fit)
+    between `color` and `dark` times it. The bench scenes share it."""
     mat = bpy.data.materials.new(name)
     mat.use_nodes = True
     nodes, links = mat.node_tree.nodes, mat.node_tree.links
@@ -36,7 +37,7 @@ def material(name: str, color, roughness: float = 0.6, texture: str = "", scale:
                      "wave": "ShaderNodeTexWave", "brick": "ShaderNodeTexBrick"}[texture])
     tex.inputs["Scale"].default_value = scale
     ramp = nodes.new("ShaderNodeValToRGB")
-    ramp.color_ramp.elements[0].color = (*[c * 0.35 for c in color], 1.0)
+    ramp.color_ramp.elements[0].color = (*[c * dark for c in color], 1.0)
     ramp.color_ramp.elements[1].color = (*color, 1.0)
     links.new(tex.outputs["Fac"], ramp.inputs["Fac"])
     links.new(ramp.outputs["Color"], bsdf.inputs["Base Color"])

@@ -20,7 +20,7 @@ from blender_addon.core.client import Client
 from blender_addon.dataset import frame_time
 from blender_addon.frames import Frame
 from .serve import SESSION, LiveBench, add_live_arguments, orbit_camera, percentiles
-from .viewport import FRAME_TIMEOUT, Latency
+from .viewport import Latency
 
 FPS, TIMELINE_SECONDS = 24, 10
 TIMELINE_FRAMES = FPS * TIMELINE_SECONDS  # frames 1 to 240, as a Blender scene's frame range has them
@@ -53,15 +53,8 @@ class Scrub(Latency):
         while time.monotonic() < deadline:
             self.asked += 1
             t = timeline_time(self.asked)
-            tag = (self.asked, t)  # as the live view's, the tag says which time the frame is of
-            start = time.perf_counter()
             self.stream.model_choice = {"model": self.model, "crop": None, "time": t}
-            self.stream.ask(camera, tag)
-            self.ask_ms.append(1000 * (time.perf_counter() - start))
-            with self.ready:
-                if not self.ready.wait_for(lambda: self.frame is not None and self.frame.tag == tag, FRAME_TIMEOUT):
-                    raise TimeoutError(f"no frame within {FRAME_TIMEOUT} s: {self.stream.error or 'no error'}")
-            times.append(1000 * (time.perf_counter() - start))
+            times.append(self.timed(camera, (self.asked, t)))  # as the live view's, the tag says the time
         return times
 
 

@@ -37,20 +37,22 @@ class Latency:
             self.frame = frame
             self.ready.notify_all()
 
+    def timed(self, camera, tag) -> float:
+        """Milliseconds from asking for `camera`'s frame (tagged `tag`) to its being ready."""
+        start = time.perf_counter()
+        self.stream.ask(camera, tag)
+        self.ask_ms.append(1000 * (time.perf_counter() - start))
+        with self.ready:
+            if not self.ready.wait_for(lambda: self.frame is not None and self.frame.tag == tag, FRAME_TIMEOUT):
+                raise TimeoutError(f"no frame within {FRAME_TIMEOUT} s: {self.stream.error or 'no error'}")
+        return 1000 * (time.perf_counter() - start)
+
     def measure(self, width: int, height: int, seconds: float) -> list[float]:
         """Milliseconds per camera change, the camera orbiting a little each time, for `seconds`."""
         times, deadline = [], time.monotonic() + seconds
         while time.monotonic() < deadline:
             self.asked += 1
-            tag = self.asked
-            camera = orbit_camera(0.3 + 0.01 * tag, width, height)
-            start = time.perf_counter()
-            self.stream.ask(camera, tag)
-            self.ask_ms.append(1000 * (time.perf_counter() - start))
-            with self.ready:
-                if not self.ready.wait_for(lambda: self.frame is not None and self.frame.tag == tag, FRAME_TIMEOUT):
-                    raise TimeoutError(f"no frame within {FRAME_TIMEOUT} s: {self.stream.error or 'no error'}")
-            times.append(1000 * (time.perf_counter() - start))
+            times.append(self.timed(orbit_camera(0.3 + 0.01 * self.asked, width, height), self.asked))
         return times
 
 
