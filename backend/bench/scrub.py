@@ -14,13 +14,11 @@ from __future__ import annotations
 import argparse
 import time
 
-import numpy as np
-
 from blender_addon.core.client import Client
 from blender_addon.dataset import frame_time
 from blender_addon.frames import Frame
-from .serve import SESSION, LiveBench, add_live_arguments, orbit_camera, percentiles
-from .viewport import Latency
+from .serve import SESSION, LiveBench, add_live_arguments, orbit_camera
+from .viewport import Latency, paused_and_training, report
 
 FPS, TIMELINE_SECONDS = 24, 10
 TIMELINE_FRAMES = FPS * TIMELINE_SECONDS  # frames 1 to 240, as a Blender scene's frame range has them
@@ -60,16 +58,9 @@ class Scrub(Latency):
 
 def measure(client: Client, bench: LiveBench, depth: bool = True) -> tuple[Scrub, list[float], list[float]]:
     """The scrub, and its milliseconds per frame change with training paused and while training (left
-    training after); each after a warm-up."""
+    training after)."""
     scrub = Scrub(client, depth=depth)
-    warm_up = min(1.0, bench.seconds)
-    scrub.measure(bench.width, bench.height, warm_up)
-    idle = scrub.measure(bench.width, bench.height, bench.seconds)
-    client.call("resume")
-    scrub.measure(bench.width, bench.height, warm_up)
-    training = scrub.measure(bench.width, bench.height, bench.seconds)
-    scrub.stream.close()
-    return scrub, idle, training
+    return (scrub, *paused_and_training(scrub, client, bench))
 
 
 def main(argv: list[str]) -> int:
@@ -82,15 +73,9 @@ def main(argv: list[str]) -> int:
     with bench.paused_training(dynamic=True) as client:
         scrub, idle, training = measure(client, bench, args.depth)
         frame_format = client.frame_format
-    idle_ms, training_ms = percentiles(idle), percentiles(training)
     what = "frame" if args.depth else "frame (no depth)"
-    for label, r in (("paused", idle_ms), ("training", training_ms)):
-        print(f"time change -> {what} ready for upload, {label + ':':9s} p50 {r['p50_ms']:8.2f} ms  "
-              f"p95 {r['p95_ms']:8.2f} ms  ({r['frames']} frames)")
-    ask = {"p50_ms": round(float(np.percentile(scrub.ask_ms, 50)), 4),
-           "p99_ms": round(float(np.percentile(scrub.ask_ms, 99)), 4), "max_ms": round(max(scrub.ask_ms), 4)}
-    print(f"main thread per time change and ask(): p50 {ask['p50_ms']:8.4f} ms  p99 {ask['p99_ms']:8.4f} ms  "
-          f"max {ask['max_ms']:.4f} ms")
+    idle_ms, training_ms, ask = report(f"time change -> {what} ready for upload", idle, training, scrub.ask_ms,
+                                       "time change and ask()")
     bench.result(frame_format=frame_format, depth=args.depth,
                  timeline={"fps": FPS, "seconds": TIMELINE_SECONDS, "frames": TIMELINE_FRAMES},
                  time_to_upload_ready_idle=idle_ms, time_to_upload_ready_training=training_ms,

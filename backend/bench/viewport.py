@@ -56,27 +56,41 @@ class Latency:
         return times
 
 
+def paused_and_training(latency: Latency, client: Client, bench) -> tuple[list[float], list[float]]:
+    """Milliseconds per request of `latency` with training paused, then while training (left training), each
+    after a warm-up; the stream is closed after."""
+    warm_up = min(1.0, bench.seconds)
+    latency.measure(bench.width, bench.height, warm_up)
+    idle = latency.measure(bench.width, bench.height, bench.seconds)
+    client.call("resume")
+    latency.measure(bench.width, bench.height, warm_up)
+    training = latency.measure(bench.width, bench.height, bench.seconds)
+    latency.stream.close()
+    return idle, training
+
+
+def report(what: str, idle: list[float], training: list[float], ask_ms: list[float],
+           asking: str) -> tuple[dict, dict, dict]:
+    """Print and return the percentiles of `what` paused and while training, and of the main thread's `asking`."""
+    idle_ms, training_ms = percentiles(idle), percentiles(training)
+    for label, r in (("paused", idle_ms), ("training", training_ms)):
+        print(f"{what}, {label + ':':9s} p50 {r['p50_ms']:8.2f} ms  p95 {r['p95_ms']:8.2f} ms  ({r['frames']} frames)")
+    ask = {"p50_ms": round(float(np.percentile(ask_ms, 50)), 4), "p99_ms": round(float(np.percentile(ask_ms, 99)), 4),
+           "max_ms": round(max(ask_ms), 4)}
+    print(f"main thread per {asking}: p50 {ask['p50_ms']:8.4f} ms  p99 {ask['p99_ms']:8.4f} ms  max {ask['max_ms']:.4f} ms")
+    return idle_ms, training_ms, ask
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m backend bench viewport", description=__doc__.split("\n")[0])
     add_live_arguments(p)
     bench = LiveBench.from_args("viewport", p.parse_args(argv))
     with bench.paused_training() as client:
         latency = Latency(client)
-        latency.measure(bench.width, bench.height, min(1.0, bench.seconds))  # warm-up
-        idle = latency.measure(bench.width, bench.height, bench.seconds)
-        client.call("resume")
-        latency.measure(bench.width, bench.height, min(1.0, bench.seconds))
-        training = latency.measure(bench.width, bench.height, bench.seconds)
-        latency.stream.close()
+        idle, training = paused_and_training(latency, client, bench)
         frame_format = client.frame_format
-    idle_ms, training_ms = percentiles(idle), percentiles(training)
-    for label, r in (("paused", idle_ms), ("training", training_ms)):
-        print(f"camera change -> frame ready for upload, {label + ':':9s} p50 {r['p50_ms']:8.2f} ms  "
-              f"p95 {r['p95_ms']:8.2f} ms  ({r['frames']} frames)")
-    ask = {"p50_ms": round(float(np.percentile(latency.ask_ms, 50)), 4),
-           "p99_ms": round(float(np.percentile(latency.ask_ms, 99)), 4), "max_ms": round(max(latency.ask_ms), 4)}
-    print(f"main thread per ask():              p50 {ask['p50_ms']:8.4f} ms  p99 {ask['p99_ms']:8.4f} ms  "
-          f"max {ask['max_ms']:.4f} ms")
+    idle_ms, training_ms, ask = report("camera change -> frame ready for upload", idle, training, latency.ask_ms,
+                                       "ask()")
     bench.result(frame_format=frame_format, camera_to_upload_ready_idle=idle_ms,
                  camera_to_upload_ready_training=training_ms, main_thread_ask=ask)
     return 0
