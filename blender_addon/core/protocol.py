@@ -305,24 +305,27 @@ def send_message(sock: socket.socket, parts: list[bytes | memoryview]) -> None:
 
 
 def recv_exact(sock: socket.socket, n: int, at_boundary: bool = False, deadline: float | None = None) -> bytearray:
-    """Exactly `n` bytes, received in pieces of at most READ_CHUNK_BYTES, so a size declared but not sent
-    costs no memory. A peer that closes before the first byte at a frame boundary raises ConnectionClosed;
-    one that closes anywhere else left a frame unfinished. `deadline` (time.monotonic()) bounds the whole
-    read: TimeoutError once it passes, however slowly the bytes trickle in."""
-    buf = bytearray()
-    while len(buf) < n:
+    """Exactly `n` bytes, received straight into the buffer returned, which grows (doubling, from
+    READ_CHUNK_BYTES) as they arrive, so a size declared but not sent costs no memory. A peer that closes
+    before the first byte at a frame boundary raises ConnectionClosed; one that closes anywhere else left a
+    frame unfinished. `deadline` (time.monotonic()) bounds the whole read: TimeoutError once it passes, however
+    slowly the bytes trickle in."""
+    buf, got = bytearray(min(n, READ_CHUNK_BYTES)), 0
+    while got < n:
+        if got == len(buf):
+            buf.extend(bytes(min(len(buf), n - len(buf))))
         if deadline is not None:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError("the deadline passed")
             sock.settimeout(left)
-        piece = sock.recv(min(n - len(buf), READ_CHUNK_BYTES))
-        if not piece:
-            if at_boundary and not buf:
+        received = sock.recv_into(memoryview(buf)[got:])  # the view is gone before the buffer next grows
+        if not received:
+            if at_boundary and not got:
                 raise ConnectionClosed("peer closed the connection")
-            raise ProtocolError(BAD_FRAME, f"connection closed mid-frame ({len(buf)} of {n} bytes received)",
+            raise ProtocolError(BAD_FRAME, f"connection closed mid-frame ({got} of {n} bytes received)",
                                 fatal=True)
-        buf += piece
+        got += received
     return buf
 
 
