@@ -9,7 +9,10 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 import tomllib
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -112,19 +115,44 @@ def test_blender_accepts_the_extension_manifest(addon_zip, blender):
     assert run.returncode == 0 and "Success" in run.stdout, run.stdout + run.stderr
 
 
+# The bpy module can stall in its own exit (C++ static destructors, after Blender's "Freeing memory after the
+# leak detector has run") on a loaded machine after Cycles renders: a scenario whose RESULT line is out is
+# given this long to exit, then killed, and the stall reported as a warning, not a failure.
+EXIT_GRACE_SECONDS = 30
+
+
 def run_scenario(script: Path, home: Path, *args: str, timeout: float = 240, blender: str = "4.5") -> dict:
     """Run a Blender scenario script with the bpy module of version `blender` in a subprocess with its own user
-    folders; its RESULT line."""
+    folders; its RESULT line, and its stderr under "stderr"."""
     python = bpy_python(blender)
     env = {**os.environ, "BLENDER_USER_SCRIPTS": str(home / "scripts"), "BLENDER_USER_CONFIG": str(home / "config"),
            "BLENDER_USER_EXTENSIONS": str(home / "extensions")}
-    run = subprocess.run([python, str(script), *args], capture_output=True, text=True, timeout=timeout,
-                         env=env, cwd=home)
-    lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, f"the scenario printed no result (exit code {run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    output = {"stdout": [], "stderr": []}
+    with subprocess.Popen([python, str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=env, cwd=home) as proc:
+        readers = [threading.Thread(target=lambda name=name, stream=stream: output[name].extend(stream), daemon=True)
+                   for name, stream in (("stdout", proc.stdout), ("stderr", proc.stderr))]
+        for reader in readers:
+            reader.start()
+        deadline, result_seen = time.monotonic() + timeout, False
+        while proc.poll() is None and time.monotonic() < deadline:
+            if not result_seen and any(line.startswith("RESULT ") for line in list(output["stdout"])):
+                result_seen, deadline = True, min(deadline, time.monotonic() + EXIT_GRACE_SECONDS)
+            time.sleep(0.1)
+        stalled = proc.poll() is None
+        if stalled:
+            proc.kill()
+        for reader in readers:
+            reader.join(10)
+    stdout, stderr = "".join(output["stdout"]), "".join(output["stderr"])
+    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
+    ending = f"stalled: killed after {timeout} s" if stalled else f"exit code {proc.returncode}"
+    assert lines, f"the scenario printed no result ({ending}):\n{stdout[-3000:]}\n{stderr[-3000:]}"
+    if stalled:
+        warnings.warn(f"{script.name}: Blender did not exit within {EXIT_GRACE_SECONDS} s of its result (killed)")
     result = json.loads(lines[-1][len("RESULT "):])
     assert "failure" not in result, result.get("traceback")
-    return result
+    return {**result, "stderr": stderr}
 
 
 @pytest.fixture(scope="module")

@@ -3,48 +3,26 @@ settings follow the backend's device: tests/blender_capture_scenario.py in the b
 .venv-bpy5 holds it), checked here."""
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import build_addon
 from blender_addon.defaults import DEVICE_DEFAULTS
+from test_addon_bpy import BLENDERS, run_scenario
 
 pytestmark = pytest.mark.blender
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIO = REPO / "tests" / "blender_capture_scenario.py"
-BPY5_PYTHON = REPO / ".venv-bpy5" / "bin" / "python"
 
 
-def interpreters() -> list:
-    found = [pytest.param(sys.executable, id="bpy-4.5")]
-    found.append(pytest.param(str(BPY5_PYTHON), id="bpy-5.0", marks=pytest.mark.skipif(
-        not BPY5_PYTHON.is_file(), reason=f"{BPY5_PYTHON} (bpy 5.0.1) is not there")))
-    return found
-
-
-@pytest.fixture(scope="module", params=interpreters())
+@pytest.fixture(scope="module", params=BLENDERS)
 def scenario(request, tmp_path_factory) -> dict:
-    python = request.param
-    if python == sys.executable and importlib.util.find_spec("bpy") is None:
-        pytest.skip("the bpy module (pip install bpy==4.5.*) is not installed")
     home = tmp_path_factory.mktemp("capture")
     addon_zip = build_addon.build(home / "dist")
-    env = {**os.environ, "BLENDER_USER_SCRIPTS": str(home / "scripts"), "BLENDER_USER_CONFIG": str(home / "config"),
-           "BLENDER_USER_EXTENSIONS": str(home / "extensions")}
-    run = subprocess.run([python, str(SCENARIO), "--zip", str(addon_zip), "--out", str(home / "out")],
-                         capture_output=True, text=True, timeout=300, env=env, cwd=home)
-    lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, f"no result (exit code {run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
-    result = json.loads(lines[-1][len("RESULT "):])
-    assert "failure" not in result, result.get("traceback")
-    return {**result, "stderr": run.stderr}
+    return run_scenario(SCENARIO, home, "--zip", str(addon_zip), "--out", str(home / "out"), timeout=300,
+                        blender=request.param)
 
 
 def test_captures_that_cannot_run_fail_before_anything_is_made(scenario):
