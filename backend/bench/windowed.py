@@ -43,17 +43,24 @@ def run_in_window(scenario) -> None:
     args = arguments()
     result: dict = {}
     steps = scenario(args, result)
+    finished = False
 
     def step():
+        nonlocal finished
+        if not finished:
+            try:
+                return next(steps)
+            except StopIteration:
+                pass
+            except Exception as e:
+                result.update(failure=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
+            out = Path(args["out"])
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "result.json").write_text(json.dumps(result, default=str))
+            finished = True
         try:
-            return next(steps)
-        except StopIteration:
-            pass
-        except Exception as e:
-            result.update(failure=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
-        out = Path(args["out"])
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "result.json").write_text(json.dumps(result, default=str))
-        bpy.ops.wm.quit_blender()
+            bpy.ops.wm.quit_blender()
+        except RuntimeError:  # refused while Blender draws or ends a render job ("can't modify blend data")
+            return 0.1
         return None
     bpy.app.timers.register(step, first_interval=0.5)
