@@ -596,6 +596,7 @@ class Engine:
             if frame is None:
                 frame = queued(model)
         fields = {"width": camera.width, "height": camera.height, "format": job.format, "step": model.step,
+                  "dynamic": isinstance(model.g, DynamicGaussians),
                   "sh_degree": model.sh_degree, "background": [float(c) for c in model.background]}
         return fields, frame
 

@@ -113,7 +113,7 @@ class LiveView:
     def frame_to_show(self) -> bool:
         """A frame arrived that the view has not drawn yet."""
         frame = self.stream.frame
-        return frame is not None and frame.seq != self.texture_seq
+        return frame is not None and frame.seq != self.texture_seq and self.of_this_time(frame)
 
     def waiting(self) -> bool:
         """A request is not answered yet or held back, or a full-size frame is still to come once the view
@@ -133,8 +133,8 @@ class LiveView:
 
     def of_this_time(self, frame) -> bool:
         """Whether `frame` shows the model at the time asked for now: a 4D model's frames of another time are
-        never shown."""
-        return frame.tag[3][2] == self.shows[2]  # its tag is the `asked` of its request
+        never shown; a static model's frame is of every time (so a frame change does not hide it)."""
+        return not frame.fields["dynamic"] or frame.tag[3][2] == self.shows[2]  # its tag: its request's `asked`
 
     def texture_of_newest(self, texture_format: str):
         """The newest frame as a texture of that format, uploaded here when it is new (the stream's thread

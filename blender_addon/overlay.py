@@ -136,10 +136,10 @@ class SplatLayer(LiveView):
         return self.shown
 
     def upload(self, deadline: float) -> None:
-        """Upload strips of the newest frame until perf_counter() passes `deadline` (one at least)."""
+        """Upload strips of the newest frame of the time shown until perf_counter() passes `deadline` (one at
+        least)."""
         frame = self.stream.frame
-        if frame is not None and frame.seq != self.texture_seq and (self.filling is None
-                                                                    or self.filling[0] is not frame):
+        if self.to_upload(frame) and (self.filling is None or self.filling[0] is not frame):
             if self.filling is not None:
                 self.spares.append(self.filling[1])
             self.filling = [frame, self.offscreen(frame.fields["width"], frame.fields["height"]), 0]
@@ -154,11 +154,16 @@ class SplatLayer(LiveView):
                 settle(target.texture_color)
                 self.shown, self.target, self.filling, self.texture_seq = frame, target, None, frame.seq
 
+    def to_upload(self, frame) -> bool:
+        """`frame` (the stream's newest) is of the time shown and not uploaded yet."""
+        return frame is not None and frame.seq != self.texture_seq and self.of_this_time(frame)
+
     def frame_to_show(self) -> bool:
         return self.texture_seq != self.drawn_seq
 
     def waiting(self) -> bool:
-        return super().waiting() or self.filling is not None
+        # a frame that arrived after this tick's upload is still to be uploaded
+        return super().waiting() or self.filling is not None or self.to_upload(self.stream.frame)
 
     def offscreen(self, width: int, height: int):
         """A frame-sized buffer: a spare one of that size, or a new one."""

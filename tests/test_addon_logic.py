@@ -368,3 +368,20 @@ def test_a_frame_stream_lets_another_thread_start_its_own():
         time.sleep(0.01)
     stream.close()
     assert stream.error == "the backend is not connected"
+
+
+def test_a_frame_change_hides_a_4d_models_frame_of_another_time_but_not_a_static_ones():
+    pytest.importorskip("bpy")
+    from types import SimpleNamespace
+
+    from blender_addon.engine import LiveView
+    from blender_addon.frames import Frame
+    view = LiveView.__new__(LiveView)  # its frame logic only, on a stand-in stream
+    view.shows, view.texture_seq = ("scene", None, 0.5), 0
+    for dynamic in (True, False):
+        then = Frame(1, (None, 1.0, 0, ("scene", None, 0.25)), {"dynamic": dynamic}, None)  # asked at t = 0.25
+        now = Frame(2, (None, 1.0, 0, ("scene", None, 0.5)), {"dynamic": dynamic}, None)
+        assert view.of_this_time(now)
+        assert view.of_this_time(then) == (not dynamic)
+        view.stream = SimpleNamespace(frame=then)
+        assert view.frame_to_show() == (not dynamic)  # a 4D frame of another time asks for no redraw

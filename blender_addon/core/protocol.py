@@ -28,7 +28,7 @@ from .schema import (MAX_TEXT_CHARS, AnyObject, Bool, Fields, Float, Int, Kind, 
                      optional)
 from .settings import BACKGROUND, TRAINING
 
-# 7: load_ply reads a 4D model's file and export_ply writes one (*.pt); status and export_ply say whether the
+# 7: load_ply reads a 4D model's file and export_ply writes one (*.pt); status, render and export_ply say whether the
 # model is 4D; 6: render streams; 5: render and export_ply name a session's saved model and a crop box,
 # export_ply a placement; 4: load_ply and export_ply name their files (the splat format); 3: warning events;
 # 2: replies and events declared and checked by the client
@@ -205,7 +205,8 @@ REPLIES: dict[str, Fields] = {
     # view depth (rows bottom-up, codecs.DEPTH_BACKGROUND where nothing is drawn) follows at depth_offset.
     "render": Fields(width=Int(1, MAX_IMAGE_SIDE), height=Int(1, MAX_IMAGE_SIDE), format=Str(choices=FRAME_FORMATS),
                      step=COUNT, sh_degree=Int(0, 3), background=BACKGROUND,  # what the frame is composited over
-                     depth_offset=optional(Maybe(COUNT))),
+                     depth_offset=optional(Maybe(COUNT)),
+                     dynamic=optional(Bool(), False)),  # a 4D model's frame is of its time; a static one's of any
     # Payload: the file in the format its name gave. `path`: where the session keeps its trained model as a PLY
     # (empty for a viewed model). `note`: what the format left out (a .splat keeps no SH beyond degree 0).
     # `dynamic`: the model is 4D (the file then holds it at the time asked for, unless it is its own .pt).
