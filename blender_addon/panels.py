@@ -145,10 +145,10 @@ def draw_estimate(layout, scene) -> None:
     that the CPU trains a preview."""
     s = scene.splatwright
     width, height = capture_size(scene)
-    rig = len(capture_cameras(scene)) or s.orbit_count  # Animation from the Rig: the orbit's without cameras
     views = {"ORBIT": lambda: s.orbit_count, "ANIMATION": lambda: len(animation_frames(scene)),
-             "CAMERAS": lambda: len(capture_cameras(scene)),
-             "RIG_ANIMATION": lambda: rig * len(animation_frames(scene))}[s.source]()
+             "CAMERAS": lambda: len(capture_cameras(scene)),  # Animation from the Rig: the orbit's without cameras
+             "RIG_ANIMATION": lambda: (len(capture_cameras(scene)) or s.orbit_count) * len(animation_frames(scene)),
+             }[s.source]()
     col = layout.column(align=True)
     col.label(text=f"{views} views of {width}x{height} px", icon="RENDER_RESULT")
     b = live.backend
