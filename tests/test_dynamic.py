@@ -312,6 +312,11 @@ def test_cli_converts_a_4d_model_to_a_ply_sequence_one_file_per_frame(tmp_path):
     assert [p.name for p in paths] == ["moving_0001.ply", "moving_0002.ply", "moving_0003.ply"]
     for path, t in zip(paths, (0.0, 0.5, 1.0)):
         np.testing.assert_allclose(read_ply(path).means.numpy(), model.at(t).means.numpy(), atol=1e-6)
+    r = run_cli("convert", str(tmp_path / "splats4d.pt"), str(tmp_path / "sh0" / "moving.ply"), "--frames", "2",
+                "--sh-degree", "0")
+    assert r.returncode == 0, r.stderr
+    np.testing.assert_allclose(read_ply(tmp_path / "sh0" / "moving_0002.ply").means.numpy(),
+                               model.at(1.0).means.numpy(), atol=1e-6)
     r = run_cli("convert", str(tmp_path / "splats4d.pt"), str(tmp_path / "first.spz"))
     assert r.returncode == 0 and "holds its first frame" in r.stderr
     write_ply(tmp_path / "still.ply", random_gaussians(10, seed=1))

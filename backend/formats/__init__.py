@@ -99,4 +99,4 @@ def with_sh_degree(g: Gaussians, degree: int) -> Gaussians:
     rest = g.sh_rest.detach()[:, :k]
     if rest.shape[1] < k:
         rest = torch.cat([rest, rest.new_zeros(len(g), k - rest.shape[1], 3)], dim=1)
-    return Gaussians(**{**g.detached().tensors(), "sh_rest": rest.clone()})
+    return type(g)(**{**g.detached().tensors(), "sh_rest": rest.clone()})  # a 4D model keeps its motion
