@@ -22,7 +22,7 @@ from blender_addon.core.cameras import Camera
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.protocol import placement_scale
 from blender_addon.core.settings import TRAINING
-from .frames import QueuedFrame, encode_frame, queue_frame, view_rgb
+from .frames import QueuedFrame, finish_frame, queue_frame, view_rgb
 from .dynamic import DYNAMIC_FILE, DynamicGaussians, gaussians_from_tensors, read_dynamic, write_dynamic
 from .gaussians import Gaussians, quat_multiply
 from .sh import rotate_sh
@@ -31,8 +31,10 @@ from .ply import encode_ply
 from .policy import CHECKPOINT, make_config, system_report
 from .render import camera_tensors
 from .session import Session
+from .shared_frames import SharedFrames
 from .train import TrainConfig, Trainer, load_latest_checkpoint
 
+RENDER_PRIORITY = -100  # of the render stream; torch maps it to the highest priority the GPU has
 SAVED_MODELS = 4  # sessions' saved models kept loaded for the requests that name them
 DYNAMIC_SUFFIX = ".pt"  # a file name with this ending is a 4D model's file (backend.dynamic's splats4d.pt)
 DYNAMIC_FORMAT = "4d"  # what export_ply's reply calls that format
@@ -85,6 +87,7 @@ class RenderJob:
     crop: np.ndarray | None = None  # model space into the unit cube of the box the drawn Gaussians' centres are in
     time: float | None = None  # when a 4D model is drawn (None: 0)
     stream: Hashable = None  # a newer job of the same stream supersedes this one while it waits
+    shared: SharedFrames | None = None  # the connection's shared-memory frames, where the request asked for them
     seq: int = 0
 
 
@@ -205,6 +208,8 @@ class Engine:
         self.run_checkpointed = False
         self.train_thread: threading.Thread | None = None
         self.renders = RenderQueue()
+        # Frames render on their own stream, ahead of training's queued kernels (_draw says why that is safe).
+        self.render_stream = torch.cuda.Stream(priority=RENDER_PRIORITY) if device == "cuda" else None
         self.saved = SavedModels(workdir, device)
         self.render_thread = threading.Thread(target=self._render_loop, name="render", daemon=True)
         self.render_thread.start()
@@ -543,11 +548,15 @@ class Engine:
         raise SplatwrightError("nothing to render yet: start training, load_checkpoint or load_ply first")
 
     def _render_loop(self) -> None:
+        if self.render_stream is not None:
+            torch.cuda.set_stream(self.render_stream)  # this thread's current stream from now on
         while (job := self.renders.take()) is not None:
+            frame = None
             try:
                 fields, frame = self._draw(job)
-                payload, fields["depth_offset"] = encode_frame(frame, job.format)
-                job.done(fields, payload)
+                placed, payload = finish_frame(frame)
+                job.done({**fields, **placed}, payload)
+                frame = None
             except SplatwrightError as e:
                 job.fail(protocol.REJECTED, str(e))
             except torch.cuda.OutOfMemoryError:
@@ -558,6 +567,8 @@ class Engine:
                 traceback.print_exc()
                 job.fail(protocol.INTERNAL, f"rendering failed: {e!r}; see the backend's log")
             finally:
+                if frame is not None and frame.slot is not None:  # not sent: the slot is free again
+                    frame.slot.owner.release(frame.slot.index)
                 self.renders.settle(job)
 
     def submit_render(self, job: RenderJob) -> None:
@@ -571,34 +582,44 @@ class Engine:
         self.renders.submit(job)
 
     def _draw(self, job: RenderJob) -> tuple[dict, QueuedFrame]:
-        """The render reply's fields and the queued frame. On the GPU the model lock is held only while the
-        frame is queued (stream order keeps later updates after its reads); on the CPU, where rendering is done
-        there and then, the frame is drawn from a copy of the model, so training and requests go on meanwhile.
-        The job is settled (training may take its next step) once the model is no longer needed."""
-        camera = job.camera
-        # Before taking the lock: the copy to the device waits for the GPU work already queued (a training step).
-        view = camera_tensors(camera, self.device)
+        """The render reply's fields and the queued frame, drawn from a copy of the model taken under the model
+        lock, so training and requests go on while it renders. The job is settled (training may take its next
+        step) once the copy is taken.
 
-        def queued(model: Model) -> QueuedFrame:
-            return queue_frame(chosen(model.g, job.crop, job.time), camera, model.sh_degree, model.background,
-                               self.rasterizer, view, job.depth)
-        frame = None
+        On the GPU this thread works on the high-priority render stream, and the copy is queued there too, after
+        what the default stream (training's, and the requests' uploads) has queued so far: it reads the model as
+        the last step left it. The default stream then waits for the copy before anything queued later, so no
+        later in-place update can tear it, and memory freed by a later step (densification replaces the model's
+        tensors) is reused, on the stream it was allocated on, only after the copy read it. The render itself
+        reads only the copy and this stream's own tensors, so its kernels may pass training's queued ones."""
+        camera = job.camera
+        view = camera_tensors(camera, self.device)
         with torch.no_grad():
             with self.model_lock:
                 model = self._live_model(job.model)
-                if model is not None and self.device == "cuda":
-                    frame = queued(model)
-                elif model is not None:
-                    model = replace(model, g=model.g.detached())
+                if model is not None:
+                    model = replace(model, g=self._copied(model.g))
             self.renders.settle(job)
             if model is None:  # a saved model, loaded here when it is not yet: training goes on meanwhile
                 model = self.saved.get(job.model)
-            if frame is None:
-                frame = queued(model)
+            frame = queue_frame(chosen(model.g, job.crop, job.time), camera, model.sh_degree, model.background,
+                                self.rasterizer, view, job.format, job.depth, job.shared)
         fields = {"width": camera.width, "height": camera.height, "format": job.format, "step": model.step,
                   "dynamic": isinstance(model.g, DynamicGaussians),
                   "sh_degree": model.sh_degree, "background": [float(c) for c in model.background]}
         return fields, frame
+
+    def _copied(self, g: Gaussians) -> Gaussians:
+        """A copy of the model `g` to render from (_draw says why)."""
+        if self.render_stream is None:
+            return g.detached()
+        training = torch.cuda.default_stream()
+        self.render_stream.wait_stream(training)
+        copy = g.detached()
+        # The render stream holds nothing else now (the last frame's copy to the host was waited for), so training
+        # waits for the copy alone.
+        training.wait_stream(self.render_stream)
+        return copy
 
     def export_ply(self, name: str = "splats.ply", model: str | None = None, crop: np.ndarray | None = None,
                    time: float | None = None, placement: np.ndarray | None = None) -> tuple[dict, bytes]:

@@ -15,6 +15,7 @@ from blender_addon.core.errors import SplatwrightError
 from .data import over_background
 from .gaussians import Gaussians
 from .render import render
+from .shared_frames import SharedFrames, SharedSlot
 
 
 def decode_upload(format: str, payload: bytes, width: int, height: int) -> np.ndarray:
@@ -52,37 +53,78 @@ def view_rgb(image: np.ndarray, background) -> torch.Tensor:
 
 @dataclass
 class QueuedFrame:
-    """A frame whose planes are on their way to the host: RGBA8 (rows top-down), then, when asked for, the
-    alpha-normalised view depth (float32, rows bottom-up as the wire carries it)."""
-    planes: list[torch.Tensor]
-    copied: torch.cuda.Event | None  # recorded after the copies on the GPU; None on the CPU
+    """A frame's bytes on their way to the host: the reply's payload as the device made it (frame_bytes), into
+    `host` (pinned memory, or the shared slot itself where that is pinned; on the CPU the bytes themselves)."""
+    host: torch.Tensor  # uint8
+    format: str
+    width: int
+    height: int
+    depth_offset: int | None  # where the depth plane follows the image, when there is one apart
+    copied: torch.cuda.Event | None  # recorded after the copy on the GPU; None on the CPU
+    slot: SharedSlot | None = None  # where the frame goes instead of the reply's payload
 
 
-def queue_frame(g: Gaussians, camera: Camera, sh_degree: int, background, rasterizer: str, view,
-                depth: bool) -> QueuedFrame:
-    """Queue the frame's rendering and its copy to the host, without waiting for either: GPU stream order
-    keeps later updates of the model after this frame's reads. `view`: render.camera_tensors of `camera`."""
-    out = render(g, camera, sh_degree, background, rasterizer, view)
+def frame_bytes(out, format: str, depth: bool) -> tuple[torch.Tensor, int | None]:
+    """The frame's bytes as the reply carries them, made where it was rendered, and where its depth plane
+    starts when one follows the image: flat uint8 of the raw formats' rows bottom-up (codecs), a "layer" packed
+    as codecs.layer_pixels packs it; for "png" the RGBA rows top-down, which the host encodes, then the depth."""
     rgba = (torch.cat([out.image, out.alpha[..., None]], dim=-1).clamp(0, 1) * 255 + 0.5).to(torch.uint8)
-    planes = [rgba]
-    if depth:
-        z = torch.where(out.alpha > 0, out.depth / out.alpha.clamp_min(1e-12), codecs.DEPTH_BACKGROUND)
-        planes.append(z.to(torch.float32).flip(0))
+    if format != "png":
+        rgba = rgba.flip(0)
+    if not depth and format != "layer":
+        return rgba.reshape(-1), None
+    z = torch.where(out.alpha > 0, out.depth / out.alpha.clamp_min(1e-12), codecs.DEPTH_BACKGROUND)
+    z = z.to(torch.float32).flip(0).contiguous()
+    if format == "layer":
+        return packed_layer(rgba.contiguous(), z), None
+    return torch.cat([rgba.reshape(-1), z.reshape(-1).view(torch.uint8)]), rgba.numel()
+
+
+def packed_layer(rgba: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """codecs.layer_pixels on the device, as flat bytes: the colour as the float of r + 256 g + 65536 b, and the
+    depth's bits with alpha in the lowest 8 (both machines are little-endian, as the wire is)."""
+    words = rgba.view(torch.int32)[..., 0]  # r | g << 8 | b << 16 | a << 24
+    colour = (words & 0xFFFFFF).to(torch.float32)
+    bits = (z.view(torch.int32) & -256) | ((words >> 24) & 255)
+    return torch.stack([colour, bits.view(torch.float32)], dim=-1).reshape(-1).view(torch.uint8)
+
+
+def queue_frame(g: Gaussians, camera: Camera, sh_degree: int, background, rasterizer: str, view, format: str,
+                depth: bool, shared: SharedFrames | None = None) -> QueuedFrame:
+    """Queue the frame's rendering, its bytes and their copy to the host, on the current stream, without waiting
+    for any of it. A raw frame goes into a slot of `shared` when one is free. `view`: render.camera_tensors of
+    `camera`."""
+    out = render(g, camera, sh_degree, background, rasterizer, view)
+    data, depth_offset = frame_bytes(out, format, depth)
+    slot = shared.take(data.numel()) if shared is not None and format in codecs.RAW_FRAME_FORMATS else None
     copied = None
-    if rgba.is_cuda:
-        planes = [p.to("cpu", non_blocking=True) for p in planes]
+    host = data
+    if data.is_cuda:
+        # Pinned memory from torch's caching host allocator: reused once the copy that used it is done and the
+        # reply's payload (a view of it) is sent.
+        host = slot.bytes if slot is not None and slot.pinned else torch.empty(data.numel(), dtype=torch.uint8,
+                                                                              pin_memory=True)
+        host.copy_(data, non_blocking=True)
         copied = torch.cuda.Event()
         copied.record()
-    return QueuedFrame(planes, copied)
+    return QueuedFrame(host, format, camera.width, camera.height, depth_offset, copied, slot)
 
 
-def encode_frame(frame: QueuedFrame, format: str) -> tuple[bytes | memoryview, int | None]:
-    """The render reply's payload in `format` ("rgba8" rows bottom-up, or "png") and, with a depth plane,
-    the offset where it follows the image."""
+def finish_frame(frame: QueuedFrame) -> tuple[dict, bytes | memoryview]:
+    """Wait for the frame's copy; the render reply's fields for it (depth_offset, and the shared slot) and its
+    payload."""
     if frame.copied is not None:
         frame.copied.synchronize()
-    rgba = frame.planes[0].numpy()
-    image = codecs.encode_png(rgba) if format == "png" else codecs.image_to_wire(rgba[::-1])[1]
-    if len(frame.planes) == 1:
-        return image, None
-    return b"".join((image, np.ascontiguousarray(frame.planes[1].numpy(), dtype="<f4"))), len(image)
+    if frame.slot is not None:
+        if frame.host is not frame.slot.bytes:
+            frame.slot.bytes.copy_(frame.host)
+        return {"depth_offset": frame.depth_offset, "shared_slot": frame.slot.index,
+                "shared_bytes": frame.host.numel()}, b""
+    data = frame.host.numpy()
+    if frame.format != "png":
+        return {"depth_offset": frame.depth_offset}, memoryview(data)
+    image_end = frame.width * frame.height * 4
+    image = codecs.encode_png(data[:image_end].reshape(frame.height, frame.width, 4))
+    if frame.depth_offset is None:
+        return {"depth_offset": None}, image
+    return {"depth_offset": len(image)}, b"".join((image, data[image_end:]))

@@ -31,6 +31,8 @@ from blender_addon.core.protocol import REQUESTS, SERVER_MESSAGES, Message, Prot
 from .engine import Engine, Limits, RenderJob, log
 from .frames import decode_upload
 from .policy import resolve_device
+from . import shared_frames
+from .shared_frames import SharedFrames
 
 HELLO_TIMEOUT = 10.0  # seconds a new connection has for the whole of its hello
 BUSY_WAIT = 1.0  # a reconnecting client may arrive before its previous connection is torn down
@@ -88,6 +90,7 @@ class Connection:
                 self.sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
         self.outbox: queue.Queue = queue.Queue()
         self.hello: Message | None = None  # once accepted
+        self.shared: SharedFrames | None = None  # frames through shared memory, where the hello asked for them
         self.queued_bytes = 0  # of the frames in the outbox
         self.lock = threading.Lock()
         self.closed = False
@@ -192,6 +195,7 @@ class Server:
             "load_checkpoint": lambda m: (self.engine.load_checkpoint(), b""),
             "load_ply": lambda m: (self.engine.load_ply(m.payload, m.fields["background"], m.fields["name"]), b""),
         }
+        self.connection_handlers = {"release_frame": self._release_frame}
 
     def serve_forever(self) -> None:
         backoff = 0.0
@@ -264,6 +268,8 @@ class Server:
                 self._welcome(conn)
                 self._request_loop(conn)
             finally:
+                if conn.shared is not None:
+                    conn.shared.close()
                 with self.slot:
                     self.active = None
                     self.engine.emit = lambda event: None
@@ -315,9 +321,21 @@ class Server:
     def _welcome(self, conn: Connection) -> None:
         """Answer the accepted hello of the connection that now holds the client slot."""
         log(f"{conn.address}: {conn.hello.fields['client'] or 'a client'} connected")
+        conn.shared = self._shared_frames(conn)
         conn.reply(conn.hello, {"protocol": protocol.PROTOCOL_VERSION, "server": "splatwright",
-                                **self.engine.status()})
+                                "shared_frames": conn.shared and conn.shared.wire(), **self.engine.status()})
         self.engine.emit = conn.event
+
+    def _shared_frames(self, conn: Connection) -> SharedFrames | None:
+        """Shared-memory frames for a client on this machine that asked for them, where this system has them."""
+        host = conn.address.rsplit(":", 1)[0]
+        if not (conn.hello.fields["shared_frames"] and protocol.is_loopback(host) and shared_frames.available()):
+            return None
+        try:
+            return SharedFrames(self.engine.limits.render_pixels, self.engine.device == "cuda")
+        except OSError as e:
+            log(f"{conn.address}: frames go through the socket: cannot make a shared-memory file ({e})")
+            return None
 
     def _request_loop(self, conn: Connection) -> None:
         while not conn.closed:  # a dropped connection's requests already received are not answered
@@ -343,7 +361,10 @@ class Server:
 
     def _dispatch(self, conn: Connection, message: Message) -> None:
         try:
-            fields, payload = self.handlers[message.type](message)
+            if message.type in self.connection_handlers:
+                fields, payload = self.connection_handlers[message.type](conn, message)
+            else:
+                fields, payload = self.handlers[message.type](message)
             conn.reply(message, fields, payload)  # checks the fields against protocol.REPLIES
         except SplatwrightError as e:
             conn.error(message.id, protocol.REJECTED, str(e))
@@ -356,17 +377,28 @@ class Server:
             conn.error(message.id, protocol.INTERNAL, f"{message.type} failed: {e!r}; see the backend's log")
 
     def _submit_render(self, conn: Connection, message: Message) -> None:
+        if message.fields["shared"] and conn.shared is None:
+            conn.error(message.id, protocol.REJECTED, "this connection has no shared-memory frames: ask for them in "
+                       "the hello (a client on the backend's machine, where /dev/shm exists) or render without "
+                       "shared")
+            return
         self.engine.submit_render(RenderJob(
             message.fields["camera"], message.fields["format"], message.fields["depth"],
             done=lambda fields, payload: conn.reply(message, fields, payload),
             fail=lambda code, text: conn.error(message.id, code, text),
             model=message.fields["model"], crop=message.fields["crop"], time=message.fields["time"],
-            stream=(conn, message.fields["stream"])))
+            stream=(conn, message.fields["stream"]), shared=conn.shared if message.fields["shared"] else None))
 
     # ---- handlers that decode payloads ----
 
     def _hello_again(self, message: Message):
         raise SplatwrightError("this connection is already authenticated; send hello only once")
+
+    def _release_frame(self, conn: Connection, message: Message):
+        if conn.shared is None:
+            raise SplatwrightError("this connection has no shared-memory frames to release")
+        conn.shared.release(message.fields["slot"])
+        return {}, b""
 
     def _add_view(self, message: Message):
         camera = message.fields["camera"]

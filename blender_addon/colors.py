@@ -27,34 +27,10 @@ def linear_to_srgb8(rgb: np.ndarray) -> np.ndarray:
 _LINEAR_OF_BYTE = srgb_to_linear(np.arange(256) / 255.0)
 
 
-def display_pixels(rgba: np.ndarray) -> np.ndarray:
+def display_pixels(rgba: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """An (H, W, 4) uint8 frame as flat float32 in [0, 1], still sRGB-encoded: what an sRGB texture takes
-    (one multiply per value; the GPU decodes to scene-linear when it samples)."""
-    return np.multiply(rgba.reshape(-1), np.float32(1.0 / 255.0), dtype=np.float32)
-
-
-def layer_pixels(rgba: np.ndarray, depth: np.ndarray) -> np.ndarray:
-    """An (H, W, 4) uint8 frame and its (H, W) float32 depth plane in the two floats per pixel a float texture
-    takes without conversion (flat float32): the colour as the integer r + 256 g + 65536 b, which a float holds
-    exactly, and the depth with alpha in its lowest 8 mantissa bits (a relative error below 2^-15). Half the
-    bytes of a float colour texture and a depth one, and uploaded as they are (overlay.py unpacks them)."""
-    words = np.ascontiguousarray(rgba, dtype=np.uint8).view("<u4").reshape(-1)  # r | g << 8 | b << 16 | a << 24
-    out = np.empty((len(words), 2), dtype=np.float32)
-    bits = out.view(np.uint32)
-    np.bitwise_and(words, 0xFFFFFF, out=bits[:, 1])
-    out[:, 0] = bits[:, 1]  # the integer as a float
-    np.bitwise_and(np.ascontiguousarray(depth, dtype=np.float32).reshape(-1).view(np.uint32), 0xFFFFFF00,
-                   out=bits[:, 1])
-    bits[:, 1] |= words >> 24
-    return out.reshape(-1)
-
-
-def unpacked_layer(pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The inverse of layer_pixels: (N, 4) uint8 colours and (N,) float32 depths."""
-    pair = pixels.reshape(-1, 2)
-    rgb, bits = pair[:, 0].astype(np.uint32), pair[:, 1].view(np.uint32)
-    rgba = np.stack([rgb & 255, rgb >> 8 & 255, rgb >> 16, bits & 255], -1).astype(np.uint8)
-    return rgba, (bits & np.uint32(0xFFFFFF00)).view(np.float32)
+    (one multiply per value; the GPU decodes to scene-linear when it samples); into `out` where given."""
+    return np.multiply(rgba.reshape(-1), np.float32(1.0 / 255.0), out=out, dtype=np.float32)
 
 
 def linear_pixels(rgba: np.ndarray) -> np.ndarray:

@@ -5,15 +5,17 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
-from .colors import display_pixels, layer_pixels
+from .colors import display_pixels
 from .core import protocol
 from .core.cameras import Camera
-from .core.client import Client, PendingReply, RemoteError, decode_depth, decode_frame
+from .core.client import Client, PendingReply, RemoteError, decode_depth, decode_frame, decode_layer
+from .core.codecs import layer_pixels
 from .core.protocol import Message
 
 _streams = itertools.count(1)  # each stream's own number: its requests supersede only each other
@@ -47,7 +49,9 @@ class Frame:
     seq: int  # a higher number was asked for later
     tag: object  # what the asker attached to its request
     fields: dict  # the render reply's: width, height, step, ...
-    pixels: np.ndarray  # rows bottom-up: display_pixels of the frame; with FrameStream.depth, layer_pixels
+    # Rows bottom-up: display_pixels of the frame; with FrameStream.depth, layer_pixels. Hold the Frame while
+    # using them: once it is gone, its stream may write its next frame into the same buffer.
+    pixels: np.ndarray
     seconds: float = 0.0  # from its request's send to its reply
 
 
@@ -60,7 +64,8 @@ class FrameStream:
     called on the stream's thread when a frame is ready. `start(thread)` starts the stream's thread; Blender's
     drawing passes one that hands it to another thread, as Thread.start waits until the thread runs.
     With `depth` (settable until the first ask) frames also carry their view depth plane, packed with the
-    colour (colors.layer_pixels), for views that composite them with the scene by depth. `model_choice` (model,
+    colour (codecs.layer_pixels: by the backend, in a "layer" frame, on loopback), for views that composite them
+    with the scene by depth. `model_choice` (model,
     crop and time: protocol.MODEL_CHOICE) goes with each request sent after it is set."""
 
     def __init__(self, client_of: Callable[[], "Client | None"], on_frame: Callable[[Frame], None] | None = None,
@@ -77,6 +82,7 @@ class FrameStream:
         self.error = ""  # why the last request failed; cleared by the next frame
         self.depth = False
         self.model_choice: dict = {}
+        self._spare_buffers: list[np.ndarray] = []  # display_pixels buffers of frames no longer held
         self._thread = threading.Thread(target=self._run, name="splatwright-frames", daemon=True)
         start(self._thread)
 
@@ -112,8 +118,10 @@ class FrameStream:
             return
         self._sent += 1
         seq, sent_at = self._sent, time.monotonic()
+        # Colour and depth packed by the backend where the frame is raw; a remote one's PNG is packed here.
+        format = "layer" if self.depth and client.frame_format == "rgba8" else None
         try:
-            client.submit_render(camera, depth=self.depth, stream=self._number,
+            client.submit_render(camera, format, depth=self.depth, stream=self._number,
                                  on_done=lambda p: self._answered(seq, tag, p, time.monotonic() - sent_at),
                                  **self.model_choice)
         except (ConnectionError, ValueError) as e:
@@ -136,13 +144,30 @@ class FrameStream:
                 self._reply = (seq, tag, reply, seconds)
                 self._cond.notify_all()
 
+    def _buffer(self, size: int) -> np.ndarray:
+        """A float32 buffer of `size` values no frame holds: a frame-sized one costs more to make (the memory
+        mapped in page by page) than to fill."""
+        while self._spare_buffers:
+            buffer = self._spare_buffers.pop()
+            if buffer.size == size:
+                return buffer
+        return np.empty(size, np.float32)
+
     def _prepare(self, seq: int, tag: object, reply: Message, seconds: float) -> None:
+        buffer = None
         try:
-            rgba = decode_frame(reply)
-            pixels = layer_pixels(rgba, decode_depth(reply)) if self.depth else display_pixels(rgba)
+            if reply.fields["format"] == "layer":
+                pixels = decode_layer(reply)  # the bytes received are the pixels
+            elif self.depth:
+                pixels = layer_pixels(decode_frame(reply), decode_depth(reply))
+            else:
+                rgba = decode_frame(reply)
+                pixels = buffer = display_pixels(rgba, self._buffer(rgba.size))
         except ValueError as e:
             self.error = f"bad frame from the backend: {e}"
             return
         self.frame, self.error = Frame(seq, tag, reply.fields, pixels, seconds), ""
+        if buffer is not None:
+            weakref.finalize(self.frame, self._spare_buffers.append, buffer)
         if self._on_frame is not None:
             self._on_frame(self.frame)

@@ -40,7 +40,7 @@ STRIP_PIXELS = 1 << 16  # a new frame goes to the GPU this many pixels (whole ro
 UPLOAD_SECONDS = 0.002  # a redraw uploads strips of a new frame until it spent this long
 SPARE_TARGETS = 2  # frame-sized GPU buffers a layer keeps for its next frames (the sizes of moving and resting views)
 
-# Each frame is the backend's RGBA8 composited over its background, packed with its depth (colors.layer_pixels);
+# Each frame is the backend's RGBA8 composited over its background, packed with its depth (codecs.layer_pixels);
 # the background is taken out again, so Blender's scene shows through where the splats are transparent. Depths
 # are each model's, in its units: layers[i] holds frame i's background (rgb) and the factor to the scene's depths
 # (w). Unused layers are empty. A pass draws each pixel's rank-th nearest splats; `projection` is the window
@@ -124,7 +124,7 @@ class SplatLayer(LiveView):
         super().__init__()
         self.stream.depth = True
         self.shown = None  # the whole frame the layer draws
-        self.target = None  # the GPUOffScreen holding it (colors.layer_pixels)
+        self.target = None  # the GPUOffScreen holding it (codecs.layer_pixels)
         self.drawn_seq = 0  # the frame the viewport last drew
         self.filling = None  # [frame, its GPUOffScreen, rows there] of a newer frame on its way up
         self.spares: list = []  # offscreens free for the next frames, newest last

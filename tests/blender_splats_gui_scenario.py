@@ -134,7 +134,7 @@ def saved_frame(addon, name: str, out: Path, layer, model_name: str) -> dict:
     window, area, region, space = view3d()
     frame = layer.shown
     size = (frame.fields["height"], frame.fields["width"])
-    rgba, depth = addon.colors.unpacked_layer(frame.pixels)
+    rgba, depth = addon.core.codecs.unpacked_layer(frame.pixels)
     np.save(out / f"{name}_rgba.npy", rgba.reshape(*size, 4))
     np.save(out / f"{name}_depth.npy", depth.reshape(size))
     view = addon.scene_io.region_camera(region, space.region_3d)

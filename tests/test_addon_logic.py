@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from blender_addon import colors, dataset, defaults, frames, messages, training
-from blender_addon.core import protocol
+from blender_addon.core import codecs, protocol
 from blender_addon.core.settings import TRAINING, training_settings
 from blender_addon.core.cameras import Camera, intrinsics
 from blender_addon.core.client import PendingReply, RemoteError
@@ -224,8 +224,8 @@ def test_packed_layer_pixels_keep_every_colour_and_depth_to_2_to_the_minus_15():
     rng = np.random.default_rng(4)
     rgba = np.concatenate([rng.integers(0, 256, (500, 4)), np.repeat(np.arange(256)[:, None], 4, 1)]).astype(np.uint8)
     depth = np.exp(rng.uniform(np.log(1e-3), np.log(1e10), len(rgba))).astype(np.float32)
-    packed = colors.layer_pixels(rgba.reshape(1, -1, 4), depth.reshape(1, -1))
-    back, back_depth = colors.unpacked_layer(packed)
+    packed = codecs.layer_pixels(rgba.reshape(1, -1, 4), depth.reshape(1, -1))
+    back, back_depth = codecs.unpacked_layer(packed)
     assert np.array_equal(back, rgba)
     assert np.all(np.abs(back_depth / depth - 1) < 2.0**-15)
     assert np.all(np.isfinite(packed)) and np.all(np.abs(packed[packed != 0]) >= np.finfo(np.float32).tiny)

@@ -34,4 +34,4 @@ def test_scrub_gets_each_frame_of_its_time_from_a_4d_model(monkeypatch):
     assert measured.received == [(n, scrub.timeline_time(n)) for n in range(1, measured.asked + 1)]
     frame = measured.stream.frame
     assert (frame.fields["width"], frame.fields["height"]) == (32, 24)
-    assert frame.pixels.size == 32 * 24 * 2  # colour and depth packed in two floats a pixel (colors.layer_pixels)
+    assert frame.pixels.size == 32 * 24 * 2  # colour and depth packed in two floats a pixel (codecs.layer_pixels)

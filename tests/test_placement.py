@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from blender_addon import colors, frames, placement
+from blender_addon import frames, placement
+from blender_addon.core import codecs
 from blender_addon.core.cameras import Camera, intrinsics_from_fov_x, look_at
 from blender_addon.core.client import PendingReply
 from blender_addon.core.errors import SplatwrightError
@@ -119,16 +120,21 @@ class DepthClient:
     frame_format = "rgba8"
 
     def __init__(self):
-        self.asked_depth: list[bool] = []
+        self.asked: list[tuple] = []  # (format, depth) of each request
 
     def submit_render(self, camera, format=None, depth=False, on_done=None, stream=0):
-        self.asked_depth.append(depth)
+        self.asked.append((format, depth))
         pending = PendingReply("render", on_done)
-        rgba = np.full((camera.height, camera.width, 4), 200, np.uint8).tobytes()
-        plane = np.arange(camera.width * camera.height, dtype="<f4").tobytes()
-        fields = {"width": camera.width, "height": camera.height, "format": "rgba8", "step": 0, "sh_degree": 0,
-                  "background": [1.0, 1.0, 1.0], "depth_offset": len(rgba) if depth else None}
-        pending._finish(Message("reply", 1, fields, rgba + plane if depth else rgba))
+        rgba = np.full((camera.height, camera.width, 4), 200, np.uint8)
+        plane = np.arange(camera.width * camera.height, dtype="<f4")
+        fields = {"width": camera.width, "height": camera.height, "format": format or "rgba8", "step": 0,
+                  "sh_degree": 0, "background": [1.0, 1.0, 1.0], "depth_offset": None}
+        if format == "layer":  # the backend packs it as codecs.layer_pixels does
+            payload = codecs.layer_pixels(rgba, plane).tobytes()
+        else:
+            payload = rgba.tobytes() + (plane.tobytes() if depth else b"")
+            fields["depth_offset"] = rgba.nbytes if depth else None
+        pending._finish(Message("reply", 1, fields, payload))
         return pending
 
 
@@ -141,8 +147,8 @@ def test_a_frame_stream_with_depth_carries_the_depth_plane_packed_with_the_colou
         wait_until(lambda: stream.frame is not None)
     finally:
         stream.close()
-    assert client.asked_depth == [True]
-    rgba, depth = colors.unpacked_layer(stream.frame.pixels)
+    assert client.asked == [("layer", True)]  # on loopback the backend packs them
+    rgba, depth = codecs.unpacked_layer(stream.frame.pixels)
     assert stream.frame.pixels.dtype == np.float32 and np.all(np.isfinite(stream.frame.pixels))
     assert np.all(rgba == 200)
     np.testing.assert_allclose(depth, np.arange(16 * 12, dtype=np.float32), rtol=2.0**-15)

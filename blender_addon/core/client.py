@@ -6,7 +6,10 @@ sent from any thread.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
+import mmap
+import os
 import queue
 import socket
 import threading
@@ -77,9 +80,10 @@ def wait_done(task: Future | PendingReply, label: str, timeout: float, cancelled
 
 class Client:
     def __init__(self, host: str, port: int, token: str = "", timeout: float = 60.0,
-                 client_name: str = "splatwright-client"):
+                 client_name: str = "splatwright-client", shared_frames: bool = True):
         """Connect and authenticate; raises RemoteError if the server refuses (wrong token, other
-        protocol version, busy) and OSError if it cannot be reached."""
+        protocol version, busy) and OSError if it cannot be reached. With `shared_frames`, a backend on this
+        machine hands raw frames over in shared memory (protocol.SHARED_FRAMES) where it can."""
         self.timeout = timeout
         self._events: queue.Queue = queue.Queue(MAX_QUEUED_EVENTS)
         self._send_lock = threading.Lock()
@@ -89,10 +93,13 @@ class Client:
         self._closed_reason = ""
         # Frames travel raw on loopback, where bandwidth is free and encoding is not; compressed elsewhere.
         self.frame_format = "rgba8" if protocol.is_loopback(host) else "png"
+        self.shared: MappedFrames | None = None  # the backend's shared-memory frames, where it could be mapped
         self.sock = socket.create_connection((host, port), timeout=timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            self.hello = self._handshake(token, client_name)
+            self.hello = self._handshake(token, client_name, shared_frames and protocol.is_loopback(host))
+            if self.hello["shared_frames"] is not None:
+                self.shared = MappedFrames.open(**self.hello["shared_frames"])
         except BaseException:
             self.sock.close()
             raise
@@ -100,9 +107,10 @@ class Client:
         self._reader = threading.Thread(target=self._read_loop, name="splatwright-client-reader", daemon=True)
         self._reader.start()
 
-    def _handshake(self, token: str, client_name: str) -> dict:
+    def _handshake(self, token: str, client_name: str, shared_frames: bool) -> dict:
         request_id = next(self._ids)
-        fields = {"token": token, "protocol": protocol.PROTOCOL_VERSION, "client": client_name}
+        fields = {"token": token, "protocol": protocol.PROTOCOL_VERSION, "client": client_name,
+                  "shared_frames": shared_frames}
         protocol.send_message(self.sock, protocol.encode_message(protocol.REQUESTS, "hello", request_id, fields))
         try:
             reply = protocol.read_message(self.sock, SERVER_MESSAGES)
@@ -164,6 +172,8 @@ class Client:
         self.sock.close()
         if threading.current_thread() is not self._reader:  # close() may be called from a reply callback
             self._reader.join(timeout=5)
+        if self.shared is not None and not self._reader.is_alive():
+            self.shared.close()
 
     def __enter__(self) -> "Client":
         return self
@@ -199,8 +209,9 @@ class Client:
         request of the same `stream` supersedes this one if it has not started (its result() then raises
         RemoteError with code 'superseded'). Decode with decode_frame and, with `depth`, decode_depth. `model`,
         `crop` and `time`: which model, which part of it, and when (protocol.MODEL_CHOICE)."""
-        fields = {"camera": camera, "format": format or self.frame_format, "depth": depth, "model": model,
-                  "crop": crop, "time": time, "stream": stream}
+        format = format or self.frame_format
+        fields = {"camera": camera, "format": format, "depth": depth, "model": model, "crop": crop, "time": time,
+                  "stream": stream, "shared": self.shared is not None and format in codecs.RAW_FRAME_FORMATS}
         return self.submit("render", fields, on_done=on_done)
 
     def render(self, camera: Camera, format: str | None = None, timeout: float | None = None) -> np.ndarray:
@@ -224,7 +235,7 @@ class Client:
                     with self._pending_lock:
                         pending = self._pending.pop(message.id, None)
                     if pending is not None:
-                        pending._finish(*_outcome(pending.type, message))
+                        pending._finish(*self._outcome(pending.type, message))
         except protocol.ConnectionClosed:
             reason = "the backend closed the connection"
         except ProtocolError as e:
@@ -260,18 +271,68 @@ class Client:
             pass
 
 
-def _outcome(request_type: str, message: Message) -> tuple[Message | None, Exception | None]:
-    if message.type == "error":
-        return None, RemoteError(message.fields["code"], message.fields["message"])
-    try:
-        return protocol.check_reply(request_type, message), None
-    except ProtocolError as e:
-        return None, ConnectionError(f"bad reply from the backend: {e.message}")
+    def _outcome(self, request_type: str, message: Message) -> tuple[Message | None, Exception | None]:
+        if message.type == "error":
+            return None, RemoteError(message.fields["code"], message.fields["message"])
+        try:
+            reply = protocol.check_reply(request_type, message)
+            slot = reply.fields.get("shared_slot")
+            return (reply if slot is None else self._shared_reply(reply, slot)), None
+        except ProtocolError as e:
+            return None, ConnectionError(f"bad reply from the backend: {e.message}")
+
+    def _shared_reply(self, reply: Message, slot: int) -> Message:
+        """The render reply with its frame copied out of shared-memory slot `slot`, which is then released."""
+        try:
+            if self.shared is None:
+                raise ProtocolError(protocol.BAD_FRAME, "a frame in shared memory on a connection without it")
+            if reply.payload:
+                raise ProtocolError(protocol.BAD_FRAME, "a frame both in shared memory and in the payload")
+            payload = self.shared.copy(slot, reply.fields["shared_bytes"])
+        finally:
+            with contextlib.suppress(ConnectionError):  # a closed connection's slots go with it
+                self.submit("release_frame", {"slot": slot})
+        return Message(reply.type, reply.id, reply.fields, payload)
+
+
+class MappedFrames:
+    """The client's read-only mapping of the backend's shared-memory frames (protocol.SHARED_FRAMES)."""
+
+    def __init__(self, map: mmap.mmap, slot_bytes: int):
+        self.map, self.slot_bytes = map, slot_bytes
+
+    @classmethod
+    def open(cls, path: str, slot_bytes: int) -> "MappedFrames | None":
+        """The mapping of the backend's file, or None where it cannot be read (frames then go through the
+        socket)."""
+        size = protocol.SHARED_SLOTS * slot_bytes
+        try:
+            with open(path, "rb") as file:
+                if os.fstat(file.fileno()).st_size != size:
+                    return None
+                return cls(mmap.mmap(file.fileno(), size, access=mmap.ACCESS_READ), slot_bytes)
+        except (OSError, ValueError):
+            return None
+
+    def copy(self, slot: int, size) -> bytearray:
+        """A copy of the first `size` bytes of `slot` (ProtocolError for a size the slot cannot hold)."""
+        if size is None or size > self.slot_bytes:
+            raise ProtocolError(protocol.BAD_FRAME, f"a shared frame of {size} bytes does not fit a slot of "
+                                f"{self.slot_bytes}")
+        start = slot * self.slot_bytes
+        payload = bytearray(size)
+        payload[:] = memoryview(self.map)[start:start + size]
+        return payload
+
+    def close(self) -> None:
+        self.map.close()
 
 
 def decode_frame(reply: Message) -> np.ndarray:
     """The (H, W, 4) uint8 frame of a render reply, rows bottom-up whatever the wire format."""
     f = reply.fields
+    if f["format"] == "layer":
+        return codecs.unpacked_layer(decode_layer(reply))[0].reshape(f["height"], f["width"], 4)
     end = f["depth_offset"] if f.get("depth_offset") is not None else len(reply.payload)
     image = memoryview(reply.payload)[:end]
     if f["format"] == "png":
@@ -279,9 +340,17 @@ def decode_frame(reply: Message) -> np.ndarray:
     return codecs.image_from_wire("rgba8", image, f["width"], f["height"])
 
 
+def decode_layer(reply: Message) -> np.ndarray:
+    """The flat float32 pixels of a "layer" render reply (codecs.layer_pixels), without a copy."""
+    return codecs.layer_from_wire(reply.payload, reply.fields["width"], reply.fields["height"])
+
+
 def decode_depth(reply: Message) -> np.ndarray:
-    """The (H, W) float32 depth plane of a render reply asked for with depth, rows bottom-up."""
+    """The (H, W) float32 depth plane of a render reply asked for with depth, rows bottom-up (a layer's depth
+    within its packing's precision)."""
     f = reply.fields
+    if f["format"] == "layer":
+        return codecs.unpacked_layer(decode_layer(reply))[1].reshape(f["height"], f["width"])
     plane = memoryview(reply.payload)[f["depth_offset"]:]
     if len(plane) != f["width"] * f["height"] * 4:
         raise ValueError(f"depth plane of {len(plane)} bytes does not fit a {f['width']}x{f['height']} frame")

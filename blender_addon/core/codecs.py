@@ -5,6 +5,8 @@
 - Raw images ("rgb8", "rgba8", "rgb16f", "rgba16f"): rows bottom-up (Blender's pixel buffers and GPU
   textures), pixels interleaved, values display-referred in [0, 1] (8-bit: 0..255), little-endian.
   "png" payloads are ordinary PNG files, rows top-down as PNG defines them.
+- Layers ("layer" frames): colour and view depth packed in two float32 per pixel (layer_pixels), rows
+  bottom-up, what the viewport's depth-composited views upload as they are.
 - Points: xyz as float32 (N, 3) little-endian, then rgb as uint8 (N, 3).
 """
 from __future__ import annotations
@@ -25,7 +27,9 @@ MAX_POINTS = 10_000_000
 RAW_IMAGE_FORMATS = {"rgb8": (3, np.dtype("u1")), "rgba8": (4, np.dtype("u1")),
                      "rgb16f": (3, np.dtype("<f2")), "rgba16f": (4, np.dtype("<f2"))}
 UPLOAD_FORMATS = ("png",) + tuple(RAW_IMAGE_FORMATS)
-FRAME_FORMATS = ("rgba8", "png")
+FRAME_FORMATS = ("rgba8", "png", "layer")
+RAW_FRAME_FORMATS = ("rgba8", "layer")  # the ones a frame's bytes are as the renderer makes them (no encoding)
+LAYER_BYTES_PER_PIXEL = 8
 MAX_IMAGE_BYTES = MAX_IMAGE_SIDE * MAX_IMAGE_SIDE * 4 * 2
 DEPTH_BACKGROUND = 1e10  # depth of pixels the model does not cover, as Blender's Depth pass has it
 
@@ -85,6 +89,39 @@ def image_from_wire(format: str, payload: bytes, width: int, height: int) -> np.
     if len(payload) != expected:
         raise ValueError(f"{format} image of {width}x{height} needs {expected} payload bytes, got {len(payload)}")
     return np.frombuffer(payload, dtype=dtype).reshape(height, width, channels)
+
+
+def layer_pixels(rgba: np.ndarray, depth: np.ndarray) -> np.ndarray:
+    """An (H, W, 4) uint8 frame and its (H, W) float32 depth plane in the two floats per pixel a float texture
+    takes without conversion (flat float32): the colour as the integer r + 256 g + 65536 b, which a float holds
+    exactly, and the depth with alpha in its lowest 8 mantissa bits (a relative error below 2^-15). Half the
+    bytes of a float colour texture and a depth one, and uploaded as they are (overlay.py unpacks them). The
+    "layer" frame format; the backend packs it on the GPU the same way (backend/frames.py, tested equal)."""
+    words = np.ascontiguousarray(rgba, dtype=np.uint8).view("<u4").reshape(-1)  # r | g << 8 | b << 16 | a << 24
+    out = np.empty((len(words), 2), dtype=np.float32)
+    bits = out.view(np.uint32)
+    np.bitwise_and(words, 0xFFFFFF, out=bits[:, 1])
+    out[:, 0] = bits[:, 1]  # the integer as a float
+    np.bitwise_and(np.ascontiguousarray(depth, dtype=np.float32).reshape(-1).view(np.uint32), 0xFFFFFF00,
+                   out=bits[:, 1])
+    bits[:, 1] |= words >> 24
+    return out.reshape(-1)
+
+
+def unpacked_layer(pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The inverse of layer_pixels: (N, 4) uint8 colours and (N,) float32 depths."""
+    pair = pixels.reshape(-1, 2)
+    rgb, bits = pair[:, 0].astype(np.uint32), pair[:, 1].view(np.uint32)
+    rgba = np.stack([rgb & 255, rgb >> 8 & 255, rgb >> 16, bits & 255], -1).astype(np.uint8)
+    return rgba, (bits & np.uint32(0xFFFFFF00)).view(np.float32)
+
+
+def layer_from_wire(payload, width: int, height: int) -> np.ndarray:
+    """The flat float32 pixels of a "layer" frame's payload (layer_pixels), without a copy."""
+    expected = width * height * LAYER_BYTES_PER_PIXEL
+    if len(payload) != expected:
+        raise ValueError(f"layer frame of {width}x{height} needs {expected} payload bytes, got {len(payload)}")
+    return np.frombuffer(payload, dtype="<f4")
 
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -28,11 +28,12 @@ from .schema import (MAX_TEXT_CHARS, AnyObject, Bool, Fields, Float, Int, Kind, 
                      optional)
 from .settings import BACKGROUND, TRAINING
 
-# 7: load_ply reads a 4D model's file and export_ply writes one (*.pt); status, render and export_ply say whether the
+# 8: frames through shared memory on one machine (hello's shared_frames, render's shared, release_frame) and the
+# "layer" frame format; 7: load_ply reads a 4D model's file and export_ply writes one (*.pt); status, render and export_ply say whether the
 # model is 4D; 6: render streams; 5: render and export_ply name a session's saved model and a crop box,
 # export_ply a placement; 4: load_ply and export_ply name their files (the splat format); 3: warning events;
 # 2: replies and events declared and checked by the client
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 MAGIC = b"SPW\x00"
 PREFIX = struct.Struct(">4sI")  # magic, header length
 
@@ -42,6 +43,7 @@ MAX_PAYLOAD_BYTES = 1 << 30
 READ_CHUNK_BYTES = 1 << 20  # payloads are read in pieces of this size: memory grows with what arrives
 MAX_ID = 2**53  # JSON numbers stay exact below this
 MAX_TOKEN_CHARS = 4096
+SHARED_SLOTS = 3  # frames a connection's shared-memory file holds at once
 SESSION_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
 # Names Windows keeps for devices, with any extension: a folder of that name cannot be made there.
 _DEVICE_NAME = re.compile(r"(con|prn|aux|nul|conin\$|conout\$|com[0-9]|lpt[0-9])(\..*)?", re.IGNORECASE)
@@ -148,7 +150,9 @@ MODEL_CHOICE = Fields(model=optional(Maybe(SessionName()), None), crop=optional(
 
 REQUESTS: dict[str, MessageSpec] = {
     "hello": MessageSpec(Fields(token=Str(MAX_TOKEN_CHARS), protocol=Int(0, 2**31),
-                                client=optional(Str(200), ""))),
+                                client=optional(Str(200), ""),
+                                shared_frames=optional(Bool(), False, "the client runs on the backend's machine "
+                                                       "and can read frames from a shared-memory file"))),
     "capabilities": MessageSpec(),
     "status": MessageSpec(),
     "open_session": MessageSpec(Fields(name=SessionName(), create=optional(Bool(), True))),
@@ -167,7 +171,11 @@ REQUESTS: dict[str, MessageSpec] = {
     "render": MessageSpec(MODEL_CHOICE.extended(
         camera=CAMERA, format=optional(Str(choices=FRAME_FORMATS), "rgba8"), depth=optional(Bool(), False),
         stream=optional(Int(0, 2**31), 0, "a newer request of the same stream on the same connection supersedes "
-                        "this one while it waits; other streams' requests wait their turn"))),
+                        "this one while it waits; other streams' requests wait their turn"),
+        shared=optional(Bool(), False, "put a raw frame in a slot of the connection's shared-memory file (hello's "
+                        "shared_frames) when one is free, instead of in the reply's payload"))),
+    # The client has copied the frame out of this slot of its shared-memory file: the backend may use it again.
+    "release_frame": MessageSpec(Fields(slot=Int(0, SHARED_SLOTS - 1))),
     # `name`: the file the model is exported to, whose ending picks the format (backend/formats: *.ply,
     # *.compressed.ply, *.spz, *.splat; *.pt: a 4D model's own file, splats4d.pt, refused for a static model).
     # `placement`: model space into the space the file holds (e.g. the world
@@ -184,6 +192,12 @@ REQUESTS: dict[str, MessageSpec] = {
     "shutdown": MessageSpec(),
 }
 
+# Frames through shared memory (SHARED_SLOTS of `slot_bytes` each, slot k's bytes from k * slot_bytes on, in the
+# file at `path`), offered in the hello's reply to a client that asked for them from the backend's own machine.
+# A render reply in a slot names it (`shared_slot`, its frame `shared_bytes` long, no payload); the backend writes
+# that slot again only once the client sent release_frame for it.
+SHARED_FRAMES = Fields(path=Str(4096), slot_bytes=Int(1, 2**40))
+
 # What a session is doing; `settings` are the training settings it runs (or last ran) with, null before;
 # `dynamic`: the model shown (a loaded file's, else the trained one) is 4D, different at each time.
 STATUS = Fields(session=Maybe(Str(64)), state=Str(choices=STATES), views=COUNT, step=COUNT, iterations=COUNT,
@@ -191,7 +205,8 @@ STATUS = Fields(session=Maybe(Str(64)), state=Str(choices=STATES), views=COUNT, 
 
 # The fields of each request's reply; the payloads are named in comments.
 REPLIES: dict[str, Fields] = {
-    "hello": STATUS.extended(protocol=Int(0, 2**31), server=Str(64)),
+    "hello": STATUS.extended(protocol=Int(0, 2**31), server=Str(64),
+                             shared_frames=optional(Maybe(SHARED_FRAMES), None)),
     "capabilities": Fields(python=Str(64), torch=Str(64), numpy=Str(64), protocol=Int(0, 2**31), device=Str(16),
                            rasterizer=Str(16), cuda_available=Bool(), torch_cuda=Maybe(Str(64)),
                            gpu=Maybe(Str(200)), gpu_memory_gb=Maybe(NUMBER), cuda_rasterizer=Bool(),
@@ -201,12 +216,16 @@ REPLIES: dict[str, Fields] = {
     "start_training": STATUS.extended(continued=Bool()),  # whether it went on from earlier steps
     "add_view": Fields(index=COUNT, views=COUNT),
     "set_points": Fields(points=COUNT, note=Str()),
-    # Payload: the frame (RGBA8 rows bottom-up, or PNG); with depth, a float32 plane of the alpha-normalised
-    # view depth (rows bottom-up, codecs.DEPTH_BACKGROUND where nothing is drawn) follows at depth_offset.
+    # Payload (or the shared slot's bytes): the frame (RGBA8 rows bottom-up, PNG, or a layer: colour and depth
+    # packed, codecs.layer_pixels); with depth and another format than layer, a float32 plane of the
+    # alpha-normalised view depth (rows bottom-up, codecs.DEPTH_BACKGROUND where nothing is drawn) follows at
+    # depth_offset.
     "render": Fields(width=Int(1, MAX_IMAGE_SIDE), height=Int(1, MAX_IMAGE_SIDE), format=Str(choices=FRAME_FORMATS),
                      step=COUNT, sh_degree=Int(0, 3), background=BACKGROUND,  # what the frame is composited over
                      depth_offset=optional(Maybe(COUNT)),
-                     dynamic=optional(Bool(), False)),  # a 4D model's frame is of its time; a static one's of any
+                     dynamic=optional(Bool(), False),  # a 4D model's frame is of its time; a static one's of any
+                     shared_slot=optional(Maybe(Int(0, SHARED_SLOTS - 1)), None),
+                     shared_bytes=optional(Maybe(COUNT), None)),
     # Payload: the file in the format its name gave. `path`: where the session keeps its trained model as a PLY
     # (empty for a viewed model). `note`: what the format left out (a .splat keeps no SH beyond degree 0).
     # `dynamic`: the model is 4D (the file then holds it at the time asked for, unless it is its own .pt).
@@ -214,6 +233,7 @@ REPLIES: dict[str, Fields] = {
                          dynamic=optional(Bool(), False)),
     "save_checkpoint": Fields(step=COUNT, path=Str()),
     "load_ply": Fields(gaussians=COUNT, sh_degree=Int(0, 3)),  # whether it is 4D: the status's `dynamic`
+    "release_frame": Fields(),
 }
 assert set(REPLIES) == set(REQUESTS)
 

@@ -1,0 +1,161 @@
+"""The frame path from the backend to the add-on's views: frames through shared memory against the same frames
+through the socket, byte for byte (a real server subprocess on loopback, CPU), the slots' bookkeeping and its
+refusals, the "layer" packing made by the backend against the add-on's, and the frame stream's reused buffers."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from blender_addon import frames
+from blender_addon.core import codecs, protocol
+from blender_addon.core.client import MappedFrames, RemoteError, decode_depth, decode_frame, decode_layer
+from blender_addon.core.errors import SplatwrightError
+from blender_addon.core.protocol import ProtocolError
+from backend import shared_frames
+from backend.frames import packed_layer
+from backend.ply import write_ply
+from backend.render import render
+from conftest import orbit_cameras, random_gaussians
+from test_addon_logic import FakeClient, wait_until
+from test_server import start_server  # noqa: F401 (a fixture)
+
+needs_shm = pytest.mark.skipif(not shared_frames.available(), reason="no /dev/shm on this system: frames go "
+                               "through the socket only")
+CAMERA = orbit_cameras(1, 40, 30)[0]
+REQUESTS = [("rgba8", False), ("rgba8", True), ("layer", True)]  # (format, depth)
+
+
+def viewed_model(client, folder) -> None:
+    write_ply(folder / "model.ply", random_gaussians(300, seed=4, sh_degree=1))
+    client.load_ply((folder / "model.ply").read_bytes())
+
+
+def frames_of(client) -> list:
+    return [client.submit_render(CAMERA, format, depth=depth).result(60) for format, depth in REQUESTS]
+
+
+@needs_shm
+def test_shared_memory_frames_equal_socket_frames_byte_for_byte(tmp_path, start_server):
+    server = start_server(tmp_path / "work")
+    with server.client() as client:
+        assert client.shared is not None and client.hello["shared_frames"]["slot_bytes"] >= 40 * 30 * 8
+        path = client.hello["shared_frames"]["path"]
+        viewed_model(client, tmp_path)
+        shared = frames_of(client)
+        # more frames than slots, one after another: each slot is released once its frame is copied out
+        again = [client.render(CAMERA) for _ in range(2 * protocol.SHARED_SLOTS)]
+    assert all(reply.fields["shared_slot"] is not None and reply.fields["shared_bytes"] is not None
+               for reply in shared)
+    wait_until(lambda: not os.path.exists(path))  # the file goes with its connection
+    with server.client(shared_frames=False) as client:
+        assert client.shared is None and client.hello["shared_frames"] is None
+        through_socket = frames_of(client)
+        with pytest.raises(RemoteError, match="no shared-memory frames"):
+            client.request("render", {"camera": CAMERA, "shared": True})
+    for a, b in zip(shared, through_socket):
+        assert b.fields["shared_slot"] is None
+        assert bytes(a.payload) == bytes(b.payload) and a.fields["depth_offset"] == b.fields["depth_offset"]
+    assert all(np.array_equal(frame, decode_frame(shared[0])) for frame in again)
+    # The backend's layer is the add-on's packing of the same frame and depth, bit for bit.
+    rgba, plain = decode_frame(shared[1]), decode_depth(shared[1])
+    assert np.array_equal(decode_frame(shared[0]), rgba)
+    assert decode_layer(shared[2]).tobytes() == codecs.layer_pixels(rgba, plain).tobytes()
+    assert (plain == codecs.DEPTH_BACKGROUND).any() and (plain < codecs.DEPTH_BACKGROUND).any()
+
+
+@needs_shm
+def test_a_bad_release_is_an_error_reply_and_the_connection_goes_on(tmp_path, start_server):
+    server = start_server(tmp_path / "work")
+    with server.client() as client:
+        with pytest.raises(RemoteError, match="slot 1 holds no frame"):
+            client.call("release_frame", slot=1)
+        with pytest.raises(ValueError, match="slot"):
+            client.call("release_frame", slot=protocol.SHARED_SLOTS)
+        assert client.call("status")["state"] == "idle"
+    with server.client(shared_frames=False) as client:
+        with pytest.raises(RemoteError, match="no shared-memory frames to release"):
+            client.call("release_frame", slot=0)
+
+
+@needs_shm
+def test_slots_are_taken_until_released_and_released_once():
+    ring = shared_frames.SharedFrames(64 * 64, cuda=False)
+    try:
+        taken = [ring.take(64 * 64 * 4) for _ in range(protocol.SHARED_SLOTS)]
+        assert sorted(slot.index for slot in taken) == list(range(protocol.SHARED_SLOTS))
+        assert ring.take(16) is None  # every slot waits for the client: the frame goes in the reply
+        assert ring.take(ring.slot_bytes + 1) is None
+        ring.release(taken[1].index)
+        with pytest.raises(SplatwrightError, match="holds no frame"):
+            ring.release(taken[1].index)
+        with pytest.raises(SplatwrightError, match="holds no frame"):
+            ring.release(protocol.SHARED_SLOTS)
+        slot = ring.take(100)
+        assert slot.index == taken[1].index and slot.bytes.numel() == 100
+        slot.bytes.fill_(7)
+        mapped = MappedFrames.open(**ring.wire())
+        assert bytes(mapped.copy(slot.index, 100)) == bytes([7]) * 100
+        with pytest.raises(ProtocolError, match="does not fit"):
+            mapped.copy(slot.index, ring.slot_bytes + 1)
+        mapped.close()
+    finally:
+        ring.close()
+    assert not os.path.exists(ring.wire()["path"])
+    assert MappedFrames.open(ring.wire()["path"], ring.slot_bytes) is None  # gone: frames go through the socket
+
+
+def test_the_backend_packs_a_layer_as_the_add_on_does():
+    rng = np.random.default_rng(3)
+    rgba = rng.integers(0, 256, (7, 9, 4), dtype=np.uint8)
+    rgba[0, :, 3] = 255  # alpha above 127: the sign bit of the packed word
+    depth = np.exp(rng.uniform(np.log(1e-3), np.log(1e10), (7, 9))).astype(np.float32)
+    depth[1] = codecs.DEPTH_BACKGROUND
+    ours = packed_layer(torch.from_numpy(rgba), torch.from_numpy(depth)).numpy()
+    assert ours.tobytes() == codecs.layer_pixels(rgba, depth).tobytes()
+
+
+def test_the_cpu_renderer_frame_bytes_are_the_wire_formats():
+    """A frame rendered on the CPU: rgba8 rows bottom-up, the depth plane after it, a PNG's rows top-down."""
+    from backend.frames import finish_frame, queue_frame
+    from backend.render import camera_tensors
+    g = random_gaussians(200, seed=5, sh_degree=1)
+    with torch.no_grad():
+        out = render(g, CAMERA, 1, (1.0, 1.0, 1.0), "reference")
+        queued = {(format, depth): finish_frame(queue_frame(g, CAMERA, 1, (1.0, 1.0, 1.0), "reference",
+                                                            camera_tensors(CAMERA, "cpu"), format, depth))
+                  for format, depth in REQUESTS + [("png", True)]}
+    rgba = (torch.cat([out.image, out.alpha[..., None]], -1).clamp(0, 1) * 255 + 0.5).to(torch.uint8).numpy()
+    fields, payload = queued[("rgba8", False)]
+    assert fields["depth_offset"] is None and bytes(payload) == rgba[::-1].tobytes()
+    fields, payload = queued[("rgba8", True)]
+    assert bytes(payload)[:fields["depth_offset"]] == rgba[::-1].tobytes()
+    fields, payload = queued[("png", True)]
+    assert np.array_equal(codecs.decode_png(payload[:fields["depth_offset"]]), rgba)
+    assert bytes(payload[fields["depth_offset"]:]) == bytes(queued[("rgba8", True)][1])[rgba.nbytes:]
+
+
+def test_a_frame_streams_buffer_is_written_again_only_once_its_frame_is_gone():
+    client = FakeClient()
+    stream = frames.FrameStream(lambda: client)
+    pixels = []  # of each frame, kept without the frame: a frame let go may give its buffer to a later one
+
+    def answered(i: int, value: int):
+        stream.ask(CAMERA.scaled(0.25), tag=i)
+        wait_until(lambda: len(client.asked) == i + 1)
+        client.answer(i, value=value)
+        wait_until(lambda: stream.frame is not None and stream.frame.tag == i)
+        pixels.append(stream.frame.pixels)
+    try:
+        answered(0, 10)
+        held = stream.frame
+        for i in (1, 2, 3):
+            answered(i, 20 * i)
+    finally:
+        stream.close()
+    np.testing.assert_allclose(held.pixels, 10 / 255.0, rtol=1e-6)  # never written again while held
+    assert not any(np.shares_memory(held.pixels, later) for later in pixels[1:])
+    assert np.shares_memory(pixels[1], pixels[3])  # frame 1 was gone when frame 3 came
+    np.testing.assert_allclose(stream.frame.pixels, 60 / 255.0, rtol=1e-6)
