@@ -1,6 +1,7 @@
 """Timeline scrubbing benchmark: from a frame change (a new time of a 4D model) to the new time's frame ready
 for the GPU texture upload, through the add-on's own client code (frames.FrameStream, as the viewport
-composite uses it: the time in its model_choice, frames with their depth plane) on the real socket. The camera
+composite uses it: the time in its model_choice, frames with their depth plane packed by the backend) from the
+real server on loopback, frames in shared memory (through the socket with --socket-frames). The camera
 stays put and each request is the next frame of a 24 fps, 10-second timeline (wrapping), as playback or
 scrubbing asks; each is timed until the frame tagged with its time is ready. p50/p95 with training paused and
 while training, and the main thread's own share (setting the time and ask()).

@@ -1,5 +1,7 @@
-"""Server latency benchmark: render round trips through the real socket (p50/p95, with training paused and
-while training) and training throughput with and without a client asking for frames at 30 per second.
+"""Server latency benchmark: render round trips through the real server on loopback, frames in shared memory
+(through the socket with --socket-frames, as from a backend on another machine, though raw), p50/p95 with
+training paused and while training, and training throughput with and without a client asking for frames at
+30 per second.
 
 It starts `python -m backend serve` on loopback, uploads views of a random model rendered here, trains from
 the model's points and measures from the client's side. Default size: 1M Gaussians at 1920x1080 on a GPU,
@@ -105,6 +107,8 @@ def add_live_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--views", type=int, default=8)
     p.add_argument("--seconds", type=float, default=None, help="per measurement (default: 10 on GPU, 3 on CPU)")
     p.add_argument("--out", type=Path, default=None, help="folder for a JSON result file")
+    p.add_argument("--socket-frames", action="store_true", help="frames through the socket, as a backend on "
+                   "another machine sends them (default: through shared memory where this system has it)")
 
 
 @dataclass
@@ -118,6 +122,7 @@ class LiveBench:
     seconds: float
     views: int
     out: Path | None
+    shared_frames: bool = True  # asked for; once connected, whether the backend hands frames over in shared memory
 
     @classmethod
     def from_args(cls, name: str, args) -> "LiveBench":
@@ -125,7 +130,7 @@ class LiveBench:
         gpu = device == "cuda"
         bench = cls(name, device, rasterizer, args.gaussians or (1_000_000 if gpu else 2000),
                     args.width or (1920 if gpu else 64), args.height or (1080 if gpu else 48),
-                    args.seconds or (10.0 if gpu else 3.0), args.views, args.out)
+                    args.seconds or (10.0 if gpu else 3.0), args.views, args.out, not args.socket_frames)
         print(f"bench {name}: {bench.gaussians:,} Gaussians at {bench.width}x{bench.height} on "
               f"{device_name(device)}", flush=True)
         return bench
@@ -143,7 +148,8 @@ class LiveBench:
         with tempfile.TemporaryDirectory() as workdir:
             proc, port = start_backend(workdir, self.device)
             try:
-                with Client("127.0.0.1", port, timeout=600) as client:
+                with Client("127.0.0.1", port, timeout=600, shared_frames=self.shared_frames) as client:
+                    self.shared_frames = client.shared is not None
                     client.call("open_session", name=SESSION)
                     for cam, image, t in zip(cameras, images, times):
                         client.add_view(cam, image, time=t)
@@ -167,7 +173,8 @@ class LiveBench:
         now = datetime.datetime.now(datetime.timezone.utc)
         result = {"benchmark": self.name, "date": now.strftime("%Y-%m-%d %H:%M UTC"),
                   "device": device_name(self.device), "commit": git_commit(), "torch": torch.__version__,
-                  "gaussians": self.gaussians, "width": self.width, "height": self.height, **measured}
+                  "gaussians": self.gaussians, "width": self.width, "height": self.height,
+                  "frames_through": "shared memory" if self.shared_frames else "socket", **measured}
         print(json.dumps(result))
         if self.out:
             self.out.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,9 @@
 """Viewport latency benchmark: from a camera change to the new frame ready for the GPU texture upload (the
 bytes received and turned into the float buffer the texture takes), through the add-on's own client code
-(frames.FrameStream, as the render engine uses it) on the real socket. p50/p95 with training paused and
-while training, and the main thread's own share: how long the view's ask() takes (a redraw's only call into
-the stream; the tests check that it never waits, this measures it).
+(frames.FrameStream, as the render engine uses it) from the real server on loopback, frames in shared memory
+(through the socket with --socket-frames). p50/p95 with training paused and while training, and the main
+thread's own share: how long the view's ask() takes (a redraw's only call into the stream; the tests check
+that it never waits, this measures it).
 
 Default size: 1M Gaussians at 1920x1080 on a GPU, 2000 Gaussians at 64x48 on the CPU reference rasterizer.
 `--out DIR` also writes viewport-<date>-<device>.json.
