@@ -84,14 +84,15 @@ class SharedFrames:
             return False
         if self.cuda:
             self._unpin(index)
-            cudart = torch.cuda.cudart()
-            self.pinned[index] = int(cudart.cudaHostRegister(self.whole[start:].data_ptr(), size, 0)) == 0
+            address = self.whole[start:].data_ptr()
+            self.pinned[index] = cuda_call(lambda: torch.cuda.cudart().cudaHostRegister(address, size, 0)) == 0
         self.reserved[index] = size
         return True
 
     def _unpin(self, index: int) -> None:
         if self.pinned[index]:
-            torch.cuda.cudart().cudaHostUnregister(self.whole[index * self.slot_bytes:].data_ptr())
+            address = self.whole[index * self.slot_bytes:].data_ptr()
+            cuda_call(lambda: torch.cuda.cudart().cudaHostUnregister(address))
             self.pinned[index] = False
 
     def release(self, index: int) -> None:
@@ -118,3 +119,13 @@ class SharedFrames:
             pass
         os.close(self.fd)
         os.unlink(self.path)
+
+
+def cuda_call(call) -> int:
+    """The CUDA error code `call` returns (0: success), called on a thread of its own: a failure is also left as
+    the calling thread's last CUDA error, which torch would report as the failure of that thread's next kernel."""
+    code = []
+    thread = threading.Thread(target=lambda: code.append(int(call())))
+    thread.start()
+    thread.join()
+    return code[0] if code else -1
