@@ -15,9 +15,10 @@ from blender_addon.core.client import MappedFrames, RemoteError, decode_depth, d
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.protocol import ProtocolError
 from backend import shared_frames
-from backend.frames import packed_layer
+from backend.frames import finish_frame, frame_bytes, packed_layer, queue_frame
+from backend.policy import resolve_device
 from backend.ply import write_ply
-from backend.render import render
+from backend.render import camera_tensors, render
 from conftest import orbit_cameras, random_gaussians
 from test_addon_logic import FakeClient, wait_until
 from test_server import start_server  # noqa: F401 (a fixture)
@@ -119,8 +120,6 @@ def test_the_backend_packs_a_layer_as_the_add_on_does():
 
 def test_the_cpu_renderer_frame_bytes_are_the_wire_formats():
     """A frame rendered on the CPU: rgba8 rows bottom-up, the depth plane after it, a PNG's rows top-down."""
-    from backend.frames import finish_frame, queue_frame
-    from backend.render import camera_tensors
     g = random_gaussians(200, seed=5, sh_degree=1)
     with torch.no_grad():
         out = render(g, CAMERA, 1, (1.0, 1.0, 1.0), "reference")
@@ -135,6 +134,32 @@ def test_the_cpu_renderer_frame_bytes_are_the_wire_formats():
     fields, payload = queued[("png", True)]
     assert np.array_equal(codecs.decode_png(payload[:fields["depth_offset"]]), rgba)
     assert bytes(payload[fields["depth_offset"]:]) == bytes(queued[("rgba8", True)][1])[rgba.nbytes:]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none); run on a GPU machine "
+                    "such as the H200")
+@needs_shm
+def test_gpu_frames_reach_the_reply_and_a_shared_slot_as_the_device_made_them():
+    device, rasterizer = resolve_device("cuda")
+    g = random_gaussians(300, seed=4, sh_degree=1).to(device)
+    view = camera_tensors(CAMERA, device)
+    ring = shared_frames.SharedFrames(64 * 64, cuda=True)
+    mapped = MappedFrames.open(**ring.wire())
+    try:
+        for format, depth in REQUESTS:
+            with torch.no_grad():
+                made = frame_bytes(render(g, CAMERA, 1, (1.0, 1.0, 1.0), rasterizer, view), format, depth)[0]
+                expected = made.cpu().numpy().tobytes()
+                _, payload = finish_frame(queue_frame(g, CAMERA, 1, (1.0, 1.0, 1.0), rasterizer, view, format, depth))
+                fields, empty = finish_frame(queue_frame(g, CAMERA, 1, (1.0, 1.0, 1.0), rasterizer, view, format,
+                                                         depth, ring))
+            assert bytes(payload) == expected and not empty and fields["shared_bytes"] == len(expected)
+            assert bytes(mapped.copy(fields["shared_slot"], len(expected))) == expected
+            ring.release(fields["shared_slot"])
+    finally:
+        mapped.close()
+        ring.close()
 
 
 def test_a_frame_streams_buffer_is_written_again_only_once_its_frame_is_gone():
