@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import time
 from pathlib import Path
 
 import bpy
@@ -124,6 +125,27 @@ def camera_poses(count: int, rng: np.random.Generator) -> list[tuple[tuple, tupl
     return poses
 
 
+def render_views(writer: DatasetWriter, poses: list[tuple[tuple, tuple]], test_every: int) -> None:
+    """Render the scene from a camera at each pose (the render settings as the scene has them) and write the
+    views as a dataset: every `test_every`-th is held out."""
+    scene = bpy.context.scene
+    data = bpy.data.cameras.new("camera")
+    data.lens, data.sensor_width, data.clip_end = 20.0, 36.0, 50.0
+    camera = bpy.data.objects.new("camera", data)
+    scene.collection.objects.link(camera)
+    scene.camera = camera
+    start = time.perf_counter()
+    for i, (location, rotation) in enumerate(poses):
+        camera.location, camera.rotation_euler = location, rotation
+        bpy.context.view_layer.update()
+        split, name = split_of(i, test_every), f"r_{i}"
+        scene.render.filepath = str(writer.image_path(split, name))
+        bpy.ops.render.render(write_still=True)
+        writer.add(split, name, camera_of(camera, scene))
+        print(f"view {i + 1}/{len(poses)} ({time.perf_counter() - start:.0f} s)", flush=True)
+    writer.write()
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, required=True)
@@ -144,21 +166,7 @@ def main(argv: list[str]) -> int:
     r.film_transparent = False
     r.image_settings.file_format, r.image_settings.color_mode, r.image_settings.color_depth = "PNG", "RGB", "8"
     scene.view_settings.view_transform = "Standard"
-    data = bpy.data.cameras.new("camera")
-    data.lens, data.sensor_width, data.clip_end = 20.0, 36.0, 50.0
-    camera = bpy.data.objects.new("camera", data)
-    scene.collection.objects.link(camera)
-    scene.camera = camera
-    writer = DatasetWriter(args.out)
-    for i, (location, rotation) in enumerate(camera_poses(args.views, rng)):
-        camera.location, camera.rotation_euler = location, rotation
-        bpy.context.view_layer.update()
-        split, name = split_of(i, args.test_every), f"r_{i}"
-        r.filepath = str(writer.image_path(split, name))
-        bpy.ops.render.render(write_still=True)
-        writer.add(split, name, camera_of(camera, scene))
-        print(f"view {i + 1}/{args.views}", flush=True)
-    writer.write()
+    render_views(DatasetWriter(args.out), camera_poses(args.views, rng), args.test_every)
     return 0
 
 
