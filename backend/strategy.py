@@ -14,7 +14,6 @@ from .distributed import SINGLE, Group
 from .dynamic import DynamicGaussians, split_in_time
 from .gaussians import Gaussians, logit
 from .kernels import extension
-from .render import RasterOutput
 from .render.reference import quat_to_rotmat
 
 
@@ -79,20 +78,21 @@ class DefaultStrategy:
             return None if t is None else t.to(device)
         self.grad_sum, self.count = place(state["grad_sum"]), place(state["count"])
 
-    def accumulate(self, step: int, out: RasterOutput, width: int, height: int, n: int) -> None:
-        """After a view's backward pass: its screen-space gradients join the statistics. `step` counts
-        completed steps, this one included."""
-        if step >= self.cfg.stop or out.means2d.grad is None:
+    def accumulate(self, step: int, means2d_grad: torch.Tensor | None, radii: torch.Tensor, width: int, height: int,
+                   n: int) -> None:
+        """After a view's backward pass: its screen-space gradients (dL/d(means2d), in pixels, and the radii
+        that say which Gaussians it drew) join the statistics. `step` counts completed steps, this one included."""
+        if step >= self.cfg.stop or means2d_grad is None:
             return
         if self.grad_sum is None or self.grad_sum.shape[0] != n:
-            self.grad_sum = torch.zeros(n, device=out.means2d.device)
-            self.count = torch.zeros(n, device=out.means2d.device)
-        grad = out.means2d.grad.detach()
+            self.grad_sum = torch.zeros(n, device=means2d_grad.device)
+            self.count = torch.zeros(n, device=means2d_grad.device)
+        grad = means2d_grad.detach()
         if grad.is_cuda:  # one kernel instead of eight launches per step
-            extension().accumulate_grad_stats(grad.contiguous(), out.radii, width, height, self.grad_sum, self.count)
+            extension().accumulate_grad_stats(grad.contiguous(), radii, width, height, self.grad_sum, self.count)
             return
         ndc_norm = torch.hypot(grad[:, 0] * (0.5 * width), grad[:, 1] * (0.5 * height))  # pixels -> NDC units
-        visible = out.radii > 0
+        visible = radii > 0
         self.grad_sum += torch.where(visible, ndc_norm, 0.0).to(self.grad_sum.dtype)
         self.count += visible.to(self.count.dtype)
 

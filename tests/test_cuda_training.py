@@ -3,7 +3,8 @@
 Tolerances: the loss value relative 1e-5 and its image gradient relative L2 1e-4 against the torch loss in
 float64; both for a uint8 target relative 1e-6 against the same target as float; Adam parameters after 30
 float32 steps within 1e-5 of the same arithmetic in float64; the densification statistics relative 1e-6
-against the torch formula.
+against the torch formula. A training step's gradients without autograd (render.cuda.gradient_step) equal
+autograd's bit for bit.
 """
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ from backend.metrics import photometric_loss, torch_photometric_loss
 from backend.optim import Adam
 from backend.strategy import DefaultStrategy, DensifyConfig
 from backend.train import Trainer, evaluate, load_checkpoint
+from backend.render import camera_tensors, render
+from conftest import orbit_cameras, random_gaussians
+from backend.render.cuda import gradient_step
 from backend.render.reference import RasterOutput
 
 pytestmark = [
@@ -125,8 +129,8 @@ def test_gradient_statistics_kernel_matches_torch():
     cpu_out = RasterOutput(None, None, None, means2d.detach().cpu().requires_grad_(), radii.cpu())
     cpu_out.means2d.grad = means2d.grad.cpu()
     for _ in range(3):
-        cuda_strategy.accumulate(1, out, width, height, n)
-        cpu_strategy.accumulate(1, cpu_out, width, height, n)
+        cuda_strategy.accumulate(1, out.means2d.grad, out.radii, width, height, n)
+        cpu_strategy.accumulate(1, cpu_out.means2d.grad, cpu_out.radii, width, height, n)
     torch.testing.assert_close(cuda_strategy.grad_sum.cpu(), cpu_strategy.grad_sum, rtol=1e-6, atol=1e-9)
     torch.testing.assert_close(cuda_strategy.count.cpu(), cpu_strategy.count)
 
@@ -155,6 +159,54 @@ def test_gpu_training_fits_and_resumes_exactly(tiny_scene, tmp_path):
         resumed.train_step()
     for name, t in straight.g.tensors().items():
         assert torch.equal(getattr(resumed.g, name), t), name
+
+
+@pytest.mark.parametrize("width,height,sh_degree", [(256, 192, 3), (203, 141, 1)])
+def test_gradients_without_autograd_equal_autograds(width, height, sh_degree):
+    """gradient_step gives the loss, image, screen-space gradient and every parameter's gradient of
+    photometric_loss(render(...)).backward() exactly, and adds to gradients already there (views batched)."""
+    cams = orbit_cameras(2, width, height)
+    gen = torch.Generator().manual_seed(4)
+    targets = [torch.randint(0, 256, (height, width, 3), dtype=torch.uint8, generator=gen).to(DEV) for _ in cams]
+    background = torch.tensor([0.2, 0.5, 1.0], device=DEV)
+    runs = []
+    for without_autograd in (False, True):
+        g = random_gaussians(2000, seed=3).to(DEV).requires_grad_()
+        per_view = []
+        for cam, target in zip(cams, targets):
+            view = camera_tensors(cam, DEV)
+            if without_autograd:
+                per_view.append(gradient_step(g, *view, width, height, sh_degree, background, target, 0.2))
+                continue
+            out = render(g, cam, sh_degree, background, "cuda", view)
+            loss = photometric_loss(out.image, target, 0.2)
+            loss.backward()
+            per_view.append((loss, out.image, out.means2d.grad, out.radii))
+        runs.append((per_view, {k: t.grad for k, t in g.tensors().items()}))
+    (autograd_views, autograd_grads), (direct_views, direct_grads) = runs
+    for ours, theirs in zip(direct_views, autograd_views):
+        for a, b in zip(ours, theirs):
+            assert torch.equal(a, b.detach())
+    for name, grad in autograd_grads.items():
+        assert torch.equal(direct_grads[name], grad), name
+
+
+def test_training_without_autograd_equals_training_through_it(tiny_scene):
+    """The trainer's step without autograd (a static model on the CUDA rasterizer) and the same step through
+    autograd train the same model bit for bit, densification, opacity reset and SH growth included."""
+    data = load_split(tiny_scene, "train")
+    cfg = make_config("cuda", "cuda", iterations=160, init_points=2000)
+    cfg = replace(cfg, sh_interval=40, densify=replace(cfg.densify, start=20, every=20, stop=140,
+                                                       reset_opacity_every=100))
+    trainers = [Trainer(data, cfg, DEV) for _ in range(2)]
+    assert trainers[0].without_autograd
+    trainers[1].without_autograd = False
+    for trainer in trainers:
+        while trainer.step < cfg.iterations:
+            trainer.train_step()
+    assert len(trainers[0].g) != 2000  # densification ran
+    for name, t in trainers[1].g.tensors().items():
+        assert torch.equal(getattr(trainers[0].g, name), t), name
 
 
 def test_gaussians_from_a_point_cloud_built_on_the_gpu_match_the_cpu():

@@ -40,13 +40,14 @@ def stage_of(kernel: str) -> str:
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m backend bench profile")
     p.add_argument("--data", default=str(LEGO))
+    p.add_argument("--preset", default="quality", choices=sorted(PRESETS))
     p.add_argument("--warmup", type=int, default=2000, help="steps before profiling (lets the model grow)")
     p.add_argument("--steps", type=int, default=200, help="profiled steps")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench profile needs a CUDA GPU", file=sys.stderr)
         return 1
-    cfg = replace(PRESETS["quality"], rasterizer="cuda")
+    cfg = replace(PRESETS[args.preset], rasterizer="cuda")
     trainer = Trainer(load_split(args.data, "train", cfg.background), cfg, "cuda")
     while trainer.step < args.warmup:
         trainer.train_step()

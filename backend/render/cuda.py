@@ -12,6 +12,7 @@ from typing import NamedTuple
 import torch
 
 from blender_addon.core.errors import SplatwrightError
+from ..gaussians import Gaussians
 from ..kernels import extension
 from .reference import RasterOutput
 
@@ -62,25 +63,37 @@ class _Project(torch.autograd.Function):
         return g_means, g_quats, g_scales, g_sh, None, None, None, None, None, None
 
 
+def rasterize_forward(means2d, conics, colors, opacities, depths, radii, background, width: int, height: int,
+                      record_states: bool) -> tuple[tuple, tuple]:
+    """(image, alpha, depth) and what rasterize_backward takes besides them (with `record_states`)."""
+    bins = bin_tiles(means2d, radii, depths, width, height)
+    image, alpha, depth, final_t, n_contrib, batch_states = extension().rasterize_forward(
+        bins.ranges, bins.gauss_ids, bins.batch_offsets, bins.batch_tiles, means2d, conics, colors, opacities, depths,
+        background, width, height, record_states)
+    return (image, alpha, depth), (*bins, batch_states, means2d, conics, colors, opacities, background, final_t, n_contrib)
+
+
+def rasterize_backward(saved, width: int, height: int, g_image, g_alpha):
+    """Gradients w.r.t. means2d, conics, colors and opacities; `saved`: rasterize_forward's second result."""
+    *bins_and_states, final_t, n_contrib = saved  # bins, batch states, splats, background
+    return extension().rasterize_backward(*bins_and_states, width, height, final_t, n_contrib, g_image.contiguous(),
+                                          g_alpha.contiguous())
+
+
 class _Rasterize(torch.autograd.Function):
     @staticmethod
     def forward(ctx, means2d, conics, colors, opacities, depths, radii, background, width, height):
-        bins = bin_tiles(means2d, radii, depths, width, height)
         record_states = any(ctx.needs_input_grad[:4])  # what the backward starts each batch from
-        image, alpha, depth, final_t, n_contrib, batch_states = extension().rasterize_forward(
-            bins.ranges, bins.gauss_ids, bins.batch_offsets, bins.batch_tiles, means2d, conics, colors, opacities,
-            depths, background, width, height, record_states)
-        ctx.save_for_backward(*bins, batch_states, means2d, conics, colors, opacities, background, final_t, n_contrib)
+        (image, alpha, depth), saved = rasterize_forward(means2d, conics, colors, opacities, depths, radii,
+                                                         background, width, height, record_states)
+        ctx.save_for_backward(*saved)
         ctx.size = (width, height)
         ctx.mark_non_differentiable(depth)
         return image, alpha, depth
 
     @staticmethod
     def backward(ctx, g_image, g_alpha, g_depth):
-        *bins_and_states, final_t, n_contrib = ctx.saved_tensors  # bins, batch states, splats, background
-        width, height = ctx.size
-        g_means2d, g_conics, g_colors, g_opacities = extension().rasterize_backward(
-            *bins_and_states, width, height, final_t, n_contrib, g_image.contiguous(), g_alpha.contiguous())
+        g_means2d, g_conics, g_colors, g_opacities = rasterize_backward(ctx.saved_tensors, *ctx.size, g_image, g_alpha)
         return g_means2d, g_conics, g_colors, g_opacities, None, None, None, None, None
 
 
@@ -107,3 +120,50 @@ def rasterize(means, quats, scales, opacities, sh, viewmat, K, width: int, heigh
     image, alpha, depth = _Rasterize.apply(means2d, conics, colors, opacities.reshape(-1), depths, radii,
                                            background, int(width), int(height))
     return RasterOutput(image, alpha, depth, means2d, radii)
+
+
+class ViewGradients(NamedTuple):
+    """What a training step needs from one view's gradient_step besides the parameters' gradients."""
+    loss: torch.Tensor  # 0-dim
+    image: torch.Tensor  # (H, W, 3), as rendered
+    means2d_grad: torch.Tensor  # (N, 2) dL/d(means2d), in pixels
+    radii: torch.Tensor  # (N,) int32, 0 where not drawn
+
+
+_ones_and_zeros: dict = {}  # (height, width, device) -> the loss's unit gradient and the alpha's zero gradient
+
+
+def gradient_step(g: Gaussians, viewmat, K, width: int, height: int, sh_degree: int, background, target,
+                  ssim_weight: float) -> ViewGradients:
+    """One view's photometric loss (metrics.photometric_loss) of a static model and its gradients, added to each
+    parameter's .grad, without autograd: the loss's and the rasterizer's kernels forward and backward, then the
+    chain rule of the activations (scales = exp(log_scales), opacities = sigmoid(logits), sh = [sh_dc, sh_rest]).
+    The same kernels in the same order as loss.backward() through rasterize, so the gradients are bit-equal to
+    autograd's (tests/test_cuda_training.py), for a third less host time a step, which is what bounds a step on
+    a fast GPU. `target`: the view as the loss takes it (uint8 or float32, (H, W, 3))."""
+    ext = extension()
+    key = (height, width, g.means.device)
+    if key not in _ones_and_zeros:
+        _ones_and_zeros[key] = (torch.ones((), device=g.means.device),
+                                torch.zeros((height, width), device=g.means.device))
+    one, zero_alpha_grad = _ones_and_zeros[key]
+    with torch.no_grad():
+        scales, opacities = torch.exp(g.log_scales), torch.sigmoid(g.opacity_logits)
+        sh = torch.cat([g.sh_dc, g.sh_rest], dim=1)
+        means2d, conics, depths, radii, colors = ext.project_forward(
+            g.means, g.quats, scales, opacities, sh, viewmat, K, width, height, sh_degree)
+        (image, _, _), saved = rasterize_forward(means2d, conics, colors, opacities, depths, radii, background,
+                                                 width, height, record_states=True)
+        loss, partials = ext.loss_forward(image, target, ssim_weight)
+        g_image = ext.loss_backward(image, target, partials, ssim_weight, one)
+        g_means2d, g_conics, g_colors, g_opacities = rasterize_backward(saved, width, height, g_image, zero_alpha_grad)
+        g_means, g_quats, g_scales, g_sh = ext.project_backward(
+            g.means, g.quats, scales, sh, viewmat, K, width, height, sh_degree, radii, g_means2d, g_conics, g_colors)
+        for param, grad in ((g.means, g_means), (g.quats, g_quats), (g.log_scales, g_scales.mul_(scales)),
+                            (g.opacity_logits, torch.ops.aten.sigmoid_backward(g_opacities, opacities)),
+                            (g.sh_dc, g_sh[:, :1].contiguous()), (g.sh_rest, g_sh[:, 1:].contiguous())):
+            if param.grad is None:
+                param.grad = grad
+            else:
+                param.grad += grad
+    return ViewGradients(loss, image, g_means2d, radii)
