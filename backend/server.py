@@ -428,7 +428,14 @@ def read_token(path: str | None) -> str:
     return token
 
 
+# How long a thread holding the GIL keeps it while another asks for it (Python's default is 5 ms). The training
+# thread is busy in Python all the time; a frame passes through the socket, render and reply threads, each
+# waiting its turn for the GIL, so at the default a frame waits for training several times 5 ms.
+GIL_SWITCH_SECONDS = 0.0002
+
+
 def serve(args) -> int:
+    sys.setswitchinterval(GIL_SWITCH_SECONDS)
     token = read_token(args.token_file)
     if not protocol.is_loopback(args.host) and not token:
         raise SplatwrightError(f"--host {args.host} is reachable from other machines; refusing to serve without "

@@ -3,6 +3,9 @@ the one definition of the sRGB curve in the add-on (bpy-free). View transforms o
 inverse view_transform.py makes."""
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 
@@ -27,10 +30,29 @@ def linear_to_srgb8(rgb: np.ndarray) -> np.ndarray:
 _LINEAR_OF_BYTE = srgb_to_linear(np.arange(256) / 255.0)
 
 
+# A frame's conversion is shared out in pieces of at least this many values among a few threads: numpy lets go of
+# the GIL while it multiplies, so a 1080p frame converts in a fraction of one core's time.
+CONVERSION_PIECE = 1 << 20
+CONVERSION_THREADS = min(4, os.cpu_count() or 1)
+_converters = ThreadPoolExecutor(CONVERSION_THREADS, thread_name_prefix="splatwright-pixels")
+
+
 def display_pixels(rgba: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """An (H, W, 4) uint8 frame as flat float32 in [0, 1], still sRGB-encoded: what an sRGB texture takes
     (one multiply per value; the GPU decodes to scene-linear when it samples); into `out` where given."""
-    return np.multiply(rgba.reshape(-1), np.float32(1.0 / 255.0), out=out, dtype=np.float32)
+    flat = rgba.reshape(-1)
+    out = np.empty(flat.size, np.float32) if out is None else out
+    pieces = max(1, min(CONVERSION_THREADS, flat.size // CONVERSION_PIECE))
+    bounds = np.linspace(0, flat.size, pieces + 1, dtype=np.int64)
+
+    def convert(k: int) -> None:
+        a, b = bounds[k], bounds[k + 1]
+        np.multiply(flat[a:b], np.float32(1.0 / 255.0), out=out[a:b], dtype=np.float32)
+    if pieces == 1:
+        convert(0)
+    else:
+        list(_converters.map(convert, range(pieces)))
+    return out
 
 
 def linear_pixels(rgba: np.ndarray) -> np.ndarray:

@@ -173,6 +173,13 @@ def test_srgb_curve_round_trips_and_bytes_stay_bytes():
     np.testing.assert_allclose(linear[:, 3], 128 / 255.0, rtol=1e-6)
 
 
+def test_a_large_frame_converts_in_pieces_to_every_value_of_one_multiply():
+    rgba = np.random.default_rng(3).integers(0, 256, (1080, 1921, 4), dtype=np.uint8)  # not a multiple of a piece
+    out = np.full(rgba.size, np.nan, np.float32)
+    assert colors.display_pixels(rgba, out) is out
+    assert np.array_equal(out, np.multiply(rgba.reshape(-1), np.float32(1.0 / 255.0), dtype=np.float32))
+
+
 def test_combined_pass_takes_the_background_out_for_a_transparent_film():
     background = [1.0, 1.0, 1.0]
     straight, alpha = np.array([0.2, 0.4, 0.6]), 0.5
