@@ -5,9 +5,9 @@ Standard view transform and written as JPEGs in a NeRF-synthetic dataset (the ad
 camera conversion, as blender_interior.py writes it).
 
 Eevee needs an OpenGL context, which Debian's Blender 3.4 gets from an X server (Mesa's llvmpipe on a machine
-without a GPU: about 10 s a view on two cores, where Cycles on the CPU takes minutes at 1080p and the bpy
+without a GPU: about 9 s a view on two cores, where Cycles on the CPU takes minutes at 1080p and the bpy
 module's Eevee Next about 100 s). The defaults (180 views: 160 train, 20 test; JPEG quality 90) make about
-30 MB:
+20 MB (40 minutes on two cores shared with another render):
 
     xvfb-run -a -s "-screen 0 1920x1080x24" blender -b --factory-startup --python backend/bench/blender_hd.py \\
         -- --out .bench-data/hd [--views 180] [--test-every 9] [--width 1920] [--samples 3] [--quality 90]
