@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from PIL import Image
 
 from blender_addon.core.cameras import Camera, from_blender_c2w, intrinsics, intrinsics_from_fov_x
@@ -62,19 +61,6 @@ class Dataset:
 
     def to(self, device) -> "Dataset":
         return Dataset(self.cameras, self.images.to(device), self.names, self.times)
-
-
-def downsampled(data: Dataset, factor: int) -> Dataset:
-    """The views box-filtered to 1/factor of their size (each side first cropped to a multiple of `factor`),
-    with cameras to match: a coarse pixel is the mean of the factor x factor fine pixels it covers, and its
-    centre theirs. View by view, so the float temporaries are one view's size."""
-    height, width = (s // factor for s in data.images.shape[1:3])
-    images = torch.empty((len(data), height, width, 3), dtype=torch.uint8, device=data.images.device)
-    for i, image in enumerate(data.images):
-        fine = image[:height * factor, :width * factor].permute(2, 0, 1)[None].float()
-        images[i] = F.avg_pool2d(fine, factor)[0].permute(1, 2, 0).round_().to(torch.uint8)
-    cameras = [c.cropped(0, 0, width * factor, height * factor).scaled(1 / factor) for c in data.cameras]
-    return Dataset(cameras, images, data.names, data.times)
 
 
 # NeRF-synthetic lego where the project's shared data sits beside the checkout: the demo's fallback scene and

@@ -11,7 +11,7 @@ import torch
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.files import replacing
 from blender_addon.core.cameras import Camera
-from .data import Dataset, as_float, camera_extent, downsampled, quantise, scene_bounds
+from .data import Dataset, as_float, camera_extent, quantise, scene_bounds
 from .distributed import SINGLE, Group
 from .dynamic import DynamicGaussians, gaussians_from_tensors
 from .gaussians import Gaussians
@@ -58,11 +58,6 @@ class TrainConfig:
     log_every: int = 50  # steps between loss read-backs (each is a host synchronisation)
     batch_views: int = 1  # views per step, shared out among a distributed group's processes
     dynamic: bool = False  # train a 4D model (backend.dynamic) even when the views have no times
-    # The first coarse_steps steps train on the views box-filtered to 1/coarse_factor of their size: early
-    # steps only place and colour Gaussians roughly, which small images show as well for a fraction of the
-    # pixels (the resolution schedule of DashGaussian, in one stage).
-    coarse_steps: int = 0
-    coarse_factor: int = 2
     lr: LearningRates = field(default_factory=LearningRates)
     densify: DensifyConfig = field(default_factory=DensifyConfig)
 
@@ -109,7 +104,6 @@ class Trainer:
         self.device = torch.device(device)
         self.data = data.to(self.device)
         self.views = [camera_tensors(c, self.device) for c in data.cameras]
-        self.coarse: tuple[Dataset, list] | None = None  # the coarse steps' views, made at their first step
         self.extent = camera_extent(data.cameras)
         if gaussians is None:
             center, half = scene_bounds(data.cameras)
@@ -159,17 +153,16 @@ class Trainer:
                 group["lr"] = means_lr
             elif group["name"] in POSITION_RATES:
                 group["lr"] = self.initial_rates[group["name"]] * means_lr / self.initial_rates["means"]
-        data, views = self._training_views()
-        batch = torch.randint(len(data), (self.cfg.batch_views,), generator=self.generator).tolist()
+        batch = torch.randint(len(self.data), (self.cfg.batch_views,), generator=self.generator).tolist()
         for k, i in enumerate(self.group.share(batch)):
-            cam, gt = data.cameras[i], data.images[i]  # uint8: the loss converts it
+            cam, gt = self.data.cameras[i], self.data.images[i]  # uint8: the loss converts it
             if self.without_autograd:
-                loss, image, means2d_grad, radii = gradient_step(self.g, *views[i], cam.width, cam.height,
+                loss, image, means2d_grad, radii = gradient_step(self.g, *self.views[i], cam.width, cam.height,
                                                                  self.sh_degree, self.background, gt,
                                                                  self.cfg.ssim_weight)
             else:
-                out = render(self.g.at(data.time(i)), cam, self.sh_degree, self.background, self.cfg.rasterizer,
-                             views[i])
+                out = render(self.g.at(self.data.time(i)), cam, self.sh_degree, self.background,
+                             self.cfg.rasterizer, self.views[i])
                 loss = photometric_loss(out.image, gt, self.cfg.ssim_weight)
                 loss.backward()
                 image, means2d_grad, radii = out.image, out.means2d.grad, out.radii
@@ -193,17 +186,6 @@ class Trainer:
             torch.cuda.synchronize(self.device)
         self.train_seconds += time.perf_counter() - start
 
-    def _training_views(self) -> tuple[Dataset, list]:
-        """The views this step draws from and their camera tensors: the coarse ones during the coarse steps
-        (made at the first, freed after the last), else the dataset's."""
-        if self.step >= self.cfg.coarse_steps:
-            self.coarse = None
-            return self.data, self.views
-        if self.coarse is None:
-            coarse = downsampled(self.data, self.cfg.coarse_factor)
-            self.coarse = coarse, [camera_tensors(c, self.device) for c in coarse.cameras]
-        return self.coarse
-
     def _sum_gradients(self) -> None:
         """The step's gradient: the mean over its views, of all the group's processes."""
         grads = [t.grad for t in self.g.tensors().values() if t.grad is not None]
@@ -220,7 +202,6 @@ class Trainer:
         times = self.data.times + [view_time] if self.data.times is not None else None
         self.data = Dataset(self.data.cameras + [camera], images, self.data.names + [name], times)
         self.views.append(camera_tensors(camera, self.device))
-        self.coarse = None  # made again with this view at the next coarse step
 
     # Checkpoints hold everything needed to continue exactly: parameters, optimizer moments,
     # densification statistics, step and random state.

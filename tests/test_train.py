@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from backend.policy import cpu_config
-from backend.data import downsampled, load_split
+from backend.data import load_split
 from blender_addon.core.errors import SplatwrightError
 from backend.gaussians import Gaussians
 from backend.optim import Adam
@@ -237,30 +237,3 @@ def test_added_views_are_stored_quantised(tiny_scene):
     assert torch.equal(trainer.data.images[:-1], data.images)
     trainer.train_step()
 
-
-def test_downsampled_views_are_box_filtered_with_cameras_to_match(tiny_scene):
-    data = load_split(tiny_scene, "train")
-    data.images[0, :3, :3] = torch.tensor([[10, 20, 30]], dtype=torch.uint8)  # one 2x2 block stays uniform
-    data.images[0, 0, 0] = torch.tensor([0, 0, 0], dtype=torch.uint8)
-    coarse = downsampled(data, 2)
-    assert coarse.images.shape == (len(data), 16, 16, 3) and coarse.images.dtype == torch.uint8
-    # (0 + 10 + 10 + 10) / 4 = 7.5 rounds to 8 (half to even), 15 and 22.5 -> 22
-    assert coarse.images[0, 0, 0].tolist() == [8, 15, 22]
-    fine_mean = data.images[1].float().reshape(16, 2, 16, 2, 3).mean((1, 3))
-    assert (coarse.images[1].float() - fine_mean).abs().max() <= 0.5
-    points = np.random.default_rng(0).normal(size=(20, 3)) * 0.3
-    for fine_cam, coarse_cam in zip(data.cameras, coarse.cameras):
-        (fine_uv, _), (coarse_uv, _) = fine_cam.world_to_pixel(points), coarse_cam.world_to_pixel(points)
-        assert (coarse_cam.width, coarse_cam.height) == (16, 16)
-        np.testing.assert_allclose(coarse_uv, fine_uv / 2, atol=1e-9)  # pixel centres: (i + 0.5) -> (2i + 1)
-
-
-def test_coarse_steps_train_on_downsampled_views_then_on_the_full_ones(tiny_scene):
-    data = load_split(tiny_scene, "train")
-    trainer = Trainer(data, replace(small_config(6), coarse_steps=3, coarse_factor=4))
-    sizes = []
-    while trainer.step < 6:
-        sizes.append(trainer._training_views()[0].images.shape[1:3])
-        trainer.train_step()
-    assert sizes == [(8, 8)] * 3 + [(32, 32)] * 3
-    assert trainer.coarse is None  # freed after the coarse steps
