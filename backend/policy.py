@@ -28,7 +28,9 @@ def resolve_device(name: str) -> tuple[str, str]:
 # Measured on an H200 (bench/results/train-*-schedules-*): the original 3DGS schedule's 30k steps reach 1.1 dB
 # more on lego and 1.0 dB more on the interior than 12k steps densifying to half of them, in 2.6x the time;
 # 12k beats gsplat's simple_trainer at 30k on both (and a longer run is one Steps setting away). Fast: densify
-# to 5000 with opacity resets every 2000 keeps within 1.5 dB of quality where 5000 steps fell 2.7-3.8 dB short.
+# to 5000 with opacity resets every 2000 keeps within 1.5 dB of quality where 5000 steps fell 2.7-3.8 dB short
+# (2026-12-02: lego 0.95 dB, the interior 0.39 dB, the 1920x1080 room 1.0 dB below quality; shorter schedules
+# without opacity resets collapse on lego: bench/results/train-step-20261202.md).
 PRESETS = {
     "quality": TrainConfig(iterations=12_000, densify=DensifyConfig(stop=6000, reset_opacity_every=3000)),
     "fast": TrainConfig(iterations=8000, densify=DensifyConfig(stop=5000, reset_opacity_every=2000)),
