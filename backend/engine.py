@@ -555,6 +555,8 @@ class Engine:
             try:
                 fields, frame = self._draw(job)
                 placed, payload = finish_frame(frame)
+                if frame.slot is not None:
+                    frame.slot.owner.sent(frame.slot.index)
                 job.done({**fields, **placed}, payload)
                 frame = None
             except SplatwrightError as e:
@@ -568,7 +570,7 @@ class Engine:
                 job.fail(protocol.INTERNAL, f"rendering failed: {e!r}; see the backend's log")
             finally:
                 if frame is not None and frame.slot is not None:  # not sent: the slot is free again
-                    frame.slot.owner.release(frame.slot.index)
+                    frame.slot.owner.discard(frame.slot.index)
                 self.renders.settle(job)
 
     def submit_render(self, job: RenderJob) -> None:

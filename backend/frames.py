@@ -99,14 +99,19 @@ def queue_frame(g: Gaussians, camera: Camera, sh_degree: int, background, raster
     slot = shared.take(data.numel()) if shared is not None and format in codecs.RAW_FRAME_FORMATS else None
     copied = None
     host = data
-    if data.is_cuda:
-        # Pinned memory from torch's caching host allocator: reused once the copy that used it is done and the
-        # reply's payload (a view of it) is sent.
-        host = slot.bytes if slot is not None and slot.pinned else torch.empty(data.numel(), dtype=torch.uint8,
-                                                                              pin_memory=True)
-        host.copy_(data, non_blocking=True)
-        copied = torch.cuda.Event()
-        copied.record()
+    try:
+        if data.is_cuda:
+            # Pinned memory from torch's caching host allocator: reused once the copy that used it is done and the
+            # reply's payload (a view of it) is sent.
+            host = slot.bytes if slot is not None and slot.pinned else torch.empty(data.numel(), dtype=torch.uint8,
+                                                                                  pin_memory=True)
+            host.copy_(data, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record()
+    except BaseException:
+        if slot is not None:
+            shared.discard(slot.index)
+        raise
     return QueuedFrame(host, format, camera.width, camera.height, depth_offset, copied, slot)
 
 

@@ -268,12 +268,14 @@ class Server:
                 self._welcome(conn)
                 self._request_loop(conn)
             finally:
-                if conn.shared is not None:
-                    conn.shared.close()
-                with self.slot:
-                    self.active = None
-                    self.engine.emit = lambda event: None
-                    self.slot.notify_all()
+                try:
+                    if conn.shared is not None:
+                        conn.shared.close()
+                finally:  # the next client gets the slot whatever closing the shared memory did
+                    with self.slot:
+                        self.active = None
+                        self.engine.emit = lambda event: None
+                        self.slot.notify_all()
         except Exception:  # a bug; this connection is lost but the server goes on
             traceback.print_exc()
         finally:
@@ -396,7 +398,8 @@ class Server:
 
     def _release_frame(self, conn: Connection, message: Message):
         if conn.shared is None:
-            raise SplatwrightError("this connection has no shared-memory frames to release")
+            raise SplatwrightError("this connection has no shared-memory frames to release; ask for them in the "
+                                   "hello (shared_frames) and render with shared before releasing a slot")
         conn.shared.release(message.fields["slot"])
         return {}, b""
 
@@ -436,6 +439,8 @@ GIL_SWITCH_SECONDS = 0.0002
 
 def serve(args) -> int:
     sys.setswitchinterval(GIL_SWITCH_SECONDS)
+    if shared_frames.available():
+        shared_frames.remove_stale_files()
     token = read_token(args.token_file)
     if not protocol.is_loopback(args.host) and not token:
         raise SplatwrightError(f"--host {args.host} is reachable from other machines; refusing to serve without "

@@ -82,30 +82,59 @@ def test_a_bad_release_is_an_error_reply_and_the_connection_goes_on(tmp_path, st
 
 
 @needs_shm
-def test_slots_are_taken_until_released_and_released_once():
+def test_a_slot_goes_to_the_client_only_when_sent_and_comes_back_once():
     ring = shared_frames.SharedFrames(64 * 64, cuda=False)
+    mapped = MappedFrames.open(**ring.wire())  # as a client maps it, before its first shared render
     try:
         taken = [ring.take(64 * 64 * 4) for _ in range(protocol.SHARED_SLOTS)]
         assert sorted(slot.index for slot in taken) == list(range(protocol.SHARED_SLOTS))
-        assert ring.take(16) is None  # every slot waits for the client: the frame goes in the reply
-        assert ring.take(ring.slot_bytes + 1) is None
+        assert not os.path.exists(ring.wire()["path"])  # the name goes once the client has the file mapped
+        assert ring.take(16) is None  # every slot busy: the frame goes in the reply
+        with pytest.raises(SplatwrightError, match="holds no frame"):
+            ring.release(taken[1].index)  # being written: not the client's to release
+        ring.sent(taken[1].index)
         ring.release(taken[1].index)
         with pytest.raises(SplatwrightError, match="holds no frame"):
             ring.release(taken[1].index)
         with pytest.raises(SplatwrightError, match="holds no frame"):
             ring.release(protocol.SHARED_SLOTS)
+        ring.discard(taken[2].index)  # a frame that is not sent frees its slot without the client
+        assert ring.take(ring.slot_bytes + 1) is None
         slot = ring.take(100)
-        assert slot.index == taken[1].index and slot.bytes.numel() == 100
+        assert slot.index in (taken[1].index, taken[2].index) and slot.bytes.numel() == 100
         slot.bytes.fill_(7)
-        mapped = MappedFrames.open(**ring.wire())
         assert bytes(mapped.copy(slot.index, 100)) == bytes([7]) * 100
         with pytest.raises(ProtocolError, match="does not fit"):
             mapped.copy(slot.index, ring.slot_bytes + 1)
-        mapped.close()
     finally:
+        mapped.close()
         ring.close()
-    assert not os.path.exists(ring.wire()["path"])
-    assert MappedFrames.open(ring.wire()["path"], ring.slot_bytes) is None  # gone: frames go through the socket
+
+
+@needs_shm
+def test_a_connection_closing_mid_frame_keeps_the_memory_until_the_frame_is_done():
+    ring = shared_frames.SharedFrames(64 * 64, cuda=False)
+    slot = ring.take(1000)
+    ring.close()  # the client went while the render thread writes this slot
+    assert not os.path.exists(ring.wire()["path"]) and ring.take(10) is None
+    slot.bytes.fill_(3)  # still mapped: no crash
+    assert int(slot.bytes.sum()) == 3000 and not ring.map.closed
+    ring.discard(slot.index)
+    assert ring.map.closed
+
+
+@needs_shm
+def test_files_of_killed_servers_are_removed_and_live_ones_kept(tmp_path):
+    dead = shared_frames.FOLDER / f"{shared_frames.PREFIX}999999999-test"
+    live = shared_frames.FOLDER / f"{shared_frames.PREFIX}{os.getpid()}-test"
+    for path in (dead, live):
+        path.write_bytes(b"x")
+    try:
+        shared_frames.remove_stale_files()
+        assert not dead.exists() and live.exists()
+    finally:
+        for path in (dead, live):
+            path.unlink(missing_ok=True)
 
 
 def test_the_backend_packs_a_layer_as_the_add_on_does():
@@ -156,7 +185,7 @@ def test_gpu_frames_reach_the_reply_and_a_shared_slot_as_the_device_made_them():
                                                          depth, ring))
             assert bytes(payload) == expected and not empty and fields["shared_bytes"] == len(expected)
             assert bytes(mapped.copy(fields["shared_slot"], len(expected))) == expected
-            ring.release(fields["shared_slot"])
+            ring.discard(fields["shared_slot"])
     finally:
         mapped.close()
         ring.close()

@@ -130,7 +130,7 @@ class ViewGradients(NamedTuple):
     radii: torch.Tensor  # (N,) int32, 0 where not drawn
 
 
-_ones_and_zeros: dict = {}  # (height, width, device) -> the loss's unit gradient and the alpha's zero gradient
+_unit_gradients: dict = {}  # the loss's unit gradient and the alpha's zero gradient, of the last image size
 
 
 def gradient_step(g: Gaussians, viewmat, K, width: int, height: int, sh_degree: int, background, target,
@@ -143,10 +143,11 @@ def gradient_step(g: Gaussians, viewmat, K, width: int, height: int, sh_degree: 
     a fast GPU. `target`: the view as the loss takes it (uint8 or float32, (H, W, 3))."""
     ext = extension()
     key = (height, width, g.means.device)
-    if key not in _ones_and_zeros:
-        _ones_and_zeros[key] = (torch.ones((), device=g.means.device),
+    if key not in _unit_gradients:
+        _unit_gradients.clear()
+        _unit_gradients[key] = (torch.ones((), device=g.means.device),
                                 torch.zeros((height, width), device=g.means.device))
-    one, zero_alpha_grad = _ones_and_zeros[key]
+    one, zero_alpha_grad = _unit_gradients[key]
     with torch.no_grad():
         scales, opacities = torch.exp(g.log_scales), torch.sigmoid(g.opacity_logits)
         sh = torch.cat([g.sh_dc, g.sh_rest], dim=1)
