@@ -7,6 +7,7 @@ carries no gradient.
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -130,7 +131,10 @@ class ViewGradients(NamedTuple):
     radii: torch.Tensor  # (N,) int32, 0 where not drawn
 
 
-_unit_gradients: dict = {}  # the loss's unit gradient and the alpha's zero gradient, of the last image size
+@functools.lru_cache(maxsize=1)  # a training run's views share one size
+def unit_gradients(height: int, width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loss's gradient with respect to itself (1) and the alpha image's (zeros, the loss not reading it)."""
+    return torch.ones((), device=device), torch.zeros((height, width), device=device)
 
 
 def gradient_step(g: Gaussians, viewmat, K, width: int, height: int, sh_degree: int, background, target,
@@ -142,12 +146,7 @@ def gradient_step(g: Gaussians, viewmat, K, width: int, height: int, sh_degree: 
     autograd's (tests/test_cuda_training.py), for a third less host time a step, which is what bounds a step on
     a fast GPU. `target`: the view as the loss takes it (uint8 or float32, (H, W, 3))."""
     ext = extension()
-    key = (height, width, g.means.device)
-    if key not in _unit_gradients:
-        _unit_gradients.clear()
-        _unit_gradients[key] = (torch.ones((), device=g.means.device),
-                                torch.zeros((height, width), device=g.means.device))
-    one, zero_alpha_grad = _unit_gradients[key]
+    one, zero_alpha_grad = unit_gradients(height, width, g.means.device)
     with torch.no_grad():
         scales, opacities = torch.exp(g.log_scales), torch.sigmoid(g.opacity_logits)
         sh = torch.cat([g.sh_dc, g.sh_rest], dim=1)
