@@ -1,9 +1,25 @@
 // Splat evaluation shared by rasterize_fwd.cu and rasterize_bwd.cu, so both make the same decisions.
 #pragma once
 
+#include <cstdint>
+
 #include "constants.h"
 
 namespace splatwright {
+
+// Each warp of a tile's block takes a WARP_W x WARP_H block of the tile's pixels, so that a small splat misses
+// most warps' blocks and those warps skip it without evaluating it (see warp_mask).
+constexpr int WARP_W = 8, WARP_H = 4;
+constexpr int WARPS_X = TILE / WARP_W;
+constexpr int TILE_WARPS = BLOCK_SIZE / 32;
+static_assert(WARP_W * WARP_H == 32 && TILE % WARP_W == 0 && TILE % WARP_H == 0, "warps tile the tile");
+
+// The pixel (x, y) within its tile that thread `thread` of the block handles.
+__device__ __forceinline__ void tile_pixel(int thread, int& x, int& y) {
+  const int lane = thread & 31, warp = thread >> 5;
+  x = (warp % WARPS_X) * WARP_W + (lane % WARP_W);
+  y = (warp / WARPS_X) * WARP_H + (lane / WARP_W);
+}
 
 // Opacity-weighted Gaussian at pixel centre (px, py): alpha = min(ALPHA_MAX, opacity * exp(power)).
 // Returns false where the splat is skipped (power > 0 or alpha < ALPHA_MIN).
@@ -24,6 +40,37 @@ __device__ __forceinline__ bool sample_splat(float2 xy, float4 conic_opacity, fl
   s.raw = conic_opacity.w * s.gauss;
   s.alpha = fminf(ALPHA_MAX, s.raw);
   return s.alpha >= ALPHA_MIN;
+}
+
+// Bit w set where some pixel of warp w's block (tile origin x0, y0) may pass sample_splat: where the pixel
+// block's rectangle meets the ellipse (d^T conic d <= t) outside which alpha < ALPHA_MIN. Conservative: t is
+// raised by 1% and the rectangle reaches half a pixel past the outer pixel centres, far more than the float
+// error of this test and of __expf; a very thin ellipse, whose determinant cancels, sets every bit.
+__device__ __forceinline__ uint32_t warp_mask(float2 xy, float4 conic_opacity, float x0, float y0) {
+  constexpr uint32_t ALL = (1u << TILE_WARPS) - 1u;
+  if (conic_opacity.w < ALPHA_MIN) return 0u;
+  const float A = conic_opacity.x, B = conic_opacity.y, C = conic_opacity.z;
+  const float D = A * C - B * B;
+  if (!(A > 0.f && C > 0.f && D > 1e-4f * A * C)) return ALL;
+  const float t = 2.02f * __logf(conic_opacity.w / ALPHA_MIN) + 1e-2f;
+  const float y_reach = sqrtf(A * t / D);          // |dy| on the ellipse
+  const float dy_right = -B * sqrtf(t / (C * D));  // dy of the ellipse's rightmost point (leftmost: -dy_right)
+  uint32_t mask = 0u;
+#pragma unroll
+  for (int row = 0; row < TILE / WARP_H; ++row) {
+    const float lo = fmaxf(y0 + row * WARP_H - xy.y, -y_reach);
+    const float hi = fminf(y0 + (row + 1) * WARP_H - xy.y, y_reach);
+    if (lo > hi) continue;
+    // The ellipse's slice over this row band spans x_left(dy) .. x_right(dy), x_right concave and x_left convex
+    // in dy, so their extremes over the band are at the extreme points' dy clamped into it.
+    const float dr = fminf(fmaxf(dy_right, lo), hi), dl = fminf(fmaxf(-dy_right, lo), hi);
+    const float x_hi = xy.x + (-B * dr + sqrtf(fmaxf(A * t - D * dr * dr, 0.f))) / A;
+    const float x_lo = xy.x + (-B * dl - sqrtf(fmaxf(A * t - D * dl * dl, 0.f))) / A;
+#pragma unroll
+    for (int col = 0; col < WARPS_X; ++col)
+      if (x_lo <= x0 + (col + 1) * WARP_W && x_hi >= x0 + col * WARP_W) mask |= 1u << (row * WARPS_X + col);
+  }
+  return mask;
 }
 
 }  // namespace splatwright

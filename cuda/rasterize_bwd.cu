@@ -1,7 +1,8 @@
 // Rasterize backward: the forward's tile walk in reverse, one block per batch of a tile's entries (busy tiles'
 // long lists spread over many blocks instead of one). Each pixel starts from its transmittance T at the end of
 // the batch and the colour S composited behind that point (from the states the forward recorded), recovers T
-// before each splat as T / (1 - alpha), and keeps S up to date.
+// before each splat as T / (1 - alpha), and keeps S up to date. A warp skips the splats that cannot touch its
+// block of pixels (warp_mask), as the forward does.
 //
 // The result is deterministic: no float atomics. Each splat's gradient is summed over each warp, the warps' sums
 // are added in warp order into one value per entry (tile, Gaussian), and a second kernel adds each Gaussian's
@@ -41,7 +42,7 @@ __device__ __forceinline__ void warp_sum9(float* v, int lane, float& mine, float
   ninth = y;
 }
 
-constexpr int WARPS = BLOCK_SIZE / 32;
+constexpr int WARPS = TILE_WARPS;
 constexpr int HALF = BLOCK_SIZE / 2;  // entries whose warp sums are staged in shared memory at once
 constexpr int ENTRY_GRADS = 9;        // d/d(mean x, mean y, conic a, b, c, red, green, blue, opacity)
 
@@ -53,6 +54,7 @@ __global__ void __launch_bounds__(BLOCK_SIZE)
   __shared__ float2 s_xy[BLOCK_SIZE];
   __shared__ float4 s_conic_opacity[BLOCK_SIZE];
   __shared__ float4 s_color[BLOCK_SIZE];
+  __shared__ uint8_t s_warp_masks[BLOCK_SIZE];
   __shared__ float s_warp_sums[WARPS][HALF][ENTRY_GRADS];
   __shared__ int s_walk;
 
@@ -63,10 +65,11 @@ __global__ void __launch_bounds__(BLOCK_SIZE)
   const int batch_in_tile = batch - batches.offsets[tile];
   const int last_batch = batches.offsets[tile + 1] - 1;
 
-  const int thread = threadIdx.y * TILE + threadIdx.x;
-  const int lane = thread & 31, warp = thread >> 5;
-  const int px = (tile % tiles_x) * TILE + threadIdx.x;
-  const int py = (tile / tiles_x) * TILE + threadIdx.y;
+  const int thread = threadIdx.x, lane = thread & 31, warp = thread >> 5;
+  int local_x, local_y;
+  tile_pixel(thread, local_x, local_y);
+  const int tile_x0 = (tile % tiles_x) * TILE, tile_y0 = (tile / tiles_x) * TILE;
+  const int px = tile_x0 + local_x, py = tile_y0 + local_y;
   const bool inside = px < r.width && py < r.height;
   const float cx = px + 0.5f, cy = py + 0.5f;
   const int start = r.ranges[2 * tile];
@@ -107,15 +110,20 @@ __global__ void __launch_bounds__(BLOCK_SIZE)
   const int count = batch_end - batch_start;
   if (thread < count) {
     const int g = r.gauss_ids[batch_start + thread];
-    s_xy[thread] = reinterpret_cast<const float2*>(r.means2d)[g];
-    s_conic_opacity[thread] = make_float4(r.conics[3 * g], r.conics[3 * g + 1], r.conics[3 * g + 2], r.opacities[g]);
+    const float2 xy = reinterpret_cast<const float2*>(r.means2d)[g];
+    const float4 conic_opacity =
+        make_float4(r.conics[3 * g], r.conics[3 * g + 1], r.conics[3 * g + 2], r.opacities[g]);
+    s_xy[thread] = xy;
+    s_conic_opacity[thread] = conic_opacity;
     s_color[thread] = make_float4(r.colors[3 * g], r.colors[3 * g + 1], r.colors[3 * g + 2], 0.f);
+    s_warp_masks[thread] = (uint8_t)warp_mask(xy, conic_opacity, tile_x0, tile_y0);
   }
   __syncthreads();
   for (int half = (count - 1) / HALF; half >= 0; --half) {  // back to front, as the walk goes
     const int j_lo = half * HALF;
     for (int j = min(count, j_lo + HALF) - 1; j >= j_lo; --j) {
       float* sums = s_warp_sums[warp][j - j_lo];
+      if (!(s_warp_masks[j] >> warp & 1u)) continue;  // the sums below skip this warp's
       SplatSample s;
       const bool valid = batch_start + j - start < last && sample_splat(s_xy[j], s_conic_opacity[j], cx, cy, s);
       if (!__any_sync(FULL_MASK, valid)) {
@@ -154,13 +162,16 @@ __global__ void __launch_bounds__(BLOCK_SIZE)
       if (lane == 0) sums[8] = ninth;
     }
     __syncthreads();
-    // One thread per entry adds the warps' sums in warp order and stores them at the entry's emit position.
+    // One thread per entry adds the sums of the warps it may touch in warp order and stores them at the
+    // entry's emit position.
     const int j = j_lo + thread;
     if (thread < HALF && j < count) {
       float* out = entry_grads + (size_t)positions[batch_start + j] * ENTRY_GRADS;
+      const uint32_t warps = s_warp_masks[j];
       for (int k = 0; k < ENTRY_GRADS; ++k) {
         float total = 0.f;
-        for (int w = 0; w < WARPS; ++w) total += s_warp_sums[w][thread][k];
+        for (int w = 0; w < WARPS; ++w)
+          if (warps >> w & 1u) total += s_warp_sums[w][thread][k];
         out[k] = total;
       }
     }
@@ -191,8 +202,7 @@ cudaError_t launch_rasterize_bwd(const RasterArgs& r, const TileBatches& batches
                                  float* entry_grads, float* grad_means2d, float* grad_conics, float* grad_colors,
                                  float* grad_opacities, cudaStream_t stream) {
   if (r.width > 0 && r.height > 0 && max_batches > 0) {
-    const dim3 block(TILE, TILE);
-    rasterize_bwd_kernel<<<max_batches, block, 0, stream>>>(r, batches, positions, final_T, n_contrib, grad_image,
+    rasterize_bwd_kernel<<<max_batches, BLOCK_SIZE, 0, stream>>>(r, batches, positions, final_T, n_contrib, grad_image,
                                                             grad_alpha, entry_grads);
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
