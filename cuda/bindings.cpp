@@ -187,9 +187,9 @@ std::vector<torch::Tensor> bin_tiles(const torch::Tensor& means2d, const torch::
   // uint64 keys live in int64 tensors; the bit patterns are what is sorted.
   torch::Tensor keys = torch::empty({n_entries}, i64), ids = torch::empty({n_entries}, i32);
   torch::Tensor positions = torch::empty({n_entries}, i32);
-  check(sw::launch_emit_keys(fptr(means2d), iptr(radii), fptr(depths), offsets.data_ptr<int64_t>(), n, (int)width,
-                             (int)height, reinterpret_cast<uint64_t*>(keys.data_ptr<int64_t>()), iptr(ids),
-                             iptr(positions), stream),
+  check(sw::launch_emit_keys(fptr(means2d), iptr(radii), fptr(depths), offsets.data_ptr<int64_t>(), n,
+                             (int)n_entries, (int)width, (int)height,
+                             reinterpret_cast<uint64_t*>(keys.data_ptr<int64_t>()), iptr(ids), iptr(positions), stream),
         "emit keys");
   const int end_bit = sw::sort_end_bit((int)width, (int)height);
   torch::Tensor sorted_keys = torch::empty({n_entries}, i64), sorted_ids = torch::empty({n_entries}, i32);

@@ -19,26 +19,45 @@ __global__ void tile_counts_kernel(const float2* __restrict__ means2d, const int
   counts[i] = count;
 }
 
-// One thread per Gaussian writes its entries in row-major tile order from offset (inclusive sum - count):
-// key, Gaussian and the entry's own position (which the sort carries along).
-__global__ void emit_keys_kernel(const float2* __restrict__ means2d, const int32_t* __restrict__ radii,
-                                 const float* __restrict__ depths, const int64_t* __restrict__ offsets, int n,
-                                 int width, int height, uint64_t* __restrict__ keys, int32_t* __restrict__ gauss_ids,
-                                 int32_t* __restrict__ positions) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= n || radii[i] <= 0) return;
+// The Gaussian whose entries hold emit position k: the first i in [lo, hi) with offsets[i] > k (offsets: the
+// inclusive sum of the counts).
+__device__ __forceinline__ int gaussian_of(const int64_t* __restrict__ offsets, int lo, int hi, int64_t k) {
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    if (offsets[mid] > k) hi = mid;
+    else lo = mid + 1;
+  }
+  return lo;
+}
+
+constexpr int EMIT_THREADS = 256;
+
+// One thread per entry, so that a Gaussian over many tiles is spread over many threads and the writes coalesce:
+// entry k (its own position, which the sort carries along) is its Gaussian's tile number k - first in row-major
+// order of the Gaussian's tile rectangle. The block's first and last entries' Gaussians bound every thread's
+// search.
+__global__ void __launch_bounds__(EMIT_THREADS)
+    emit_keys_kernel(const float2* __restrict__ means2d, const int32_t* __restrict__ radii,
+                     const float* __restrict__ depths, const int64_t* __restrict__ offsets, int n, int n_entries,
+                     int width, int height, uint64_t* __restrict__ keys, int32_t* __restrict__ gauss_ids,
+                     int32_t* __restrict__ positions) {
+  __shared__ int s_first, s_last;
+  const int block_first = blockIdx.x * EMIT_THREADS;
+  const int k = block_first + threadIdx.x;
+  if (threadIdx.x == 0) s_first = gaussian_of(offsets, 0, n, block_first);
+  if (threadIdx.x == 1) s_last = gaussian_of(offsets, 0, n, min(block_first + EMIT_THREADS, n_entries) - 1);
+  __syncthreads();
+  if (k >= n_entries) return;
+  const int i = gaussian_of(offsets, s_first, s_last + 1, k);
   int x_lo, x_hi, y_lo, y_hi;
   tile_rect(means2d[i].x, means2d[i].y, radii[i], width, height, x_lo, x_hi, y_lo, y_hi);
-  const int tiles_x = (width + TILE - 1) / TILE;
+  const int columns = x_hi - x_lo;
+  const int local = (int)(k - (offsets[i] - (int64_t)columns * (y_hi - y_lo)));
+  const int tile = (y_lo + local / columns) * ((width + TILE - 1) / TILE) + x_lo + local % columns;
   // Depths of visible Gaussians are positive, so their float bits sort like the values.
-  const uint64_t depth_bits = (uint64_t)__float_as_uint(depths[i]);
-  int64_t out = offsets[i] - (int64_t)(x_hi - x_lo) * (y_hi - y_lo);
-  for (int ty = y_lo; ty < y_hi; ++ty)
-    for (int tx = x_lo; tx < x_hi; ++tx, ++out) {
-      keys[out] = ((uint64_t)(ty * tiles_x + tx) << 32) | depth_bits;
-      gauss_ids[out] = i;
-      positions[out] = (int32_t)out;
-    }
+  keys[k] = ((uint64_t)tile << 32) | (uint64_t)__float_as_uint(depths[i]);
+  gauss_ids[k] = i;
+  positions[k] = k;
 }
 
 __global__ void gather_ids_kernel(const int32_t* __restrict__ gauss_ids, const int32_t* __restrict__ sorted_positions,
@@ -111,13 +130,11 @@ cudaError_t launch_tile_counts(const float* means2d, const int32_t* radii, int n
 }
 
 cudaError_t launch_emit_keys(const float* means2d, const int32_t* radii, const float* depths, const int64_t* offsets,
-                             int n, int width, int height, uint64_t* keys, int32_t* gauss_ids, int32_t* positions,
-                             cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  const int threads = 256;
-  emit_keys_kernel<<<(n + threads - 1) / threads, threads, 0, stream>>>((const float2*)means2d, radii, depths,
-                                                                         offsets, n, width, height, keys, gauss_ids,
-                                                                         positions);
+                             int n, int n_entries, int width, int height, uint64_t* keys, int32_t* gauss_ids,
+                             int32_t* positions, cudaStream_t stream) {
+  if (n_entries == 0) return cudaSuccess;
+  emit_keys_kernel<<<(n_entries + EMIT_THREADS - 1) / EMIT_THREADS, EMIT_THREADS, 0, stream>>>(
+      (const float2*)means2d, radii, depths, offsets, n, n_entries, width, height, keys, gauss_ids, positions);
   return cudaGetLastError();
 }
 

@@ -81,8 +81,8 @@ size_t sort_temp_bytes(int n_entries, int end_bit);
 cudaError_t launch_tile_counts(const float* means2d, const int32_t* radii, int n, int width, int height,
                                int64_t* counts, int64_t* offsets, void* temp, size_t temp_bytes, cudaStream_t stream);
 cudaError_t launch_emit_keys(const float* means2d, const int32_t* radii, const float* depths, const int64_t* offsets,
-                             int n, int width, int height, uint64_t* keys, int32_t* gauss_ids, int32_t* positions,
-                             cudaStream_t stream);
+                             int n, int n_entries, int width, int height, uint64_t* keys, int32_t* gauss_ids,
+                             int32_t* positions, cudaStream_t stream);
 cudaError_t launch_sort_keys(const uint64_t* keys_in, uint64_t* keys_out, const int32_t* gauss_ids,
                              const int32_t* positions_in, int32_t* positions_out, int32_t* sorted_ids, int n_entries,
                              int end_bit, void* temp, size_t temp_bytes, cudaStream_t stream);
