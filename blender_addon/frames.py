@@ -16,7 +16,6 @@ from .core import protocol
 from .core.cameras import Camera
 from .core.client import Client, PendingReply, RemoteError, decode_depth, decode_frame, decode_layer
 from .core.codecs import layer_pixels
-from .core.protocol import Message
 
 _streams = itertools.count(1)  # each stream's own number: its requests supersede only each other
 
@@ -73,7 +72,7 @@ class FrameStream:
         self._client_of, self._on_frame = client_of, on_frame
         self._cond = threading.Condition()
         self._wanted: tuple[Camera, object] | None = None
-        self._reply: tuple[int, object, Message, float] | None = None
+        self._reply: tuple[int, object, PendingReply, float] | None = None  # the newest, to prepare
         self._number = next(_streams)
         self._sent = 0  # requests sent
         self._newest = 0  # the newest request answered with a frame
@@ -82,7 +81,7 @@ class FrameStream:
         self.error = ""  # why the last request failed; cleared by the next frame
         self.depth = False
         self.model_choice: dict = {}
-        self._spare_buffers: list[np.ndarray] = []  # display_pixels buffers of frames no longer held
+        self._spare_buffers: list[np.ndarray] = []  # float buffers of frames no longer held
         self._thread = threading.Thread(target=self._run, name="splatwright-frames", daemon=True)
         start(self._thread)
 
@@ -103,6 +102,8 @@ class FrameStream:
             with self._cond:
                 self._cond.wait_for(lambda: self._wanted or self._reply or self._closed)
                 if self._closed:
+                    if self._reply is not None:
+                        self._reply[2].release()
                     return
                 wanted, self._wanted = self._wanted, None
                 reply, self._reply = self._reply, None
@@ -121,16 +122,17 @@ class FrameStream:
         # Colour and depth packed by the backend where the frame is raw; a remote one's PNG is packed here.
         format = "layer" if self.depth and client.frame_format == "rgba8" else None
         try:
-            client.submit_render(camera, format, depth=self.depth, stream=self._number,
+            client.submit_render(camera, format, depth=self.depth, stream=self._number, borrow=True,
                                  on_done=lambda p: self._answered(seq, tag, p, time.monotonic() - sent_at),
                                  **self.model_choice)
         except (ConnectionError, ValueError) as e:
             self.error = str(e)
 
     def _answered(self, seq: int, tag: object, pending: PendingReply, seconds: float) -> None:
-        """On the client's reader thread: keep the reply if it is the newest, for _run to prepare."""
+        """On the client's reader thread: keep the reply if it is the newest, for _run to prepare; a reply not
+        prepared gives its frame's shared memory back at once."""
         try:
-            reply = pending.result(0)
+            pending.result(0)
         except RemoteError as e:
             if e.code != protocol.SUPERSEDED:
                 self.error = e.message
@@ -138,11 +140,17 @@ class FrameStream:
         except ConnectionError as e:
             self.error = str(e)
             return
+        older = None
         with self._cond:
-            if seq > self._newest:
+            newest = seq > self._newest and not self._closed
+            if newest:
                 self._newest = seq
-                self._reply = (seq, tag, reply, seconds)
+                older, self._reply = self._reply, (seq, tag, pending, seconds)
                 self._cond.notify_all()
+        if not newest:
+            pending.release()
+        elif older is not None:  # superseded before it was prepared
+            older[2].release()
 
     def _buffer(self, size: int) -> np.ndarray:
         """A float32 buffer of `size` values no frame holds: a frame-sized one costs more to make (the memory
@@ -153,11 +161,17 @@ class FrameStream:
                 return buffer
         return np.empty(size, np.float32)
 
-    def _prepare(self, seq: int, tag: object, reply: Message, seconds: float) -> None:
+    def _prepare(self, seq: int, tag: object, pending: PendingReply, seconds: float) -> None:
+        """The reply's frame as the float buffer a texture takes, read where it lies (a borrowed frame in shared
+        memory: then its slot is released)."""
+        reply = pending.result(0)
         buffer = None
         try:
             if reply.fields["format"] == "layer":
                 pixels = decode_layer(reply)  # the bytes received are the pixels
+                if pending.holds_shared_frame:  # copied out of the slot, which goes back
+                    pixels = buffer = self._buffer(pixels.size)
+                    np.copyto(buffer, decode_layer(reply))
             elif self.depth:
                 pixels = layer_pixels(decode_frame(reply), decode_depth(reply))
             else:
@@ -166,6 +180,8 @@ class FrameStream:
         except ValueError as e:
             self.error = f"bad frame from the backend: {e}"
             return
+        finally:
+            pending.release()
         self.frame, self.error = Frame(seq, tag, reply.fields, pixels, seconds), ""
         if buffer is not None:
             weakref.finalize(self.frame, self._spare_buffers.append, buffer)

@@ -195,16 +195,18 @@ def test_combined_pass_takes_the_background_out_for_a_transparent_film():
 
 
 class FakeClient:
-    """submit_render as the real Client has it: replies arrive later, on another thread."""
+    """submit_render as the real Client has it: replies arrive later, on another thread; a borrowed one's frame
+    is a view of shared memory, whose release is recorded."""
     frame_format = "rgba8"
 
     def __init__(self):
         self.asked: list[Camera] = []
         self.pending: list[PendingReply] = []
+        self.released: list[int] = []  # the answers whose shared memory went back
 
-    def submit_render(self, camera, format=None, depth=False, on_done=None, stream=0):
+    def submit_render(self, camera, format=None, depth=False, on_done=None, stream=0, borrow=False):
         self.asked.append(camera)
-        pending = PendingReply("render", on_done)
+        pending = PendingReply("render", on_done, borrow)
         self.pending.append(pending)
         return pending
 
@@ -213,6 +215,9 @@ class FakeClient:
         fields = {"width": cam.width, "height": cam.height, "format": "rgba8", "step": index, "sh_degree": 0,
                   "background": [1.0, 1.0, 1.0], "depth_offset": None}
         payload = np.full((cam.height, cam.width, 4), value, np.uint8).tobytes()
+        if self.pending[index].borrow and error is None:
+            payload = memoryview(payload)
+            self.pending[index]._release = lambda: self.released.append(index)
         threading.Thread(target=self.pending[index]._finish,
                          args=(None if error else Message("reply", index + 1, fields, payload), error)).start()
 
@@ -255,6 +260,8 @@ def test_frame_stream_shows_the_newest_answer_and_says_why_it_has_none():
         assert stream.frame.tag == "b" and stream.frame.fields["height"] == 5
         np.testing.assert_allclose(stream.frame.pixels, 200 / 255.0, rtol=1e-6)
         assert [f.tag for f in arrived] == ["b"]
+        wait_until(lambda: len(client.released) == 2)
+        assert sorted(client.released) == [0, 1]  # shown or not, each frame's shared memory goes back once
         stream.ask(cams[2], tag="c")
         wait_until(lambda: len(client.asked) == 3)
         client.answer(2, error=RemoteError(protocol.REJECTED, "nothing to render yet"))

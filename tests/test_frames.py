@@ -68,6 +68,32 @@ def test_shared_memory_frames_equal_socket_frames_byte_for_byte(tmp_path, start_
 
 
 @needs_shm
+def test_a_borrowed_frame_is_read_in_its_slot_which_stays_taken_until_released(tmp_path, start_server):
+    server = start_server(tmp_path / "work")
+    with server.client() as client:
+        viewed_model(client, tmp_path)
+        copied = client.submit_render(CAMERA).result(60)
+        borrowed = []
+        for stream in range(protocol.SHARED_SLOTS):  # one after another: none supersedes another
+            borrowed.append(client.submit_render(CAMERA, borrow=True, stream=stream))
+            borrowed[-1].result(60)
+        replies = [pending.result(60) for pending in borrowed]
+        assert all(pending.holds_shared_frame and isinstance(reply.payload, memoryview)
+                   for pending, reply in zip(borrowed, replies))
+        assert not isinstance(copied.payload, memoryview)
+        assert all(bytes(reply.payload) == bytes(copied.payload) for reply in replies)
+        # Every slot is held: the next frame comes through the socket, whole.
+        through_socket = client.submit_render(CAMERA).result(60)
+        assert through_socket.fields["shared_slot"] is None and bytes(through_socket.payload) == bytes(copied.payload)
+        for pending in borrowed:
+            pending.release()
+            pending.release()  # a second release does nothing
+            assert not pending.holds_shared_frame
+        assert client.submit_render(CAMERA).result(60).fields["shared_slot"] is not None
+        assert client.call("status")["state"] == "idle"  # no release was refused: the connection goes on
+
+
+@needs_shm
 def test_a_bad_release_is_an_error_reply_and_the_connection_goes_on(tmp_path, start_server):
     server = start_server(tmp_path / "work")
     with server.client() as client:
@@ -103,9 +129,9 @@ def test_a_slot_goes_to_the_client_only_when_sent_and_comes_back_once():
         slot = ring.take(100)
         assert slot.index in (taken[1].index, taken[2].index) and slot.bytes.numel() == 100
         slot.bytes.fill_(7)
-        assert bytes(mapped.copy(slot.index, 100)) == bytes([7]) * 100
+        assert bytes(mapped.view(slot.index, 100)) == bytes([7]) * 100
         with pytest.raises(ProtocolError, match="does not fit"):
-            mapped.copy(slot.index, ring.slot_bytes + 1)
+            mapped.view(slot.index, ring.slot_bytes + 1)
     finally:
         mapped.close()
         ring.close()
@@ -184,7 +210,7 @@ def test_gpu_frames_reach_the_reply_and_a_shared_slot_as_the_device_made_them():
                 fields, empty = finish_frame(queue_frame(g, CAMERA, 1, (1.0, 1.0, 1.0), rasterizer, view, format,
                                                          depth, ring))
             assert bytes(payload) == expected and not empty and fields["shared_bytes"] == len(expected)
-            assert bytes(mapped.copy(fields["shared_slot"], len(expected))) == expected
+            assert bytes(mapped.view(fields["shared_slot"], len(expected))) == expected
             ring.discard(fields["shared_slot"])
     finally:
         mapped.close()

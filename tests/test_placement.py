@@ -122,9 +122,9 @@ class DepthClient:
     def __init__(self):
         self.asked: list[tuple] = []  # (format, depth) of each request
 
-    def submit_render(self, camera, format=None, depth=False, on_done=None, stream=0):
+    def submit_render(self, camera, format=None, depth=False, on_done=None, stream=0, borrow=False):
         self.asked.append((format, depth))
-        pending = PendingReply("render", on_done)
+        pending = PendingReply("render", on_done, borrow)
         rgba = np.full((camera.height, camera.width, 4), 200, np.uint8)
         plane = np.arange(camera.width * camera.height, dtype="<f4")
         fields = {"width": camera.width, "height": camera.height, "format": format or "rgba8", "step": 0,

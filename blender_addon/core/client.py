@@ -7,6 +7,7 @@ sent from any thread.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import mmap
 import os
@@ -38,12 +39,26 @@ class RemoteError(Exception):
 class PendingReply:
     """A request in flight; result() waits for its reply."""
 
-    def __init__(self, type: str, on_done: Callable[["PendingReply"], None] | None = None):
+    def __init__(self, type: str, on_done: Callable[["PendingReply"], None] | None = None, borrow: bool = False):
         self.type = type
         self._on_done = on_done  # called once finished, on the thread that finishes it
         self._done = threading.Event()
         self._reply: Message | None = None
         self._error: Exception | None = None
+        self.borrow = borrow  # a frame in shared memory stays there, the payload a view of its slot, until release()
+        self._release: Callable[[], None] | None = None
+
+    @property
+    def holds_shared_frame(self) -> bool:
+        """Whether the reply's payload is a view of a shared-memory slot, until release()."""
+        return self._release is not None
+
+    def release(self) -> None:
+        """Hand a borrowed frame's shared-memory slot back to the backend, once its payload is read; the payload
+        must not be read after. Nothing to do for any other reply, and after the first call."""
+        release, self._release = self._release, None
+        if release is not None:
+            release()
 
     def done(self) -> bool:
         return self._done.is_set()
@@ -130,12 +145,12 @@ class Client:
     # ---- requests ----
 
     def submit(self, type: str, fields: dict | None = None, payload: bytes | memoryview = b"",
-               on_done: Callable[[PendingReply], None] | None = None) -> PendingReply:
+               on_done: Callable[[PendingReply], None] | None = None, borrow: bool = False) -> PendingReply:
         """Send a request without waiting; the returned PendingReply completes with its reply, and then calls
-        `on_done` with itself (on the reader thread)."""
+        `on_done` with itself (on the reader thread). `borrow`: PendingReply.borrow."""
         request_id = next(self._ids)
         parts = protocol.encode_message(protocol.REQUESTS, type, request_id, fields, payload)  # validates
-        pending = PendingReply(type, on_done)
+        pending = PendingReply(type, on_done, borrow)
         with self._pending_lock:
             if self._closed_reason:
                 raise ConnectionError(self._closed_reason)
@@ -204,15 +219,16 @@ class Client:
 
     def submit_render(self, camera: Camera, format: str | None = None, depth: bool = False,
                       on_done: Callable[[PendingReply], None] | None = None, model: str | None = None,
-                      crop=None, time: float | None = None, stream: int = 0) -> PendingReply:
+                      crop=None, time: float | None = None, stream: int = 0, borrow: bool = False) -> PendingReply:
         """Ask for a frame without waiting (in `format`, by default this connection's frame_format); a newer
         request of the same `stream` supersedes this one if it has not started (its result() then raises
         RemoteError with code 'superseded'). Decode with decode_frame and, with `depth`, decode_depth. `model`,
-        `crop` and `time`: which model, which part of it, and when (protocol.MODEL_CHOICE)."""
+        `crop` and `time`: which model, which part of it, and when (protocol.MODEL_CHOICE). With `borrow`, a
+        frame in shared memory is read where it lies, without a copy, until the reply's release()."""
         format = format or self.frame_format
         fields = {"camera": camera, "format": format, "depth": depth, "model": model, "crop": crop, "time": time,
                   "stream": stream, "shared": self.shared is not None and format in codecs.RAW_FRAME_FORMATS}
-        return self.submit("render", fields, on_done=on_done)
+        return self.submit("render", fields, on_done=on_done, borrow=borrow)
 
     def render(self, camera: Camera, format: str | None = None, timeout: float | None = None) -> np.ndarray:
         """The (H, W, 4) uint8 frame, rows bottom-up (ready for a GPU texture; np.flipud for top-down)."""
@@ -235,7 +251,7 @@ class Client:
                     with self._pending_lock:
                         pending = self._pending.pop(message.id, None)
                     if pending is not None:
-                        pending._finish(*self._outcome(pending.type, message))
+                        pending._finish(*self._outcome(pending, message))
         except protocol.ConnectionClosed:
             reason = "the backend closed the connection"
         except ProtocolError as e:
@@ -271,28 +287,38 @@ class Client:
             pass
 
 
-    def _outcome(self, request_type: str, message: Message) -> tuple[Message | None, Exception | None]:
+    def _outcome(self, pending: PendingReply, message: Message) -> tuple[Message | None, Exception | None]:
         if message.type == "error":
             return None, RemoteError(message.fields["code"], message.fields["message"])
         try:
-            reply = protocol.check_reply(request_type, message)
+            reply = protocol.check_reply(pending.type, message)
             slot = reply.fields.get("shared_slot")
-            return (reply if slot is None else self._shared_reply(reply, slot)), None
+            return (reply if slot is None else self._shared_reply(pending, reply, slot)), None
         except ProtocolError as e:
             return None, ConnectionError(f"bad reply from the backend: {e.message}")
 
-    def _shared_reply(self, reply: Message, slot: int) -> Message:
-        """The render reply with its frame copied out of shared-memory slot `slot`, which is then released."""
+    def _shared_reply(self, pending: PendingReply, reply: Message, slot: int) -> Message:
+        """The render reply with its frame out of shared-memory slot `slot`: a view of the slot, released by
+        the pending reply's release(), where it is borrowed, else a copy, and the slot released at once."""
+        release = functools.partial(self._release_slot, slot)
         try:
             if self.shared is None:
                 raise ProtocolError(protocol.BAD_FRAME, "a frame in shared memory on a connection without it")
             if reply.payload:
                 raise ProtocolError(protocol.BAD_FRAME, "a frame both in shared memory and in the payload")
-            payload = self.shared.copy(slot, reply.fields["shared_bytes"])
+            payload = self.shared.view(slot, reply.fields["shared_bytes"])
+            if pending.borrow:
+                pending._release, release = release, None
+            else:
+                payload = bytearray(payload)
         finally:
-            with contextlib.suppress(ConnectionError):  # a closed connection's slots go with it
-                self.submit("release_frame", {"slot": slot})
+            if release is not None:
+                release()
         return Message(reply.type, reply.id, reply.fields, payload)
+
+    def _release_slot(self, slot: int) -> None:
+        with contextlib.suppress(ConnectionError):  # a closed connection's slots go with it
+            self.submit("release_frame", {"slot": slot})
 
 
 class MappedFrames:
@@ -314,18 +340,18 @@ class MappedFrames:
         except (OSError, ValueError):
             return None
 
-    def copy(self, slot: int, size) -> bytearray:
-        """A copy of the first `size` bytes of `slot` (ProtocolError for a size the slot cannot hold)."""
+    def view(self, slot: int, size) -> memoryview:
+        """The first `size` bytes of `slot`, read-only (ProtocolError for a size the slot cannot hold)."""
         if size is None or size > self.slot_bytes:
             raise ProtocolError(protocol.BAD_FRAME, f"a shared frame of {size} bytes does not fit a slot of "
                                 f"{self.slot_bytes}")
         start = slot * self.slot_bytes
-        payload = bytearray(size)
-        payload[:] = memoryview(self.map)[start:start + size]
-        return payload
+        return memoryview(self.map)[start:start + size]
 
     def close(self) -> None:
-        self.map.close()
+        # A borrowed frame still being read keeps the mapping until its last view goes.
+        with contextlib.suppress(BufferError):
+            self.map.close()
 
 
 def decode_frame(reply: Message) -> np.ndarray:

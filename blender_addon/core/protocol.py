@@ -272,7 +272,8 @@ class Message:
     type: str
     id: int
     fields: dict
-    payload: bytes | bytearray = b""  # a received payload is the bytearray it was read into (no copy)
+    # A received payload is the bytearray it was read into (no copy), or a borrowed shared-memory frame's view.
+    payload: bytes | bytearray | memoryview = b""
 
 
 # ---- framing ----
