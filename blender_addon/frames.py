@@ -98,19 +98,24 @@ class FrameStream:
             self._cond.notify_all()
 
     def _run(self) -> None:
-        while True:
+        try:
+            while True:
+                with self._cond:
+                    self._cond.wait_for(lambda: self._wanted or self._reply or self._closed)
+                    if self._closed:
+                        return
+                    wanted, self._wanted = self._wanted, None
+                    reply, self._reply = self._reply, None
+                if wanted is not None:
+                    self._send(*wanted)
+                if reply is not None:
+                    self._prepare(*reply)
+        finally:  # closed, or failed: a reply waiting here, and any later one, gives its shared memory back
             with self._cond:
-                self._cond.wait_for(lambda: self._wanted or self._reply or self._closed)
-                if self._closed:
-                    if self._reply is not None:
-                        self._reply[2].release()
-                    return
-                wanted, self._wanted = self._wanted, None
-                reply, self._reply = self._reply, None
-            if wanted is not None:
-                self._send(*wanted)
-            if reply is not None:
-                self._prepare(*reply)
+                self._closed = True
+                waiting, self._reply = self._reply, None
+            if waiting is not None:
+                waiting[2].release()
 
     def _send(self, camera: Camera, tag: object) -> None:
         client = self._client_of()

@@ -277,6 +277,25 @@ def test_frame_stream_shows_the_newest_answer_and_says_why_it_has_none():
         gone.close()
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_frame_stream_whose_thread_failed_gives_every_frame_back():
+    client = FakeClient()
+
+    def broken_view(frame):
+        raise RuntimeError("a view that fails on its first frame")
+    stream = frames.FrameStream(lambda: client, on_frame=broken_view)
+    try:
+        for i in range(2):
+            stream.ask(Camera(np.eye(4), intrinsics(10.0, 10.0, 2.0, 2.0), 4, 4 + i), tag=i)
+            wait_until(lambda: len(client.asked) == i + 1)
+        client.answer(0, value=10)  # prepared, given back, then the view's failure ends the stream's thread
+        wait_until(lambda: client.released == [0])
+        client.answer(1, value=20)  # nobody left to prepare it: given back at once
+        wait_until(lambda: client.released == [0, 1])
+    finally:
+        stream.close()
+
+
 # ---- training settings ----
 
 def panel(**overrides):

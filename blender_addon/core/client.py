@@ -7,6 +7,7 @@ sent from any thread.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
 import mmap
@@ -47,6 +48,7 @@ class PendingReply:
         self._error: Exception | None = None
         self.borrow = borrow  # a frame in shared memory stays there, the payload a view of its slot, until release()
         self._release: Callable[[], None] | None = None
+        self._release_lock = threading.Lock()
 
     @property
     def holds_shared_frame(self) -> bool:
@@ -54,11 +56,15 @@ class PendingReply:
         return self._release is not None
 
     def release(self) -> None:
-        """Hand a borrowed frame's shared-memory slot back to the backend, once its payload is read; the payload
-        must not be read after. Nothing to do for any other reply, and after the first call."""
-        release, self._release = self._release, None
-        if release is not None:
-            release()
+        """Hand a borrowed frame's shared-memory slot back to the backend, once its payload is read: the reply's
+        payload is empty from then on. Nothing to do for any other reply, and after the first call."""
+        with self._release_lock:
+            release, self._release = self._release, None
+            if release is None:
+                return
+            if self._reply is not None:  # the backend may write the slot again
+                self._reply = dataclasses.replace(self._reply, payload=b"")
+        release()
 
     def done(self) -> bool:
         return self._done.is_set()
