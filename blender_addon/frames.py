@@ -7,7 +7,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -54,6 +54,14 @@ class Frame:
     seconds: float = 0.0  # from its request's send to its reply
 
 
+class Answer(NamedTuple):
+    """A stream's reply waiting to be prepared."""
+    seq: int
+    tag: object
+    pending: PendingReply  # finished, holding the reply
+    seconds: float
+
+
 class FrameStream:
     """Frames for a live view. ask() never waits: its thread sends the newest camera at once (the server
     supersedes this stream's request still waiting behind a render) and turns the newest reply into the float buffer a
@@ -72,7 +80,7 @@ class FrameStream:
         self._client_of, self._on_frame = client_of, on_frame
         self._cond = threading.Condition()
         self._wanted: tuple[Camera, object] | None = None
-        self._reply: tuple[int, object, PendingReply, float] | None = None  # the newest, to prepare
+        self._reply: Answer | None = None  # the newest, to prepare
         self._number = next(_streams)
         self._sent = 0  # requests sent
         self._newest = 0  # the newest request answered with a frame
@@ -105,17 +113,17 @@ class FrameStream:
                     if self._closed:
                         return
                     wanted, self._wanted = self._wanted, None
-                    reply, self._reply = self._reply, None
+                    answer, self._reply = self._reply, None
                 if wanted is not None:
                     self._send(*wanted)
-                if reply is not None:
-                    self._prepare(*reply)
+                if answer is not None:
+                    self._prepare(answer)
         finally:  # closed, or failed: a reply waiting here, and any later one, gives its shared memory back
             with self._cond:
                 self._closed = True
                 waiting, self._reply = self._reply, None
             if waiting is not None:
-                waiting[2].release()
+                waiting.pending.release()
 
     def _send(self, camera: Camera, tag: object) -> None:
         client = self._client_of()
@@ -150,12 +158,12 @@ class FrameStream:
             newest = seq > self._newest and not self._closed
             if newest:
                 self._newest = seq
-                older, self._reply = self._reply, (seq, tag, pending, seconds)
+                older, self._reply = self._reply, Answer(seq, tag, pending, seconds)
                 self._cond.notify_all()
         if not newest:
             pending.release()
         elif older is not None:  # superseded before it was prepared
-            older[2].release()
+            older.pending.release()
 
     def _buffer(self, size: int) -> np.ndarray:
         """A float32 buffer of `size` values no frame holds: a frame-sized one costs more to make (the memory
@@ -166,17 +174,19 @@ class FrameStream:
                 return buffer
         return np.empty(size, np.float32)
 
-    def _prepare(self, seq: int, tag: object, pending: PendingReply, seconds: float) -> None:
+    def _prepare(self, answer: Answer) -> None:
         """The reply's frame as the float buffer a texture takes, read where it lies (a borrowed frame in shared
         memory: then its slot is released)."""
+        pending = answer.pending
         reply = pending.result(0)
         buffer = None
         try:
             if reply.fields["format"] == "layer":
                 pixels = decode_layer(reply)  # the bytes received are the pixels
                 if pending.holds_shared_frame:  # copied out of the slot, which goes back
-                    pixels = buffer = self._buffer(pixels.size)
-                    np.copyto(buffer, decode_layer(reply))
+                    buffer = self._buffer(pixels.size)
+                    np.copyto(buffer, pixels)
+                    pixels = buffer
             elif self.depth:
                 pixels = layer_pixels(decode_frame(reply), decode_depth(reply))
             else:
@@ -187,7 +197,7 @@ class FrameStream:
             return
         finally:
             pending.release()
-        self.frame, self.error = Frame(seq, tag, reply.fields, pixels, seconds), ""
+        self.frame, self.error = Frame(answer.seq, answer.tag, reply.fields, pixels, answer.seconds), ""
         if buffer is not None:
             weakref.finalize(self.frame, self._spare_buffers.append, buffer)
         if self._on_frame is not None:

@@ -29,8 +29,8 @@ from .schema import (MAX_TEXT_CHARS, AnyObject, Bool, Fields, Float, Int, Kind, 
 from .settings import BACKGROUND, TRAINING
 
 # 8: frames through shared memory on one machine (hello's shared_frames, render's shared, release_frame) and the
-# "layer" frame format; 7: load_ply reads a 4D model's file and export_ply writes one (*.pt); status, render and export_ply say whether the
-# model is 4D; 6: render streams; 5: render and export_ply name a session's saved model and a crop box,
+# "layer" frame format; 7: load_ply reads a 4D model's file and export_ply writes one (*.pt); status, render and
+# export_ply say whether the model is 4D; 6: render streams; 5: render and export_ply name a session's saved model and a crop box,
 # export_ply a placement; 4: load_ply and export_ply name their files (the splat format); 3: warning events;
 # 2: replies and events declared and checked by the client
 PROTOCOL_VERSION = 8
@@ -174,7 +174,7 @@ REQUESTS: dict[str, MessageSpec] = {
                         "this one while it waits; other streams' requests wait their turn"),
         shared=optional(Bool(), False, "put a raw frame in a slot of the connection's shared-memory file (hello's "
                         "shared_frames) when one is free, instead of in the reply's payload"))),
-    # The client has copied the frame out of this slot of its shared-memory file: the backend may use it again.
+    # The client is done with the frame in this slot of its shared-memory file: the backend may use it again.
     "release_frame": MessageSpec(Fields(slot=Int(0, SHARED_SLOTS - 1))),
     # `name`: the file the model is exported to, whose ending picks the format (backend/formats: *.ply,
     # *.compressed.ply, *.spz, *.splat; *.pt: a 4D model's own file, splats4d.pt, refused for a static model).
