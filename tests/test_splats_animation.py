@@ -47,7 +47,8 @@ def test_each_frame_composites_the_splats_as_that_frame_places_the_camera_and_th
         error = np.abs(shown[in_front] - straight[in_front]).max()
         print(f"frame {frame} ({animation['blender']}): {in_front.sum()} opaque splat pixels in front of the wall, "
               f"max error {255 * error:.2f}/255 from the backend's frame of that frame's pose")
-        assert in_front.sum() > 30 and error <= 2 * LEVEL, frame
+        # The add-on's reports and errors say why a frame went without its splats (seen twice under CI load).
+        assert in_front.sum() > 30 and error <= 2 * LEVEL, (frame, animation["reports"], animation["errors"])
         assert np.array_equal(shown[alpha == 0], hidden[alpha == 0]), frame
         expected_alphas.append(alpha > 0)
     for frame, covered in enumerate(expected_alphas[1:], start=2):  # the poses differ: the splats moved
