@@ -573,3 +573,12 @@ def test_waiting_for_a_reply_gives_up_when_cancelled_and_passes_on_its_errors():
     answered = PendingReply("render")
     answered._finish(reply="frame")
     assert wait_done(answered, "render", 60, cancelled=lambda: False) == "frame"
+
+    class AnsweredAsTheWaitRanOut(PendingReply):
+        """The reply arrives between a poll's wait running out and the check that follows it."""
+        def result(self, timeout=None):
+            if not self.done():
+                self._finish(reply="late frame")
+                raise TimeoutError("no reply to render within 0.1 s")
+            return super().result(timeout)
+    assert wait_done(AnsweredAsTheWaitRanOut("render"), "render", 60, cancelled=lambda: False) == "late frame"

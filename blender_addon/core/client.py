@@ -91,8 +91,8 @@ def wait_done(task: Future | PendingReply, label: str, timeout: float, cancelled
         try:
             return task.result(0.1)
         except (FutureTimeout, TimeoutError):  # distinct classes before Python 3.11
-            if task.done():  # the task itself failed with a timeout
-                raise
+            if task.done():  # answered just after the wait ran out, or failed with a timeout of its own
+                return task.result(0)
             if cancelled():
                 raise InterruptedError(f"{label} cancelled") from None
             if time.monotonic() > deadline:
