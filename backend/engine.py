@@ -9,6 +9,7 @@ import tempfile
 import threading
 import time
 import traceback
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -39,6 +40,7 @@ SAVED_MODELS = 4  # sessions' saved models kept loaded for the requests that nam
 DYNAMIC_SUFFIX = ".pt"  # a file name with this ending is a 4D model's file (backend.dynamic's splats4d.pt)
 DYNAMIC_FORMAT = "4d"  # what export_ply's reply calls that format
 ZIP_MAGIC = b"PK\x03\x04"  # how a torch file (a 4D model's) begins
+WATCH_SECONDS = 1.0  # a live view that asked for a frame of the training model this recently gets its copies
 
 
 def log(message: str) -> None:
@@ -99,6 +101,40 @@ class Model:
     background: tuple
     step: int
     trained: bool = False  # the open session's trained model (not a viewed file or a saved model)
+
+
+def trained_model(t: Trainer) -> Model:
+    return Model(t.g, t.sh_degree, t.cfg.background, t.step, True)
+
+
+class TrainingCopies:
+    """Copies of the training model that the training thread makes after each step on the GPU while a live view
+    watches it (asked for a frame of it within WATCH_SECONDS), each with an event recorded after its copy. A frame
+    then draws the newest copy the GPU has finished, a step or two old, instead of copying the model behind the
+    kernels of the step still queued on the GPU (Engine._copied). Use with the model lock held."""
+
+    def __init__(self):
+        self.copies: list[tuple[weakref.ref, Model, torch.cuda.Event]] = []  # (trainer, copy, done), newest last
+        self.watched_until = 0.0
+
+    def publish(self, trainer: Trainer) -> None:
+        """After `trainer`'s step, on the training thread."""
+        if time.monotonic() > self.watched_until:
+            self.copies.clear()  # not watched: their memory goes back
+            return
+        model = trained_model(trainer)
+        copy = replace(model, g=model.g.detached())
+        done = torch.cuda.Event()
+        done.record()
+        self.copies = [*self.copies[-1:], (weakref.ref(trainer), copy, done)]
+
+    def finished(self, trainer: Trainer) -> Model | None:
+        """The newest copy of `trainer`'s model that the GPU has finished, if there is one; the asker watches."""
+        self.watched_until = time.monotonic() + WATCH_SECONDS
+        for owner, copy, done in reversed(self.copies):
+            if owner() is trainer and done.query():
+                return copy
+        return None
 
 
 class SavedModels:
@@ -208,6 +244,7 @@ class Engine:
         self.run_checkpointed = False
         self.train_thread: threading.Thread | None = None
         self.renders = RenderQueue()
+        self.training_copies = TrainingCopies()
         # Frames render on their own stream, ahead of training's queued kernels (_draw says why that is safe).
         self.render_stream = torch.cuda.Stream(priority=RENDER_PRIORITY) if device == "cuda" else None
         self.saved = SavedModels(workdir, device)
@@ -480,6 +517,7 @@ class Engine:
                 if trainer.step >= trainer.cfg.iterations:
                     return "finished"
                 trainer.train_step()
+                self.training_copies.publish(trainer)
                 if trainer.checkpoint_due(self.settings["checkpoint_every"], self.settings["checkpoint_seconds"]):
                     self._checkpoint()
             self.renders.let_in()
@@ -539,12 +577,12 @@ class Engine:
         t = self.trainer
         if name is not None:
             opened = self.session is not None and self.session.name == name and t is not None
-            return Model(t.g, t.sh_degree, t.cfg.background, t.step, True) if opened else None
+            return trained_model(t) if opened else None
         if self.viewed is not None:
             g, background = self.viewed
             return Model(g, g.max_sh_degree, background, 0)
         if t is not None:
-            return Model(t.g, t.sh_degree, t.cfg.background, t.step, True)
+            return trained_model(t)
         raise SplatwrightError("nothing to render yet: start training, load_checkpoint or load_ply first")
 
     def _render_loop(self) -> None:
@@ -588,19 +626,21 @@ class Engine:
         lock, so training and requests go on while it renders. The job is settled (training may take its next
         step) once the copy is taken.
 
-        On the GPU this thread works on the high-priority render stream, and the copy is queued there too, after
-        what the default stream (training's, and the requests' uploads) has queued so far: it reads the model as
-        the last step left it. The default stream then waits for the copy before anything queued later, so no
-        later in-place update can tear it, and memory freed by a later step (densification replaces the model's
-        tensors) is reused, on the stream it was allocated on, only after the copy read it. The render itself
-        reads only the copy and this stream's own tensors, so its kernels may pass training's queued ones."""
+        On the GPU this thread works on the high-priority render stream. While training runs watched, the copy is
+        one the training thread made after a recent step and the GPU has finished (TrainingCopies). Otherwise it is
+        queued on the render stream, after what the default stream (training's, and the requests' uploads) has
+        queued so far: it reads the model as the last step left it. The default stream then waits for that copy
+        before anything queued later, so no later in-place update can tear it, and memory freed by a later step
+        (densification replaces the model's tensors) is reused, on the stream it was allocated on, only after the
+        copy read it. The render itself reads only the copy and this stream's own tensors, so its kernels may pass
+        training's queued ones."""
         camera = job.camera
         view = camera_tensors(camera, self.device)
         with torch.no_grad():
             with self.model_lock:
                 model = self._live_model(job.model)
                 if model is not None:
-                    model = replace(model, g=self._copied(model.g))
+                    model = self._copied(model)
             self.renders.settle(job)
             if model is None:  # a saved model, loaded here when it is not yet: training goes on meanwhile
                 model = self.saved.get(job.model)
@@ -611,17 +651,24 @@ class Engine:
                   "sh_degree": model.sh_degree, "background": [float(c) for c in model.background]}
         return fields, frame
 
-    def _copied(self, g: Gaussians) -> Gaussians:
-        """A copy of the model `g` to render from (_draw says why)."""
+    def _copied(self, model: Model) -> Model:
+        """A copy of `model` to render from (_draw says why): on the GPU, while a live view watches training, a
+        finished one the training thread made (TrainingCopies)."""
         if self.render_stream is None:
-            return g.detached()
+            return replace(model, g=model.g.detached())
+        copy = self.training_copies.finished(self.trainer) if model.trained else None
+        if copy is not None:
+            # Made on training's stream: once freed, its memory waits for the render stream's work queued by then.
+            for tensor in copy.g.tensors().values():
+                tensor.record_stream(self.render_stream)
+            return copy
         training = torch.cuda.default_stream()
         self.render_stream.wait_stream(training)
-        copy = g.detached()
+        g = model.g.detached()
         # The render stream holds nothing else now (the last frame's copy to the host was waited for), so training
         # waits for the copy alone.
         training.wait_stream(self.render_stream)
-        return copy
+        return replace(model, g=g)
 
     def export_ply(self, name: str = "splats.ply", model: str | None = None, crop: np.ndarray | None = None,
                    time: float | None = None, placement: np.ndarray | None = None) -> tuple[dict, bytes]:

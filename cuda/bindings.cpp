@@ -424,18 +424,21 @@ pybind11::dict constants() {
 
 }  // namespace
 
+// The tensor functions run without the GIL: bin_tiles waits for the GPU (its one host sync), and the server's
+// other threads (its socket, a frame's render) go on meanwhile.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("project_forward", &project_forward);
-  m.def("project_backward", &project_backward);
-  m.def("motion_forward", &motion_forward);
-  m.def("motion_backward", &motion_backward);
-  m.def("bin_tiles", &bin_tiles);
-  m.def("rasterize_forward", &rasterize_forward);
-  m.def("rasterize_backward", &rasterize_backward);
-  m.def("loss_forward", &loss_forward);
-  m.def("loss_backward", &loss_backward);
-  m.def("adam_step", &adam_step);
-  m.def("accumulate_grad_stats", &accumulate_grad_stats);
+  const auto without_gil = pybind11::call_guard<pybind11::gil_scoped_release>();
+  m.def("project_forward", &project_forward, without_gil);
+  m.def("project_backward", &project_backward, without_gil);
+  m.def("motion_forward", &motion_forward, without_gil);
+  m.def("motion_backward", &motion_backward, without_gil);
+  m.def("bin_tiles", &bin_tiles, without_gil);
+  m.def("rasterize_forward", &rasterize_forward, without_gil);
+  m.def("rasterize_backward", &rasterize_backward, without_gil);
+  m.def("loss_forward", &loss_forward, without_gil);
+  m.def("loss_backward", &loss_backward, without_gil);
+  m.def("adam_step", &adam_step, without_gil);
+  m.def("accumulate_grad_stats", &accumulate_grad_stats, without_gil);
   m.def("set_poison_outputs", &set_poison_outputs);
   m.def("constants", &constants);
 }

@@ -10,11 +10,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import threading
+import time
+
 import numpy as np
 import pytest
 import torch
 
+from backend.engine import Engine, TrainingCopies
 from backend.policy import make_config
+from backend.server import Server
+from blender_addon.core.client import Client
 from backend.data import load_split
 from backend.gaussians import Gaussians
 from backend.metrics import photometric_loss, torch_photometric_loss
@@ -92,6 +98,72 @@ def test_gpu_training_on_byte_views(tiny_scene):
         trainer.train_step()
     after = evaluate(trainer.g, data, trainer.sh_degree, cfg.background, "cuda")["psnr"]
     assert after > before + 5, (before, after)
+
+
+def test_training_copies_are_the_model_after_their_step(tiny_scene, monkeypatch):
+    """A watched trainer leaves a copy of its model after each step (the newest two are kept); a frame gets the
+    newest the GPU has finished, of that trainer only, and the copies go once nobody watches."""
+    data = load_split(tiny_scene, "train")
+    cfg = make_config("cuda", "cuda", iterations=50, init_points=500)
+    trainer = Trainer(data, cfg, DEV)
+    copies = TrainingCopies()
+    copies.publish(trainer)
+    assert copies.copies == []  # nobody watches yet
+    assert copies.finished(trainer) is None  # the asker now watches
+    trainer.train_step()
+    copies.publish(trainer)
+    after_first = trainer.g.detached()
+    trainer.train_step()  # the model moves on, the copy does not
+    torch.cuda.synchronize()
+    copy = copies.finished(trainer)
+    assert copy.step == 1 and copy.trained
+    for name, tensor in copy.g.tensors().items():
+        assert torch.equal(tensor, getattr(after_first, name)), name
+    for _ in range(3):
+        copies.publish(trainer)
+    assert len(copies.copies) == 2
+    torch.cuda.synchronize()
+    assert copies.finished(trainer).step == 2
+    assert copies.finished(Trainer(data, cfg, DEV)) is None  # another trainer's model
+    monkeypatch.setattr("backend.engine.WATCH_SECONDS", 0.0)
+    copies.finished(trainer)
+    copies.publish(trainer)
+    assert copies.copies == []
+
+
+def test_frames_of_watched_training_are_drawn_from_its_copies(tmp_path, tiny_scene, monkeypatch):
+    """Frames asked for while the server trains come from the copies training leaves (after the first, which
+    makes training leave them), and training goes on meanwhile."""
+    drawn_from_a_copy = []
+    finished = TrainingCopies.finished
+
+    def spy(self, trainer):
+        copy = finished(self, trainer)
+        drawn_from_a_copy.append(copy is not None)
+        return copy
+    monkeypatch.setattr(TrainingCopies, "finished", spy)
+    data = load_split(tiny_scene, "train")
+    server = Server(Engine(tmp_path, DEV, "cuda"))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with Client("127.0.0.1", server.port) as client:
+            client.call("open_session", name="watched")
+            for camera, image in zip(data.cameras, data.images):
+                client.add_view(camera, np.ascontiguousarray(image.numpy()[::-1]))
+            client.call("start_training", iterations=1_000_000, init_points=500, checkpoint_every=0,
+                        checkpoint_seconds=0)
+            while not client.call("status")["gaussians"]:
+                time.sleep(0.01)
+            first_step = client.call("status")["step"]
+            frames = [client.render(camera) for camera in data.cameras * 4]
+            assert client.call("status")["step"] > first_step
+            client.call("stop")
+        assert all(frame.shape == (32, 32, 4) and frame[..., 3].max() > 0 for frame in frames)
+        assert drawn_from_a_copy[0] is False and sum(drawn_from_a_copy) >= len(frames) // 2, drawn_from_a_copy
+    finally:
+        server.stop()
+        thread.join(30)
 
 
 def test_adam_kernel_matches_the_cpu_arithmetic():
