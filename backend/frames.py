@@ -71,6 +71,8 @@ def frame_bytes(out, format: str, depth: bool) -> tuple[torch.Tensor, int | None
     rgba = (torch.cat([out.image, out.alpha[..., None]], dim=-1).clamp(0, 1) * 255 + 0.5).to(torch.uint8)
     if format != "png":
         rgba = rgba.flip(0)
+    if format == "rgba32f":  # the bytes' values in float32, as colors.display_pixels makes them (tested equal)
+        rgba = (rgba.to(torch.float32) * (1.0 / 255.0)).view(torch.uint8)
     if not depth and format != "layer":
         return rgba.reshape(-1), None
     z = torch.where(out.alpha > 0, out.depth / out.alpha.clamp_min(1e-12), codecs.DEPTH_BACKGROUND)

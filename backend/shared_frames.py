@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from blender_addon.core.codecs import LAYER_BYTES_PER_PIXEL
+from blender_addon.core.codecs import MAX_RAW_FRAME_BYTES_PER_PIXEL
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.protocol import SHARED_SLOTS
 
@@ -67,7 +67,7 @@ class SharedFrames:
     written, so a connection ending mid-frame never unmaps memory a render is still writing."""
 
     def __init__(self, max_frame_pixels: int, cuda: bool):
-        frame_bytes = max_frame_pixels * LAYER_BYTES_PER_PIXEL  # the largest raw frame: a layer, or RGBA8 + depth
+        frame_bytes = max_frame_pixels * MAX_RAW_FRAME_BYTES_PER_PIXEL  # the largest raw frame
         self.slot_bytes = -(-frame_bytes // GROWTH) * GROWTH
         self.cuda = cuda
         # Readable by this user only.

@@ -14,7 +14,7 @@ import numpy as np
 from .colors import display_pixels
 from .core import protocol
 from .core.cameras import Camera
-from .core.client import Client, PendingReply, RemoteError, decode_depth, decode_frame, decode_layer
+from .core.client import Client, PendingReply, RemoteError, decode_depth, decode_frame, decode_pixels
 from .core.codecs import layer_pixels
 
 _streams = itertools.count(1)  # each stream's own number: its requests supersede only each other
@@ -48,8 +48,8 @@ class Frame:
     seq: int  # a higher number was asked for later
     tag: object  # what the asker attached to its request
     fields: dict  # the render reply's: width, height, step, ...
-    # Rows bottom-up: display_pixels of the frame; with FrameStream.depth, layer_pixels. Hold the Frame while
-    # using them: once it is gone, its stream may write its next frame into the same buffer.
+    # Rows bottom-up: display_pixels of the frame; with FrameStream.depth, layer_pixels. Read-only; hold the Frame
+    # while using them: once it is gone, its buffer (or shared-memory slot) may take a later frame.
     pixels: np.ndarray
     seconds: float = 0.0  # from its request's send to its reply
 
@@ -132,8 +132,10 @@ class FrameStream:
             return
         self._sent += 1
         seq, sent_at = self._sent, time.monotonic()
-        # Colour and depth packed by the backend where the frame is raw; a remote one's PNG is packed here.
-        format = "layer" if self.depth and client.frame_format == "rgba8" else None
+        if self.depth:  # colour and depth packed by the backend where the frame is raw; a remote one's PNG here
+            format = "layer" if client.frame_format == "rgba8" else None
+        else:  # in shared memory, the display floats made on the device: nothing to convert here
+            format = "rgba32f" if client.shared is not None else None
         try:
             client.submit_render(camera, format, depth=self.depth, stream=self._number, borrow=True,
                                  on_done=lambda p: self._answered(seq, tag, p, time.monotonic() - sent_at),
@@ -175,14 +177,19 @@ class FrameStream:
         return np.empty(size, np.float32)
 
     def _prepare(self, answer: Answer) -> None:
-        """The reply's frame as the float buffer a texture takes, read where it lies (a borrowed frame in shared
-        memory: then its slot is released)."""
+        """The reply's frame as the float buffer a texture takes, read where it lies. A display frame in shared
+        memory is that buffer already: its frame holds the slot, released once the frame goes; any other frame's
+        slot is released here."""
         pending = answer.pending
         reply = pending.result(0)
         buffer = None
+        held = False
         try:
-            if reply.fields["format"] == "layer":
-                pixels = decode_layer(reply)  # the bytes received are the pixels
+            if reply.fields["format"] == "rgba32f":
+                pixels = decode_pixels(reply)
+                held = pending.holds_shared_frame
+            elif reply.fields["format"] == "layer":
+                pixels = decode_pixels(reply)  # the bytes received are the pixels
                 if pending.holds_shared_frame:  # copied out of the slot, which goes back
                     buffer = self._buffer(pixels.size)
                     np.copyto(buffer, pixels)
@@ -196,8 +203,11 @@ class FrameStream:
             self.error = f"bad frame from the backend: {e}"
             return
         finally:
-            pending.release()
+            if not held:
+                pending.release()
         self.frame, self.error = Frame(answer.seq, answer.tag, reply.fields, pixels, answer.seconds), ""
+        if held:
+            weakref.finalize(self.frame, pending.release)
         if buffer is not None:
             weakref.finalize(self.frame, self._spare_buffers.append, buffer)
         if self._on_frame is not None:

@@ -198,6 +198,7 @@ class FakeClient:
     """submit_render as the real Client has it: replies arrive later, on another thread; a borrowed one's frame
     is a view of shared memory, whose release is recorded."""
     frame_format = "rgba8"
+    shared = None  # frames come as rgba8, as through the socket
 
     def __init__(self):
         self.asked: list[Camera] = []

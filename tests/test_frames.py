@@ -1,6 +1,7 @@
 """The frame path from the backend to the add-on's views: frames through shared memory against the same frames
 through the socket, byte for byte (a real server subprocess on loopback, CPU), the slots' bookkeeping and its
-refusals, the "layer" packing made by the backend against the add-on's, and the frame stream's reused buffers."""
+refusals, the "layer" packing and the display floats made by the backend against the add-on's, and the frame
+stream's reused buffers and held slots."""
 from __future__ import annotations
 
 import os
@@ -11,7 +12,8 @@ import torch
 
 from blender_addon import frames
 from blender_addon.core import codecs, protocol
-from blender_addon.core.client import MappedFrames, RemoteError, decode_depth, decode_frame, decode_layer
+from blender_addon.colors import display_pixels
+from blender_addon.core.client import Client, MappedFrames, RemoteError, decode_depth, decode_frame, decode_pixels
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.protocol import ProtocolError
 from backend import shared_frames
@@ -26,7 +28,7 @@ from test_server import start_server  # noqa: F401 (a fixture)
 needs_shm = pytest.mark.skipif(not shared_frames.available(), reason="no /dev/shm on this system: frames go "
                                "through the socket only")
 CAMERA = orbit_cameras(1, 40, 30)[0]
-REQUESTS = [("rgba8", False), ("rgba8", True), ("layer", True)]  # (format, depth)
+REQUESTS = [("rgba8", False), ("rgba8", True), ("layer", True), ("rgba32f", False), ("rgba32f", True)]  # (format, depth)
 
 
 def viewed_model(client, folder) -> None:
@@ -63,8 +65,13 @@ def test_shared_memory_frames_equal_socket_frames_byte_for_byte(tmp_path, start_
     # The backend's layer is the add-on's packing of the same frame and depth, bit for bit.
     rgba, plain = decode_frame(shared[1]), decode_depth(shared[1])
     assert np.array_equal(decode_frame(shared[0]), rgba)
-    assert decode_layer(shared[2]).tobytes() == codecs.layer_pixels(rgba, plain).tobytes()
+    assert decode_pixels(shared[2]).tobytes() == codecs.layer_pixels(rgba, plain).tobytes()
     assert (plain == codecs.DEPTH_BACKGROUND).any() and (plain < codecs.DEPTH_BACKGROUND).any()
+    # The backend's display floats are the add-on's conversion of the same frame, bit for bit.
+    for display in shared[3:]:
+        assert decode_pixels(display).tobytes() == display_pixels(rgba).tobytes()
+        assert np.array_equal(decode_frame(display), rgba)
+    assert np.array_equal(decode_depth(shared[4]), plain)
 
 
 @needs_shm
@@ -189,6 +196,8 @@ def test_the_cpu_renderer_frame_bytes_are_the_wire_formats():
     fields, payload = queued[("png", True)]
     assert np.array_equal(codecs.decode_png(payload[:fields["depth_offset"]]), rgba)
     assert bytes(payload[fields["depth_offset"]:]) == bytes(queued[("rgba8", True)][1])[rgba.nbytes:]
+    fields, payload = queued[("rgba32f", False)]
+    assert fields["depth_offset"] is None and bytes(payload) == display_pixels(rgba[::-1]).tobytes()
 
 
 @pytest.mark.cuda
@@ -215,6 +224,33 @@ def test_gpu_frames_reach_the_reply_and_a_shared_slot_as_the_device_made_them():
     finally:
         mapped.close()
         ring.close()
+
+
+@needs_shm
+def test_a_live_views_display_frames_hold_their_slots_until_they_go(tmp_path, start_server):
+    """Through shared memory a frame stream gets the display floats made by the backend and reads them in their
+    slot: a frame held is never written over, and the slots of frames let go come back (every later frame finds
+    one)."""
+    cameras = orbit_cameras(3 * protocol.SHARED_SLOTS, 40, 30)
+    server = start_server(tmp_path / "work")
+    with server.client() as client:
+        viewed_model(client, tmp_path)
+        expected = display_pixels(client.render(cameras[0]))
+        stream = frames.FrameStream(lambda: client)
+
+        def shown(tag: int) -> frames.Frame:
+            stream.ask(cameras[tag], tag)
+            wait_until(lambda: stream.error or (stream.frame is not None and stream.frame.tag == tag))
+            assert not stream.error
+            return stream.frame
+        try:
+            held = shown(0)
+            later_slots = [shown(tag).fields["shared_slot"] for tag in range(1, len(cameras))]
+        finally:
+            stream.close()
+    assert held.fields["format"] == "rgba32f" and not held.pixels.flags.writeable
+    assert None not in later_slots and held.fields["shared_slot"] not in later_slots
+    assert held.pixels.tobytes() == expected.tobytes()
 
 
 def test_a_frame_streams_buffer_is_written_again_only_once_its_frame_is_gone():

@@ -73,7 +73,7 @@ def main(argv: list[str]) -> int:
     bench = LiveBench.from_args("scrub", args)
     with bench.paused_training(dynamic=True) as client:
         scrub, idle, training = measure(client, bench, args.depth)
-        frame_format = client.frame_format
+        frame_format = scrub.frame.fields["format"]
     what = "frame" if args.depth else "frame (no depth)"
     idle_ms, training_ms, ask = report(f"time change -> {what} ready for upload", idle, training, scrub.ask_ms,
                                        "time change and ask()")

@@ -1,7 +1,8 @@
 """Viewport latency benchmark: from a camera change to the new frame ready for the GPU texture upload (the
-bytes received and turned into the float buffer the texture takes), through the add-on's own client code
-(frames.FrameStream, as the render engine uses it) from the real server on loopback, frames in shared memory
-(through the socket with --socket-frames). p50/p95 with training paused and while training, and the main
+float buffer the texture takes: made on the device and read in its shared-memory slot, or converted from the
+rgba8 bytes received through the socket), through the add-on's own client code (frames.FrameStream, as the
+render engine uses it) from the real server on loopback, frames in shared memory (through the socket with
+--socket-frames). p50/p95 with training paused and while training, and the main
 thread's own share: how long the view's ask() takes (a redraw's only call into the stream; the tests check
 that it never waits, this measures it).
 
@@ -89,7 +90,7 @@ def main(argv: list[str]) -> int:
     with bench.paused_training() as client:
         latency = Latency(client)
         idle, training = paused_and_training(latency, client, bench)
-        frame_format = client.frame_format
+        frame_format = latency.frame.fields["format"]
     idle_ms, training_ms, ask = report("camera change -> frame ready for upload", idle, training, latency.ask_ms,
                                        "ask()")
     bench.result(frame_format=frame_format, camera_to_upload_ready_idle=idle_ms,

@@ -364,17 +364,27 @@ def decode_frame(reply: Message) -> np.ndarray:
     """The (H, W, 4) uint8 frame of a render reply, rows bottom-up whatever the wire format."""
     f = reply.fields
     if f["format"] == "layer":
-        return codecs.unpacked_layer(decode_layer(reply))[0].reshape(f["height"], f["width"], 4)
-    end = f["depth_offset"] if f.get("depth_offset") is not None else len(reply.payload)
-    image = memoryview(reply.payload)[:end]
+        return codecs.unpacked_layer(decode_pixels(reply))[0].reshape(f["height"], f["width"], 4)
+    if f["format"] == "rgba32f":
+        return np.rint(decode_pixels(reply) * 255).astype(np.uint8).reshape(f["height"], f["width"], 4)
+    image = memoryview(reply.payload)[:_image_end(reply)]
     if f["format"] == "png":
         return np.ascontiguousarray(codecs.decode_png(bytes(image))[::-1])
     return codecs.image_from_wire("rgba8", image, f["width"], f["height"])
 
 
-def decode_layer(reply: Message) -> np.ndarray:
-    """The flat float32 pixels of a "layer" render reply (codecs.layer_pixels), without a copy."""
-    return codecs.layer_from_wire(reply.payload, reply.fields["width"], reply.fields["height"])
+def decode_pixels(reply: Message) -> np.ndarray:
+    """The flat float32 pixels of a "layer" or "rgba32f" render reply, as a float texture takes them, without a
+    copy."""
+    f = reply.fields
+    return codecs.float_pixels_from_wire(f["format"], memoryview(reply.payload)[:_image_end(reply)], f["width"],
+                                         f["height"])
+
+
+def _image_end(reply: Message) -> int:
+    """Where a render reply's image ends in its payload (a depth plane may follow)."""
+    offset = reply.fields.get("depth_offset")
+    return len(reply.payload) if offset is None else offset
 
 
 def decode_depth(reply: Message) -> np.ndarray:
@@ -382,7 +392,7 @@ def decode_depth(reply: Message) -> np.ndarray:
     within its packing's precision)."""
     f = reply.fields
     if f["format"] == "layer":
-        return codecs.unpacked_layer(decode_layer(reply))[1].reshape(f["height"], f["width"])
+        return codecs.unpacked_layer(decode_pixels(reply))[1].reshape(f["height"], f["width"])
     plane = memoryview(reply.payload)[f["depth_offset"]:]
     if len(plane) != f["width"] * f["height"] * 4:
         raise ValueError(f"depth plane of {len(plane)} bytes does not fit a {f['width']}x{f['height']} frame")

@@ -7,6 +7,9 @@
   "png" payloads are ordinary PNG files, rows top-down as PNG defines them.
 - Layers ("layer" frames): colour and view depth packed in two float32 per pixel (layer_pixels), rows
   bottom-up, what the viewport's depth-composited views upload as they are.
+- Display frames ("rgba32f"): RGBA as float32 in [0, 1], the sRGB-encoded values of the rgba8 frame (byte / 255,
+  colors.display_pixels), rows bottom-up: what a live view's float texture takes as they are. Four times the bytes
+  of rgba8, for frames in shared memory on the backend's own machine.
 - Points: xyz as float32 (N, 3) little-endian, then rgb as uint8 (N, 3).
 """
 from __future__ import annotations
@@ -27,9 +30,10 @@ MAX_POINTS = 10_000_000
 RAW_IMAGE_FORMATS = {"rgb8": (3, np.dtype("u1")), "rgba8": (4, np.dtype("u1")),
                      "rgb16f": (3, np.dtype("<f2")), "rgba16f": (4, np.dtype("<f2"))}
 UPLOAD_FORMATS = ("png",) + tuple(RAW_IMAGE_FORMATS)
-FRAME_FORMATS = ("rgba8", "png", "layer")
-RAW_FRAME_FORMATS = ("rgba8", "layer")  # the ones a frame's bytes are as the renderer makes them (no encoding)
-LAYER_BYTES_PER_PIXEL = 8
+FRAME_FORMATS = ("rgba8", "png", "layer", "rgba32f")
+RAW_FRAME_FORMATS = ("rgba8", "layer", "rgba32f")  # a frame's bytes as the renderer makes them (no encoding)
+FLOAT_FRAME_BYTES_PER_PIXEL = {"layer": 8, "rgba32f": 16}  # the frames whose pixels are float32 as textures take them
+MAX_RAW_FRAME_BYTES_PER_PIXEL = FLOAT_FRAME_BYTES_PER_PIXEL["rgba32f"] + 4  # an rgba32f frame and its depth plane
 MAX_IMAGE_BYTES = MAX_IMAGE_SIDE * MAX_IMAGE_SIDE * 4 * 2
 DEPTH_BACKGROUND = 1e10  # depth of pixels the model does not cover, as Blender's Depth pass has it
 
@@ -116,11 +120,11 @@ def unpacked_layer(pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return rgba, (bits & np.uint32(0xFFFFFF00)).view(np.float32)
 
 
-def layer_from_wire(payload, width: int, height: int) -> np.ndarray:
-    """The flat float32 pixels of a "layer" frame's payload (layer_pixels), without a copy."""
-    expected = width * height * LAYER_BYTES_PER_PIXEL
+def float_pixels_from_wire(format: str, payload, width: int, height: int) -> np.ndarray:
+    """The flat float32 pixels of a "layer" (layer_pixels) or "rgba32f" frame's bytes, without a copy."""
+    expected = width * height * FLOAT_FRAME_BYTES_PER_PIXEL[format]
     if len(payload) != expected:
-        raise ValueError(f"layer frame of {width}x{height} needs {expected} payload bytes, got {len(payload)}")
+        raise ValueError(f"{format} frame of {width}x{height} needs {expected} bytes, got {len(payload)}")
     return np.frombuffer(payload, dtype="<f4")
 
 

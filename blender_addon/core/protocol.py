@@ -28,12 +28,12 @@ from .schema import (MAX_TEXT_CHARS, AnyObject, Bool, Fields, Float, Int, Kind, 
                      optional)
 from .settings import BACKGROUND, TRAINING
 
-# 8: frames through shared memory on one machine (hello's shared_frames, render's shared, release_frame) and the
+# 9: the "rgba32f" frame format, six shared-memory slots; 8: frames through shared memory on one machine (hello's shared_frames, render's shared, release_frame) and the
 # "layer" frame format; 7: load_ply reads a 4D model's file and export_ply writes one (*.pt); status, render and
 # export_ply say whether the model is 4D; 6: render streams; 5: render and export_ply name a session's saved model and a crop box,
 # export_ply a placement; 4: load_ply and export_ply name their files (the splat format); 3: warning events;
 # 2: replies and events declared and checked by the client
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9
 MAGIC = b"SPW\x00"
 PREFIX = struct.Struct(">4sI")  # magic, header length
 
@@ -43,7 +43,7 @@ MAX_PAYLOAD_BYTES = 1 << 30
 READ_CHUNK_BYTES = 1 << 20  # payloads are read in pieces of this size: memory grows with what arrives
 MAX_ID = 2**53  # JSON numbers stay exact below this
 MAX_TOKEN_CHARS = 4096
-SHARED_SLOTS = 3  # frames a connection's shared-memory file holds at once
+SHARED_SLOTS = 6  # frames a connection's shared-memory file holds at once (a live view holds its newest)
 SESSION_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
 # Names Windows keeps for devices, with any extension: a folder of that name cannot be made there.
 _DEVICE_NAME = re.compile(r"(con|prn|aux|nul|conin\$|conout\$|com[0-9]|lpt[0-9])(\..*)?", re.IGNORECASE)
