@@ -111,7 +111,9 @@ class TrainingCopies:
     """Copies of the training model that the training thread makes after each step on the GPU while a live view
     watches it (asked for a frame of it within WATCH_SECONDS), each with an event recorded after its copy. A frame
     then draws the newest copy the GPU has finished, a step or two old, instead of copying the model behind the
-    kernels of the step still queued on the GPU (Engine._copied). Use with the model lock held."""
+    kernels of the step still queued on the GPU (Engine._copied). The two kept take twice the model's parameters
+    in GPU memory while watched, and a copy costs a step about 1% (1M Gaussians, H200). Use with the model lock
+    held."""
 
     def __init__(self):
         self.copies: list[tuple[weakref.ref, Model, torch.cuda.Event]] = []  # (trainer, copy, done), newest last
