@@ -112,8 +112,8 @@ class TrainingCopies:
     watches it (asked for a frame of it within WATCH_SECONDS), each with an event recorded after its copy. A frame
     then draws the newest copy the GPU has finished, a step or two old, instead of copying the model behind the
     kernels of the step still queued on the GPU (Engine._copied). The two kept take twice the model's parameters
-    in GPU memory while watched, and a copy costs a step about 1% (1M Gaussians, H200). Use with the model lock
-    held."""
+    in GPU memory while watched training runs or rests paused (they go when its thread ends), and a copy costs a
+    step about 1% (1M Gaussians, H200). Use with the model lock held."""
 
     def __init__(self):
         self.copies: list[tuple[weakref.ref, Model, torch.cuda.Event]] = []  # (trainer, copy, done), newest last
@@ -122,13 +122,16 @@ class TrainingCopies:
     def publish(self, trainer: Trainer) -> None:
         """After `trainer`'s step, on the training thread."""
         if time.monotonic() > self.watched_until:
-            self.copies.clear()  # not watched: their memory goes back
+            self.clear()  # not watched: their memory goes back
             return
         model = trained_model(trainer)
         copy = replace(model, g=model.g.detached())
         done = torch.cuda.Event()
         done.record()
         self.copies = [*self.copies[-1:], (weakref.ref(trainer), copy, done)]
+
+    def clear(self) -> None:
+        self.copies = []
 
     def finished(self, trainer: Trainer) -> Model | None:
         """The newest copy of `trainer`'s model that the GPU has finished, if there is one; the asker watches."""
@@ -458,6 +461,7 @@ class Engine:
                 return
             final_state = self._run_steps()
             with self.model_lock:
+                self.training_copies.clear()
                 self._checkpoint()
             self._set_state(final_state)
             self.emit(self._progress(0.0))
@@ -534,6 +538,7 @@ class Engine:
         with self.model_lock:
             step = self.trainer.step if self.trainer else 0
             self.trainer = None
+            self.training_copies.clear()
             if self.run_checkpointed and self.session.checkpoint_path.is_file():
                 try:
                     self.trainer = self._trainer_from_checkpoint()

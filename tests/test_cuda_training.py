@@ -133,7 +133,7 @@ def test_training_copies_are_the_model_after_their_step(tiny_scene, monkeypatch)
 
 def test_frames_of_watched_training_are_drawn_from_its_copies(tmp_path, tiny_scene, monkeypatch):
     """Frames asked for while the server trains come from the copies training leaves (after the first, which
-    makes training leave them), and training goes on meanwhile."""
+    makes training leave them), training goes on meanwhile, and the copies go once it stops."""
     drawn_from_a_copy = []
     finished = TrainingCopies.finished
 
@@ -159,6 +159,7 @@ def test_frames_of_watched_training_are_drawn_from_its_copies(tmp_path, tiny_sce
             frames = [client.render(camera) for camera in data.cameras * 4]
             assert client.call("status")["step"] > first_step
             client.call("stop")
+            assert server.engine.training_copies.copies == []  # they go with the training thread
         assert all(frame.shape == (32, 32, 4) and frame[..., 3].max() > 0 for frame in frames)
         assert drawn_from_a_copy[0] is False and sum(drawn_from_a_copy) >= len(frames) // 2, drawn_from_a_copy
     finally:
