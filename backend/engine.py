@@ -112,7 +112,7 @@ class TrainingCopies:
     watches it (asked for a frame of it within WATCH_SECONDS), each with an event recorded after its copy. A frame
     then draws the newest copy the GPU has finished, a step or two old, instead of copying the model behind the
     kernels of the step still queued on the GPU (Engine._copied). The two kept take twice the model's parameters
-    in GPU memory while watched training runs or rests paused (they go when its thread ends), and a copy costs a
+    in GPU memory while watched training runs (they go when it pauses or its thread ends), and a copy costs a
     step about 1% (1M Gaussians, H200). Use with the model lock held."""
 
     def __init__(self):
@@ -124,11 +124,16 @@ class TrainingCopies:
         if time.monotonic() > self.watched_until:
             self.clear()  # not watched: their memory goes back
             return
+        self.copies = self.copies[-1:]  # two with the one made now
         model = trained_model(trainer)
-        copy = replace(model, g=model.g.detached())
+        try:
+            copy = replace(model, g=model.g.detached())
+        except torch.cuda.OutOfMemoryError:  # a live view never fails training: frames copy the model instead
+            self.clear()
+            return
         done = torch.cuda.Event()
         done.record()
-        self.copies = [*self.copies[-1:], (weakref.ref(trainer), copy, done)]
+        self.copies.append((weakref.ref(trainer), copy, done))
 
     def clear(self) -> None:
         self.copies = []
@@ -432,6 +437,8 @@ class Engine:
             elif self.state != "paused":
                 raise SplatwrightError(f"cannot pause: training is not running (state {self.state})")
             self.cond.wait_for(lambda: not self.stepping or self.state != "paused")
+        with self.model_lock:
+            self.training_copies.clear()  # nothing is queued now: frames copy the model at once
         self._emit_state()
         return self.status()
 
@@ -653,7 +660,7 @@ class Engine:
                 model = self.saved.get(job.model)
             frame = queue_frame(chosen(model.g, job.crop, job.time), camera, model.sh_degree, model.background,
                                 self.rasterizer, view, job.format, job.depth, job.shared)
-        fields = {"width": camera.width, "height": camera.height, "format": job.format, "step": model.step,
+        fields = {"width": camera.width, "height": camera.height, "format": frame.format, "step": model.step,
                   "dynamic": isinstance(model.g, DynamicGaussians),
                   "sh_degree": model.sh_degree, "background": [float(c) for c in model.background]}
         return fields, frame

@@ -8,19 +8,18 @@ autograd's bit for bit.
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 import threading
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
+from blender_addon.core.client import Client
 from backend.engine import Engine, TrainingCopies
 from backend.policy import make_config
 from backend.server import Server
-from blender_addon.core.client import Client
 from backend.data import load_split
 from backend.gaussians import Gaussians
 from backend.metrics import photometric_loss, torch_photometric_loss

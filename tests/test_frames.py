@@ -28,7 +28,7 @@ from test_server import start_server  # noqa: F401 (a fixture)
 needs_shm = pytest.mark.skipif(not shared_frames.available(), reason="no /dev/shm on this system: frames go "
                                "through the socket only")
 CAMERA = orbit_cameras(1, 40, 30)[0]
-REQUESTS = [("rgba8", False), ("rgba8", True), ("layer", True), ("rgba32f", False), ("rgba32f", True)]  # (format, depth)
+REQUESTS = [("rgba8", False), ("rgba8", True), ("layer", True), ("rgba32f", False), ("rgba32f", True)]  # format, depth
 
 
 def viewed_model(client, folder) -> None:
@@ -44,7 +44,7 @@ def frames_of(client) -> list:
 def test_shared_memory_frames_equal_socket_frames_byte_for_byte(tmp_path, start_server):
     server = start_server(tmp_path / "work")
     with server.client() as client:
-        assert client.shared is not None and client.hello["shared_frames"]["slot_bytes"] >= 40 * 30 * 8
+        assert client.shared is not None and client.hello["shared_frames"]["slot_bytes"] >= 40 * 30 * codecs.MAX_RAW_FRAME_BYTES_PER_PIXEL
         path = client.hello["shared_frames"]["path"]
         viewed_model(client, tmp_path)
         shared = frames_of(client)
@@ -60,6 +60,11 @@ def test_shared_memory_frames_equal_socket_frames_byte_for_byte(tmp_path, start_
             client.request("render", {"camera": CAMERA, "shared": True})
     for a, b in zip(shared, through_socket):
         assert b.fields["shared_slot"] is None
+        if a.fields["format"] == "rgba32f":  # display floats only in shared memory: through the socket as rgba8
+            assert b.fields["format"] == "rgba8" and np.array_equal(decode_frame(a), decode_frame(b))
+            if a.fields["depth_offset"] is not None:
+                assert np.array_equal(decode_depth(a), decode_depth(b))
+            continue
         assert bytes(a.payload) == bytes(b.payload) and a.fields["depth_offset"] == b.fields["depth_offset"]
     assert all(np.array_equal(frame, decode_frame(shared[0])) for frame in again)
     # The backend's layer is the add-on's packing of the same frame and depth, bit for bit.
@@ -89,9 +94,11 @@ def test_a_borrowed_frame_is_read_in_its_slot_which_stays_taken_until_released(t
                    for pending, reply in zip(borrowed, replies))
         assert not isinstance(copied.payload, memoryview)
         assert all(bytes(reply.payload) == bytes(copied.payload) for reply in replies)
-        # Every slot is held: the next frame comes through the socket, whole.
+        # Every slot is held: the next frame comes through the socket, whole, and display floats as rgba8.
         through_socket = client.submit_render(CAMERA).result(60)
         assert through_socket.fields["shared_slot"] is None and bytes(through_socket.payload) == bytes(copied.payload)
+        as_bytes = client.submit_render(CAMERA, "rgba32f").result(60)
+        assert as_bytes.fields["format"] == "rgba8" and bytes(as_bytes.payload) == bytes(copied.payload)
         for pending in borrowed:
             pending.release()
             pending.release()  # a second release does nothing
@@ -181,7 +188,8 @@ def test_the_backend_packs_a_layer_as_the_add_on_does():
 
 
 def test_the_cpu_renderer_frame_bytes_are_the_wire_formats():
-    """A frame rendered on the CPU: rgba8 rows bottom-up, the depth plane after it, a PNG's rows top-down."""
+    """A frame rendered on the CPU: rgba8 rows bottom-up, the depth plane after it, a PNG's rows top-down, the
+    display floats of rgba8's bytes (sent as rgba8 without a shared slot)."""
     g = random_gaussians(200, seed=5, sh_degree=1)
     with torch.no_grad():
         out = render(g, CAMERA, 1, (1.0, 1.0, 1.0), "reference")
@@ -196,8 +204,8 @@ def test_the_cpu_renderer_frame_bytes_are_the_wire_formats():
     fields, payload = queued[("png", True)]
     assert np.array_equal(codecs.decode_png(payload[:fields["depth_offset"]]), rgba)
     assert bytes(payload[fields["depth_offset"]:]) == bytes(queued[("rgba8", True)][1])[rgba.nbytes:]
-    fields, payload = queued[("rgba32f", False)]
-    assert fields["depth_offset"] is None and bytes(payload) == display_pixels(rgba[::-1]).tobytes()
+    assert frame_bytes(out, "rgba32f", False)[0].numpy().tobytes() == display_pixels(rgba[::-1]).tobytes()
+    assert bytes(queued[("rgba32f", True)][1]) == bytes(queued[("rgba8", True)][1])  # no shared slot: as rgba8
 
 
 @pytest.mark.cuda
@@ -212,15 +220,21 @@ def test_gpu_frames_reach_the_reply_and_a_shared_slot_as_the_device_made_them():
     mapped = MappedFrames.open(**ring.wire())
     try:
         for format, depth in REQUESTS:
+            payload_format = "rgba8" if format == "rgba32f" else format  # display floats only in a slot
             with torch.no_grad():
-                made = frame_bytes(render(g, CAMERA, 1, (1.0, 1.0, 1.0), rasterizer, view), format, depth)[0]
-                expected = made.cpu().numpy().tobytes()
+                out = render(g, CAMERA, 1, (1.0, 1.0, 1.0), rasterizer, view)
+                expected = frame_bytes(out, format, depth)[0].cpu().numpy().tobytes()
+                expected_payload = frame_bytes(out, payload_format, depth)[0].cpu().numpy().tobytes()
                 _, payload = finish_frame(queue_frame(g, CAMERA, 1, (1.0, 1.0, 1.0), rasterizer, view, format, depth))
                 fields, empty = finish_frame(queue_frame(g, CAMERA, 1, (1.0, 1.0, 1.0), rasterizer, view, format,
                                                          depth, ring))
-            assert bytes(payload) == expected and not empty and fields["shared_bytes"] == len(expected)
+            assert bytes(payload) == expected_payload and not empty and fields["shared_bytes"] == len(expected)
             assert bytes(mapped.view(fields["shared_slot"], len(expected))) == expected
             ring.discard(fields["shared_slot"])
+            if format == "rgba32f":  # the device's display floats are the add-on's conversion, bit for bit
+                colour = expected[:CAMERA.width * CAMERA.height * codecs.FLOAT_FRAME_BYTES_PER_PIXEL[format]]
+                rgba8 = np.frombuffer(expected_payload, np.uint8)[:CAMERA.width * CAMERA.height * 4]
+                assert colour == display_pixels(rgba8).tobytes()
     finally:
         mapped.close()
         ring.close()

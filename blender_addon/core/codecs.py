@@ -9,7 +9,8 @@
   bottom-up, what the viewport's depth-composited views upload as they are.
 - Display frames ("rgba32f"): RGBA as float32 in [0, 1], the sRGB-encoded values of the rgba8 frame (byte / 255,
   colors.display_pixels), rows bottom-up: what a live view's float texture takes as they are. Four times the bytes
-  of rgba8, for frames in shared memory on the backend's own machine.
+  of rgba8, only for frames in shared memory on the backend's own machine: one finding no free slot (or asked
+  for without shared memory) comes in the reply as rgba8, which the reply's format says.
 - Points: xyz as float32 (N, 3) little-endian, then rgb as uint8 (N, 3).
 """
 from __future__ import annotations

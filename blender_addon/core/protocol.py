@@ -28,11 +28,12 @@ from .schema import (MAX_TEXT_CHARS, AnyObject, Bool, Fields, Float, Int, Kind, 
                      optional)
 from .settings import BACKGROUND, TRAINING
 
-# 9: the "rgba32f" frame format, six shared-memory slots; 8: frames through shared memory on one machine (hello's shared_frames, render's shared, release_frame) and the
-# "layer" frame format; 7: load_ply reads a 4D model's file and export_ply writes one (*.pt); status, render and
-# export_ply say whether the model is 4D; 6: render streams; 5: render and export_ply name a session's saved model and a crop box,
-# export_ply a placement; 4: load_ply and export_ply name their files (the splat format); 3: warning events;
-# 2: replies and events declared and checked by the client
+# 9: the "rgba32f" frame format, six shared-memory slots; 8: frames through shared memory on one machine (hello's
+# shared_frames, render's shared, release_frame) and the "layer" frame format; 7: load_ply reads a 4D model's file
+# and export_ply writes one (*.pt); status, render and export_ply say whether the model is 4D; 6: render streams;
+# 5: render and export_ply name a session's saved model and a crop box, export_ply a placement; 4: load_ply and
+# export_ply name their files (the splat format); 3: warning events; 2: replies and events declared and checked
+# by the client
 PROTOCOL_VERSION = 9
 MAGIC = b"SPW\x00"
 PREFIX = struct.Struct(">4sI")  # magic, header length
