@@ -190,7 +190,9 @@ class FrameStream:
                 held = pending.holds_shared_frame
             elif reply.fields["format"] == "layer":
                 pixels = decode_pixels(reply)  # the bytes received are the pixels
-                if pending.holds_shared_frame:  # copied out of the slot, which goes back
+                # Copied out of the slot, which goes back: a depth-composited view keeps a frame while it uploads it
+                # in strips and after (overlay.py), one view per model, which would hold a connection's slots.
+                if pending.holds_shared_frame:
                     buffer = self._buffer(pixels.size)
                     np.copyto(buffer, pixels)
                     pixels = buffer

@@ -13,6 +13,8 @@ constexpr int WARP_W = 8, WARP_H = 4;
 constexpr int WARPS_X = TILE / WARP_W;
 constexpr int TILE_WARPS = BLOCK_SIZE / 32;
 static_assert(WARP_W * WARP_H == 32 && TILE % WARP_W == 0 && TILE % WARP_H == 0, "warps tile the tile");
+// The kernels keep each splat's warp mask and each batch position in a byte.
+static_assert(TILE_WARPS <= 8 && BLOCK_SIZE <= 256, "warp masks and batch positions fit a byte");
 
 // The pixel (x, y) within its tile that thread `thread` of the block handles.
 __device__ __forceinline__ void tile_pixel(int thread, int& x, int& y) {

@@ -42,7 +42,6 @@ __device__ __forceinline__ void warp_sum9(float* v, int lane, float& mine, float
   ninth = y;
 }
 
-constexpr int WARPS = TILE_WARPS;
 constexpr int HALF = BLOCK_SIZE / 2;  // entries whose warp sums are staged in shared memory at once
 constexpr int ENTRY_GRADS = 9;        // d/d(mean x, mean y, conic a, b, c, red, green, blue, opacity)
 
@@ -55,7 +54,7 @@ __global__ void __launch_bounds__(BLOCK_SIZE)
   __shared__ float4 s_conic_opacity[BLOCK_SIZE];
   __shared__ float4 s_color[BLOCK_SIZE];
   __shared__ uint8_t s_warp_masks[BLOCK_SIZE];
-  __shared__ float s_warp_sums[WARPS][HALF][ENTRY_GRADS];
+  __shared__ float s_warp_sums[TILE_WARPS][HALF][ENTRY_GRADS];
   __shared__ int s_walk;
 
   const int tiles_x = (r.width + TILE - 1) / TILE, n_tiles = tiles_x * ((r.height + TILE - 1) / TILE);
@@ -170,7 +169,7 @@ __global__ void __launch_bounds__(BLOCK_SIZE)
       const uint32_t warps = s_warp_masks[j];
       for (int k = 0; k < ENTRY_GRADS; ++k) {
         float total = 0.f;
-        for (int w = 0; w < WARPS; ++w)
+        for (int w = 0; w < TILE_WARPS; ++w)
           if (warps >> w & 1u) total += s_warp_sums[w][thread][k];
         out[k] = total;
       }
