@@ -149,6 +149,7 @@ __global__ void __launch_bounds__(BWD_THREADS)
   __shared__ uint8_t s_warp_masks[BLOCK_SIZE];
   __shared__ float s_warp_sums[BWD_WARPS][CHUNK][ENTRY_GRADS];
   __shared__ int s_walk;
+  __shared__ int s_warp_walk[BWD_WARPS];
 
   const int tiles_x = (r.width + TILE - 1) / TILE, n_tiles = tiles_x * ((r.height + TILE - 1) / TILE);
   const int batch = blockIdx.x;
@@ -172,16 +173,20 @@ __global__ void __launch_bounds__(BWD_THREADS)
     furthest = max(furthest, px[k].last);
   }
 
-  // Walk only as far back as the batch's furthest last contributor; entries past it keep zero gradients.
+  // Walk only as far back as the batch's furthest last contributor, and each warp only as far as its own;
+  // entries past them keep zero gradients (from those warps).
   if (thread == 0) s_walk = 0;
   __syncthreads();
   const int warp_last = (int)__reduce_max_sync(FULL_MASK, (unsigned)furthest);
-  if (lane == 0) atomicMax(&s_walk, warp_last);
+  if (lane == 0) {
+    atomicMax(&s_walk, warp_last);
+    s_warp_walk[warp] = warp_last - (batch_start - start);  // relative to batch_start
+  }
   __syncthreads();
   const int batch_end = min(min(batch_start + BLOCK_SIZE, r.ranges[2 * tile + 1]), start + s_walk);
   if (batch_end <= batch_start) return;
 
-  const int count = batch_end - batch_start;
+  const int count = batch_end - batch_start, warp_count = min(count, s_warp_walk[warp]);
   for (int j = thread; j < count; j += BWD_THREADS) {
     const int g = r.gauss_ids[batch_start + j];
     const float2 xy = reinterpret_cast<const float2*>(r.means2d)[g];
@@ -195,7 +200,7 @@ __global__ void __launch_bounds__(BWD_THREADS)
   __syncthreads();
   for (int chunk = (count - 1) / CHUNK; chunk >= 0; --chunk) {  // back to front, as the walk goes
     const int j_lo = chunk * CHUNK;
-    for (int j = min(count, j_lo + CHUNK) - 1; j >= j_lo; --j) {
+    for (int j = min(warp_count, j_lo + CHUNK) - 1; j >= j_lo; --j) {
       const uint32_t mask = s_warp_masks[j];
       if (!(mask & my_blocks)) continue;  // the sums below skip this warp's
       float* sums = s_warp_sums[warp][j - j_lo];
@@ -203,10 +208,10 @@ __global__ void __launch_bounds__(BWD_THREADS)
       const float2 xy = s_xy[j];
       const float4 co = s_conic_opacity[j], color = s_color[j];
       float v[ENTRY_GRADS] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-      bool hit = false;
+      int hit = 0;  // an int, not a bool: no byte conversions in the loop
 #pragma unroll
       for (int k = 0; k < BLOCKS_PER_WARP; ++k)
-        if (mask >> block_of(warp, k) & 1u) hit |= add_splat(px[k], entry, xy, co, color, v);
+        if (mask >> block_of(warp, k) & 1u) hit |= (int)add_splat(px[k], entry, xy, co, color, v);
       if (!__any_sync(FULL_MASK, hit)) {
         if ((lane & 3) == 0) sums[lane >> 2] = 0.f;
         if (lane == 0) sums[8] = 0.f;
@@ -226,7 +231,7 @@ __global__ void __launch_bounds__(BWD_THREADS)
       for (int k = 0; k < ENTRY_GRADS; ++k) {
         float total = 0.f;
         for (int w = 0; w < BWD_WARPS; ++w)
-          if (mask & blocks_of(w)) total += s_warp_sums[w][j - j_lo][k];
+          if ((mask & blocks_of(w)) && j < s_warp_walk[w]) total += s_warp_sums[w][j - j_lo][k];
         out[k] = total;
       }
     }
