@@ -65,7 +65,9 @@ class Session:
     def open(cls, workdir: Path, name: str, create: bool) -> "Session":
         session = cls(workdir, name)
         folder = session.folder
-        twins = [p.name for p in workdir.iterdir() if p.name.casefold() == name.casefold() and p.name != name]
+        # the sessions folder may be gone (removed while the server runs): creating a session makes it again
+        siblings = workdir.iterdir() if workdir.is_dir() else ()
+        twins = [p.name for p in siblings if p.name.casefold() == name.casefold() and p.name != name]
         if twins:
             raise SplatwrightError(f"session {name!r} differs from {twins[0]!r} only in case, and Windows and macOS "
                                    f"would keep both in one folder; open {twins[0]!r} or choose another name")

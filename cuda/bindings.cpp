@@ -4,6 +4,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
 
+#include <atomic>
 #include <limits>
 
 #include "constants.h"
@@ -15,8 +16,9 @@ namespace sw = splatwright;
 namespace {
 
 // When set (tests), outputs that kernels must write in full are NaN- / -1-filled instead of left
-// uninitialised, so a pixel or Gaussian that no thread wrote shows up.
-bool g_poison_outputs = false;
+// uninitialised, so a pixel or Gaussian that no thread wrote shows up. Atomic: the kernels' bindings run
+// without the GIL, on any thread.
+std::atomic<bool> g_poison_outputs{false};
 
 void set_poison_outputs(bool on) { g_poison_outputs = on; }
 

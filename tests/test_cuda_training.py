@@ -57,7 +57,7 @@ def test_fused_loss_matches_torch(height, width, ssim_weight):
     ours_img = img.to(DEV).requires_grad_()
     ours = photometric_loss(ours_img, gt.to(DEV), ssim_weight)
     (3.0 * ours).backward()
-    assert abs(float(ours) - float(ref)) <= 1e-5 * abs(float(ref)) + 1e-7
+    assert abs(ours.item() - ref.item()) <= 1e-5 * abs(ref.item()) + 1e-7
     assert rel_l2(ours_img.grad.cpu(), ref_img.grad) <= 1e-4
 
 

@@ -21,11 +21,13 @@ import torch
 
 from blender_addon.core import codecs, protocol
 from blender_addon.core.client import Client, RemoteError
+from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.protocol import REQUESTS
 from backend import cli
 from backend.gaussians import _nearest_neighbour_distance
 from backend.ply import write_ply
 from backend.server import FIRST_MESSAGE, read_token
+from backend.session import Session
 from backend.train import load_checkpoint, previous_checkpoint
 from conftest import orbit_cameras, random_gaussians
 from test_server import SIZE, add_scene_views, png_bytes, raw_connect, read_until_closed, scene, start_server, wait_for
@@ -286,6 +288,16 @@ def test_accept_failing_for_want_of_file_descriptors_is_survived(tmp_path, start
 
 
 # ---- durable files ----
+
+def test_a_removed_sessions_folder_is_made_again_by_a_new_session(tmp_path):
+    """The sessions folder removed while the server runs: opening an existing session says there is none,
+    and creating one makes the folder again."""
+    workdir = tmp_path / "sessions"
+    with pytest.raises(SplatwrightError, match="no session 'kept'"):
+        Session.open(workdir, "kept", create=False)
+    session = Session.open(workdir, "kept", create=True)
+    assert (workdir / "kept" / "views").is_dir() and session.name == "kept"
+
 
 def test_a_session_opens_with_what_a_power_loss_left(tmp_path, start_server, scene):
     """An empty checkpoint.pt (the previous one intact), an empty view file and stray temporary files: the
