@@ -70,20 +70,21 @@ class TrainConfig:
         return cls(**d)
 
 
-def evaluate(g: Gaussians, data: Dataset, sh_degree: int, background, rasterizer: str) -> dict[str, float]:
-    """Mean PSNR and SSIM of our renders over a dataset's views, each at its time."""
+def evaluate(g: Gaussians, data: Dataset, sh_degree: int, background, rasterizer: str) -> dict:
+    """mean_scores of our renders over a dataset's views, each at its time."""
     return mean_scores((render(g.at(data.time(i)), cam, sh_degree, background, rasterizer).image
                         for i, cam in enumerate(data.cameras)), data.images)
 
 
-def score(render_view, data: Dataset) -> dict[str, float]:
-    """Mean PSNR and SSIM over a dataset's views of render_view(camera) -> (H, W, 3) image."""
+def score(render_view, data: Dataset) -> dict:
+    """mean_scores over a dataset's views of render_view(camera) -> (H, W, 3) image."""
     return mean_scores((render_view(cam) for cam in data.cameras), data.images)
 
 
-def mean_scores(images, targets: torch.Tensor) -> dict[str, float]:
+def mean_scores(images, targets: torch.Tensor) -> dict:
     """Mean PSNR and SSIM of (H, W, 3) images (an iterable, drawn without autograd) against targets (a
-    dataset's uint8 views, or float ones), each converted to float in its turn."""
+    dataset's uint8 views, or float ones), each converted to float in its turn; and the lowest view PSNR with
+    the view's index, since a mean hides a few bad views (a floater in front of one camera)."""
     psnrs, ssims = [], []
     with torch.no_grad():
         for img, gt in zip(images, targets):
@@ -91,7 +92,9 @@ def mean_scores(images, targets: torch.Tensor) -> dict[str, float]:
             gt = as_float(gt.to(img.device))
             psnrs.append(psnr(img, gt))
             ssims.append(float(ssim(img, gt)))
-    return {"psnr": sum(psnrs) / len(psnrs), "ssim": sum(ssims) / len(ssims)}
+    worst = min(range(len(psnrs)), key=psnrs.__getitem__)
+    return {"psnr": sum(psnrs) / len(psnrs), "ssim": sum(ssims) / len(ssims), "worst_psnr": psnrs[worst],
+            "worst_view": worst}
 
 
 class Trainer:

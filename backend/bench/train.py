@@ -40,6 +40,9 @@ def main(argv: list[str]) -> int:
                         "evaluation points)")
     p.add_argument("--background", type=parse_background, default=None,
                    help="white, black or r,g,b: what both trainers composite over (default: the preset's, white)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0], metavar="SEED",
+                   help="train ours once per seed (initialisation and view order), the peer with the first; a "
+                        "preset's figure on a scene is a distribution, and one run may be its tail")
     p.add_argument("--resume-check", action="store_true",
                    help="also train ours stopped halfway, checkpointed and resumed, and compare the two")
     args = p.parse_args(argv)
@@ -51,16 +54,22 @@ def main(argv: list[str]) -> int:
         cfg = replace(cfg, iterations=args.iters)
     if args.background:
         cfg = replace(cfg, background=args.background)
+    cfg = replace(cfg, seed=args.seeds[0])
     train_set = load_split(args.data, "train", cfg.background).to("cuda")
     test_set = load_split(args.data, "test", cfg.background).to("cuda")
     points = scene_point_cloud(args.data)  # a scene with SfM or surface points starts both trainers on them
-    if points is None:
-        center, half = scene_bounds(train_set.cameras)
-        init = Gaussians.random_in_box(cfg.init_points, center, half, cfg.sh_degree, cfg.seed)
-    else:
-        init = Gaussians.from_point_cloud(points[1], points[2], cfg.sh_degree, "cuda")
 
+    def initial(cfg: TrainConfig) -> Gaussians:
+        if points is None:
+            center, half = scene_bounds(train_set.cameras)
+            return Gaussians.random_in_box(cfg.init_points, center, half, cfg.sh_degree, cfg.seed)
+        return Gaussians.from_point_cloud(points[1], points[2], cfg.sh_degree, "cuda")
+
+    init = initial(cfg)
     rows = {"splatwright": run_ours(train_set, test_set, cfg, init)}
+    for seed in args.seeds[1:]:
+        seeded = replace(cfg, seed=seed)
+        rows[f"splatwright, seed {seed}"] = run_ours(train_set, test_set, seeded, initial(seeded))
     if args.resume_check:
         rows[f"splatwright, resumed at {cfg.iterations // 2}"] = run_ours(train_set, test_set, cfg, init,
                                                                           resume_at=cfg.iterations // 2)
@@ -214,11 +223,19 @@ def report(rows: dict, cfg: TrainConfig, preset: str, scene: str, sfm: bool = Fa
     commit = git_commit()
     header = (f"{scene}, preset {preset} ({cfg.iterations} steps), {torch.cuda.get_device_name()}, "
               f"commit {commit}, {datetime.now(timezone.utc):%Y-%m-%d}")
-    lines = [header, "", "| trainer | steps | train s | PSNR | SSIM | Gaussians | peak GB |", "|---|---|---|---|---|---|---|"]
+    lines = [header, "", "| trainer | steps | train s | PSNR | SSIM | worst view PSNR | Gaussians | peak GB |",
+             "|---|---|---|---|---|---|---|---|"]
     for name, r in rows.items():
         lines.append(f"| {name} | {r['steps']} | {r['seconds']:.1f} | {r['psnr']:.2f} | {r['ssim']:.4f} | "
-                     f"{r['gaussians']} | {r['peak_bytes'] / 1e9:.2f} |")
+                     f"{r['worst_psnr']:.2f} (view {r['worst_view']}) | {r['gaussians']} | "
+                     f"{r['peak_bytes'] / 1e9:.2f} |")
     ours = rows["splatwright"]
+    seeded = [r for name, r in rows.items() if name == "splatwright" or name.startswith("splatwright, seed")]
+    if len(seeded) > 1:
+        psnrs = [r["psnr"] for r in seeded]
+        lines.append(f"\nours over {len(seeded)} seeds: PSNR min {min(psnrs):.2f}, mean {sum(psnrs) / len(psnrs):.2f}, "
+                     f"max {max(psnrs):.2f} dB; time mean {sum(r['seconds'] for r in seeded) / len(seeded):.1f} s "
+                     f"(the ratios below are the first seed's)")
     for name, r in rows.items():
         if name.startswith("gsplat"):
             lines.append(f"\nours/{name}: time {ours['seconds'] / r['seconds']:.2f}, "
@@ -227,7 +244,7 @@ def report(rows: dict, cfg: TrainConfig, preset: str, scene: str, sfm: bool = Fa
                 init = "init_type sfm (both trainers start on the scene's points)" if sfm else "init_type random"
                 lines.append(f"Peer: {name}, {r['steps']} steps, simple_trainer's defaults, {init}; deviations: "
                              f"{'' if sfm else PEER_RANDOM_INIT}{PEER_DEVIATIONS}.")
-        elif name != "splatwright":
+        elif name.startswith("splatwright, resumed"):
             lines.append(f"\n{name} vs uninterrupted: PSNR {r['psnr'] - ours['psnr']:+.3f} dB")
     text = "\n".join(lines)
     print(text)
