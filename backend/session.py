@@ -65,8 +65,10 @@ class Session:
     def open(cls, workdir: Path, name: str, create: bool) -> "Session":
         session = cls(workdir, name)
         folder = session.folder
-        # the sessions folder may be gone (removed while the server runs): creating a session makes it again
-        siblings = workdir.iterdir() if workdir.is_dir() else ()
+        try:
+            siblings = list(workdir.iterdir())
+        except FileNotFoundError:  # the sessions folder removed while the server runs: a new session makes it
+            siblings = []
         twins = [p.name for p in siblings if p.name.casefold() == name.casefold() and p.name != name]
         if twins:
             raise SplatwrightError(f"session {name!r} differs from {twins[0]!r} only in case, and Windows and macOS "

@@ -1,9 +1,9 @@
 // Rasterize backward: the forward's tile walk in reverse, one block per batch of a tile's entries (busy tiles'
 // long lists spread over many blocks instead of one). Each pixel starts from its transmittance T at the end of
 // the batch and the colour S composited behind that point (from the states the forward recorded), recovers T
-// before each splat as T / (1 - alpha), and keeps S up to date. Each thread walks two pixels, one in each of
-// two of the forward's pixel blocks, and skips a splat in a block that its warp_mask leaves out, as the
-// forward does.
+// before each splat as T / (1 - alpha), and keeps S up to date. Each thread walks one pixel in each of
+// BLOCKS_PER_WARP of the forward's pixel blocks, and skips a splat in a block that its warp_mask leaves out, as
+// the forward does.
 //
 // The result is deterministic: no float atomics. Each splat's gradient is summed over each warp, the warps' sums
 // are added in warp order into one value per entry (tile, Gaussian), and a second kernel adds each Gaussian's
@@ -163,18 +163,18 @@ __global__ void __launch_bounds__(BWD_THREADS)
   const int tile_x0 = (tile % tiles_x) * TILE, tile_y0 = (tile / tiles_x) * TILE;
   const int start = r.ranges[2 * tile];
   const int batch_start = start + batch_in_tile * BLOCK_SIZE;
-  const int batch_end_entry = (batch_in_tile + 1) * BLOCK_SIZE;  // relative to start
-  PixelWalk px[BLOCKS_PER_WARP];
+  const int batch_end_entry = (batch_in_tile + 1) * BLOCK_SIZE;  // relative to start, past the tile's end maybe
+  PixelWalk pixels[BLOCKS_PER_WARP];
   int furthest = 0;
 #pragma unroll
   for (int k = 0; k < BLOCKS_PER_WARP; ++k) {
-    start_walk(px[k], block_of(warp, k) * 32 + lane, tile_x0, tile_y0, batch, last_batch, batch_end_entry, r,
+    start_walk(pixels[k], block_of(warp, k) * 32 + lane, tile_x0, tile_y0, batch, last_batch, batch_end_entry, r,
                batches, final_T, n_contrib, grad_image, grad_alpha);
-    furthest = max(furthest, px[k].last);
+    furthest = max(furthest, pixels[k].last);
   }
 
-  // Walk only as far back as the batch's furthest last contributor, and each warp only as far as its own;
-  // entries past them keep zero gradients (from those warps).
+  // The walk (back to front) starts at the batch's furthest last contributor, and each warp's at its own
+  // pixels' furthest; entries past them keep zero gradients (from those warps).
   if (thread == 0) s_walk = 0;
   __syncthreads();
   const int warp_last = (int)__reduce_max_sync(FULL_MASK, (unsigned)furthest);
@@ -211,7 +211,7 @@ __global__ void __launch_bounds__(BWD_THREADS)
       int hit = 0;  // an int, not a bool: no byte conversions in the loop
 #pragma unroll
       for (int k = 0; k < BLOCKS_PER_WARP; ++k)
-        if (mask >> block_of(warp, k) & 1u) hit |= (int)add_splat(px[k], entry, xy, co, color, v);
+        if (mask >> block_of(warp, k) & 1u) hit |= (int)add_splat(pixels[k], entry, xy, co, color, v);
       if (!__any_sync(FULL_MASK, hit)) {
         if ((lane & 3) == 0) sums[lane >> 2] = 0.f;
         if (lane == 0) sums[8] = 0.f;

@@ -41,11 +41,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--background", type=parse_background, default=None,
                    help="white, black or r,g,b: what both trainers composite over (default: the preset's, white)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0], metavar="SEED",
-                   help="train ours once per seed (initialisation and view order), the peer with the first; a "
-                        "preset's figure on a scene is a distribution, and one run may be its tail")
+                   help="train ours once per seed (view order, splitting, and a random initialisation where the "
+                        "scene has no points), the peer with the first; a preset's figure on a scene is a "
+                        "distribution, and one run may be its tail")
     p.add_argument("--resume-check", action="store_true",
                    help="also train ours stopped halfway, checkpointed and resumed, and compare the two")
     args = p.parse_args(argv)
+    if len(set(args.seeds)) < len(args.seeds):
+        p.error(f"--seeds {' '.join(map(str, args.seeds))}: each seed once")
     if not torch.cuda.is_available():
         print("bench train needs a CUDA GPU", file=sys.stderr)
         return 1
@@ -221,7 +224,7 @@ def run_gsplat(train_set: Dataset, test_set: Dataset, steps: int, background, se
 
 def report(rows: dict, cfg: TrainConfig, preset: str, scene: str, sfm: bool = False) -> None:
     commit = git_commit()
-    header = (f"{scene}, preset {preset} ({cfg.iterations} steps), {torch.cuda.get_device_name()}, "
+    header = (f"{scene}, preset {preset} ({cfg.iterations} steps, seed {cfg.seed}), {torch.cuda.get_device_name()}, "
               f"commit {commit}, {datetime.now(timezone.utc):%Y-%m-%d}")
     lines = [header, "", "| trainer | steps | train s | PSNR | SSIM | worst view PSNR | Gaussians | peak GB |",
              "|---|---|---|---|---|---|---|---|"]
