@@ -44,7 +44,8 @@ def frames_of(client) -> list:
 def test_shared_memory_frames_equal_socket_frames_byte_for_byte(tmp_path, start_server):
     server = start_server(tmp_path / "work")
     with server.client() as client:
-        assert client.shared is not None and client.hello["shared_frames"]["slot_bytes"] >= 40 * 30 * codecs.MAX_RAW_FRAME_BYTES_PER_PIXEL
+        slot_bytes = client.hello["shared_frames"]["slot_bytes"]
+        assert client.shared is not None and slot_bytes >= 40 * 30 * codecs.MAX_RAW_FRAME_BYTES_PER_PIXEL
         path = client.hello["shared_frames"]["path"]
         viewed_model(client, tmp_path)
         shared = frames_of(client)
