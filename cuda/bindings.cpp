@@ -164,12 +164,17 @@ std::vector<torch::Tensor> motion_backward(const std::vector<torch::Tensor>& mot
 // (n_entries,), which the forward reads; batch offsets (n_tiles + 1,) and batch tiles (max_tile_batches,), which
 // both passes read; and for the backward the sorted entries' emit positions (n_entries,) and each Gaussian's
 // entry end (N,) int64. backend/render/cuda.py's TileBins names them.
-std::vector<torch::Tensor> bin_tiles(const torch::Tensor& means2d, const torch::Tensor& radii,
+std::vector<torch::Tensor> bin_tiles(const torch::Tensor& means2d, const torch::Tensor& conics,
+                                     const torch::Tensor& opacities, const torch::Tensor& radii,
                                      const torch::Tensor& depths, int64_t width, int64_t height) {
   const c10::cuda::CUDAGuard guard(means2d.device());
   check_input(means2d, "means2d");
+  check_input(conics, "conics");
+  check_input(opacities, "opacities");
   check_input(radii, "radii", torch::kInt32);
   check_input(depths, "depths");
+  TORCH_CHECK(conics.numel() == 3 * means2d.size(0) && opacities.numel() == means2d.size(0),
+              "conics and opacities must be (N, 3) and (N,) for N means2d");
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const int n = (int)means2d.size(0);
   const int tiles_x = (int)(width + sw::TILE - 1) / sw::TILE, tiles_y = (int)(height + sw::TILE - 1) / sw::TILE;
@@ -180,8 +185,9 @@ std::vector<torch::Tensor> bin_tiles(const torch::Tensor& means2d, const torch::
 
   torch::Tensor counts = torch::empty({n}, i64), offsets = torch::empty({n}, i64);
   torch::Tensor scan_temp = torch::empty({(int64_t)sw::scan_temp_bytes(n)}, u8);
-  check(sw::launch_tile_counts(fptr(means2d), iptr(radii), n, (int)width, (int)height, counts.data_ptr<int64_t>(),
-                               offsets.data_ptr<int64_t>(), scan_temp.data_ptr(), scan_temp.numel(), stream),
+  check(sw::launch_tile_counts(fptr(means2d), fptr(conics), fptr(opacities), iptr(radii), n, (int)width, (int)height,
+                               counts.data_ptr<int64_t>(), offsets.data_ptr<int64_t>(), scan_temp.data_ptr(),
+                               scan_temp.numel(), stream),
         "tile counts");
   const int64_t n_entries = n > 0 ? offsets[n - 1].item<int64_t>() : 0;  // the one host sync
   TORCH_CHECK(n_entries <= std::numeric_limits<int>::max(), "too many tile entries: ", n_entries);
@@ -189,8 +195,8 @@ std::vector<torch::Tensor> bin_tiles(const torch::Tensor& means2d, const torch::
   // uint64 keys live in int64 tensors; the bit patterns are what is sorted.
   torch::Tensor keys = torch::empty({n_entries}, i64), ids = torch::empty({n_entries}, i32);
   torch::Tensor positions = torch::empty({n_entries}, i32);
-  check(sw::launch_emit_keys(fptr(means2d), iptr(radii), fptr(depths), offsets.data_ptr<int64_t>(), n,
-                             (int)n_entries, (int)width, (int)height,
+  check(sw::launch_emit_keys(fptr(means2d), fptr(conics), fptr(opacities), iptr(radii), fptr(depths),
+                             offsets.data_ptr<int64_t>(), n, (int)n_entries, (int)width, (int)height,
                              reinterpret_cast<uint64_t*>(keys.data_ptr<int64_t>()), iptr(ids), iptr(positions), stream),
         "emit keys");
   const int end_bit = sw::sort_end_bit((int)width, (int)height);

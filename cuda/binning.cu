@@ -6,17 +6,15 @@
 
 namespace splatwright {
 
-__global__ void tile_counts_kernel(const float2* __restrict__ means2d, const int32_t* __restrict__ radii, int n,
+__global__ void tile_counts_kernel(const float2* __restrict__ means2d, const float* __restrict__ conics,
+                                   const float* __restrict__ opacities, const int32_t* __restrict__ radii, int n,
                                    int width, int height, int64_t* __restrict__ counts) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  int64_t count = 0;
-  if (radii[i] > 0) {
-    int x_lo, x_hi, y_lo, y_hi;
-    tile_rect(means2d[i].x, means2d[i].y, radii[i], width, height, x_lo, x_hi, y_lo, y_hi);
-    count = (int64_t)(x_hi - x_lo) * (y_hi - y_lo);
-  }
-  counts[i] = count;
+  counts[i] = radii[i] > 0
+                  ? FootprintTiles(means2d[i].x, means2d[i].y, conics + 3 * i, opacities[i], radii[i], width, height)
+                        .count()
+                  : 0;
 }
 
 // The Gaussian whose entries hold emit position k: the first i in [lo, hi) with offsets[i] > k (offsets: the
@@ -34,10 +32,11 @@ constexpr int EMIT_THREADS = 256;
 
 // One thread per entry, so that a Gaussian over many tiles is spread over many threads and the writes coalesce:
 // entry k (its own position, which the sort carries along) is its Gaussian's tile number k - first in row-major
-// order of the Gaussian's tile rectangle. The block's first and last entries' Gaussians bound every thread's
-// search.
+// order of the Gaussian's tiles (FootprintTiles). The block's first and last entries' Gaussians bound
+// every thread's search.
 __global__ void __launch_bounds__(EMIT_THREADS)
-    emit_keys_kernel(const float2* __restrict__ means2d, const int32_t* __restrict__ radii,
+    emit_keys_kernel(const float2* __restrict__ means2d, const float* __restrict__ conics,
+                     const float* __restrict__ opacities, const int32_t* __restrict__ radii,
                      const float* __restrict__ depths, const int64_t* __restrict__ offsets, int n, int n_entries,
                      int width, int height, uint64_t* __restrict__ keys, int32_t* __restrict__ gauss_ids,
                      int32_t* __restrict__ positions) {
@@ -49,11 +48,8 @@ __global__ void __launch_bounds__(EMIT_THREADS)
   __syncthreads();
   if (k >= n_entries) return;
   const int i = gaussian_of(offsets, s_first, s_last + 1, k);
-  int x_lo, x_hi, y_lo, y_hi;
-  tile_rect(means2d[i].x, means2d[i].y, radii[i], width, height, x_lo, x_hi, y_lo, y_hi);
-  const int columns = x_hi - x_lo;
-  const int local = (int)(k - (offsets[i] - (int64_t)columns * (y_hi - y_lo)));
-  const int tile = (y_lo + local / columns) * ((width + TILE - 1) / TILE) + x_lo + local % columns;
+  const FootprintTiles splat(means2d[i].x, means2d[i].y, conics + 3 * i, opacities[i], radii[i], width, height);
+  const int tile = splat.tile((int)(k - (i > 0 ? offsets[i - 1] : 0)));
   // Depths of visible Gaussians are positive, so their float bits sort like the values.
   keys[k] = ((uint64_t)tile << 32) | (uint64_t)__float_as_uint(depths[i]);
   gauss_ids[k] = i;
@@ -118,23 +114,25 @@ size_t sort_temp_bytes(int n_entries, int end_bit) {
   return bytes;
 }
 
-cudaError_t launch_tile_counts(const float* means2d, const int32_t* radii, int n, int width, int height,
-                               int64_t* counts, int64_t* offsets, void* temp, size_t temp_bytes, cudaStream_t stream) {
+cudaError_t launch_tile_counts(const float* means2d, const float* conics, const float* opacities, const int32_t* radii,
+                               int n, int width, int height, int64_t* counts, int64_t* offsets, void* temp,
+                               size_t temp_bytes, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   const int threads = 256;
-  tile_counts_kernel<<<(n + threads - 1) / threads, threads, 0, stream>>>((const float2*)means2d, radii, n, width,
-                                                                           height, counts);
+  tile_counts_kernel<<<(n + threads - 1) / threads, threads, 0, stream>>>((const float2*)means2d, conics, opacities,
+                                                                           radii, n, width, height, counts);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   return cub::DeviceScan::InclusiveSum(temp, temp_bytes, counts, offsets, n, stream);
 }
 
-cudaError_t launch_emit_keys(const float* means2d, const int32_t* radii, const float* depths, const int64_t* offsets,
-                             int n, int n_entries, int width, int height, uint64_t* keys, int32_t* gauss_ids,
-                             int32_t* positions, cudaStream_t stream) {
+cudaError_t launch_emit_keys(const float* means2d, const float* conics, const float* opacities, const int32_t* radii,
+                             const float* depths, const int64_t* offsets, int n, int n_entries, int width, int height,
+                             uint64_t* keys, int32_t* gauss_ids, int32_t* positions, cudaStream_t stream) {
   if (n_entries == 0) return cudaSuccess;
   emit_keys_kernel<<<(n_entries + EMIT_THREADS - 1) / EMIT_THREADS, EMIT_THREADS, 0, stream>>>(
-      (const float2*)means2d, radii, depths, offsets, n, n_entries, width, height, keys, gauss_ids, positions);
+      (const float2*)means2d, conics, opacities, radii, depths, offsets, n, n_entries, width, height, keys, gauss_ids,
+      positions);
   return cudaGetLastError();
 }
 

@@ -10,7 +10,7 @@ constexpr float ALPHA_MAX = 0.99f;             // alpha cap
 constexpr float ALPHA_MIN = 1.0f / 255.0f;     // contributions below this are skipped
 constexpr float T_STOP = 1e-4f;                // a pixel stops before T would fall below this
 constexpr float NEAR_PLANE = 0.01f;            // view-space z at or below this is culled
-constexpr float RADIUS_SIGMAS = 3.0f;          // footprint radius in standard deviations
+constexpr float RADIUS_SIGMAS = 3.0f;          // a splat is drawn out to this many standard deviations
 constexpr double FOV_CLAMP_MARGIN = 0.3;       // Jacobian taken at the centre clamped to view +30%
 
 }  // namespace splatwright

@@ -120,6 +120,38 @@ SW_HD void ewa_forward(const Camera& cam, const float* mean, const float* quat, 
   e.det = e.a * e.c - e.b * e.b;
 }
 
+// A splat's footprint is the ellipse d^T conic d <= sigmas^2 around its centre: the pixels it is drawn on,
+// where alpha >= ALPHA_MIN and at most RADIUS_SIGMAS deviations out (sample_splat in raster.cuh). The tiles and
+// the pixel blocks a splat is listed in must hold every such pixel; they are found with footprint_t, which
+// raises sigmas^2 by 1% and 0.01, far more than the float error of these tests and of the pixel's.
+SW_HD float footprint_sigmas(float opacity) {
+  return fminf(RADIUS_SIGMAS, sqrtf(2.f * logf(fmaxf(opacity / ALPHA_MIN, 1.f))));
+}
+
+SW_HD float footprint_t(float opacity) {
+  const float sigmas = footprint_sigmas(opacity);
+  return 1.01f * sigmas * sigmas + 1e-2f;
+}
+
+// Whether the ellipse A dx^2 + 2 B dx dy + C dy^2 <= t (D = A C - B^2) is too thin for ellipse_band's formulas,
+// whose determinant then cancels: such a splat is given its whole square.
+SW_HD bool thin_ellipse(float A, float C, float D) { return !(A > 0.f && C > 0.f && D > 1e-4f * A * C); }
+
+// The x-extent [x_lo, x_hi] (from the centre) of that ellipse over the band of dy in [lo, hi]; false where the
+// band misses it. Its slice at dy spans x_left(dy) .. x_right(dy), x_right concave and x_left convex in dy, so
+// their extremes over the band are at the extreme points' dy clamped into it.
+SW_HD bool ellipse_band(float A, float B, float C, float D, float t, float lo, float hi, float& x_lo, float& x_hi) {
+  const float y_reach = sqrtf(A * t / D);  // |dy| on the ellipse
+  lo = fmaxf(lo, -y_reach);
+  hi = fminf(hi, y_reach);
+  if (lo > hi) return false;
+  const float dy_right = -B * sqrtf(t / (C * D));  // dy of the rightmost point (leftmost: -dy_right)
+  const float dr = fminf(fmaxf(dy_right, lo), hi), dl = fminf(fmaxf(-dy_right, lo), hi);
+  x_hi = (-B * dr + sqrtf(fmaxf(A * t - D * dr * dr, 0.f))) / A;
+  x_lo = (-B * dl - sqrtf(fmaxf(A * t - D * dl * dl, 0.f))) / A;
+  return true;
+}
+
 // Half-open tile range [x_lo, x_hi) x [y_lo, y_hi) covered by a footprint of radius r around (u, v).
 SW_HD void tile_rect(float u, float v, int radius, int width, int height, int& x_lo, int& x_hi, int& y_lo,
                      int& y_hi) {
@@ -132,10 +164,64 @@ SW_HD void tile_rect(float u, float v, int radius, int width, int height, int& x
   y_hi = (int)clampf(floorf((v + r) / TILE) + 1.f, 0.f, tiles_y);
 }
 
-// Screen-space centre, conic and radius (0 when culled) of one Gaussian. The radius covers RADIUS_SIGMAS
-// standard deviations of the major axis, or fewer where the opacity brings alpha under ALPHA_MIN sooner:
-// opacity exp(-d^2 / 2) < ALPHA_MIN beyond d = sqrt(2 ln(opacity / ALPHA_MIN)). The tiles this drops hold
-// only pixels the compositing would skip, so the image is the same with fewer tile entries.
+// The columns [c_lo, c_hi) of tile row `row` that the footprint of a splat at (u, v) with conic (A, B, C) and
+// footprint_t t meets, within the columns [x_lo, x_hi) of its square.
+SW_HD void footprint_row(float u, float v, float A, float B, float C, float t, int row, int x_lo, int x_hi, int& c_lo,
+                         int& c_hi) {
+  const float D = A * C - B * B;
+  c_lo = x_lo;
+  c_hi = x_hi;
+  if (thin_ellipse(A, C, D)) return;
+  float left, right;
+  const float band_lo = (float)(row * TILE) - v;
+  if (!ellipse_band(A, B, C, D, t, band_lo, band_lo + (float)TILE, left, right)) {
+    c_hi = c_lo;
+    return;
+  }
+  const int first = (int)floorf((u + left) / TILE), end = (int)floorf((u + right) / TILE) + 1;
+  if (first > c_lo) c_lo = first;
+  if (end < c_hi) c_hi = end;
+  if (c_hi < c_lo) c_hi = c_lo;
+}
+
+// A splat's tiles: those of its square's rows (tile_rect) that its footprint meets (footprint_row), in
+// row-major order. Binning counts them and finds each entry's tile with it.
+struct FootprintTiles {
+  float u, v, A, B, C, t;
+  int x_lo, x_hi, y_lo, y_hi, tiles_x;
+
+  SW_HD FootprintTiles(float u, float v, const float* conic, float opacity, int radius, int width, int height)
+      : u(u), v(v), A(conic[0]), B(conic[1]), C(conic[2]), t(footprint_t(opacity)),
+        tiles_x((width + TILE - 1) / TILE) {
+    tile_rect(u, v, radius, width, height, x_lo, x_hi, y_lo, y_hi);
+  }
+
+  SW_HD void row(int y, int& c_lo, int& c_hi) const { footprint_row(u, v, A, B, C, t, y, x_lo, x_hi, c_lo, c_hi); }
+
+  SW_HD int count() const {
+    int n = 0;
+    for (int y = y_lo; y < y_hi; ++y) {
+      int c_lo, c_hi;
+      row(y, c_lo, c_hi);
+      n += c_hi - c_lo;
+    }
+    return n;
+  }
+
+  // The k-th tile (0 <= k < count()), found by walking the rows.
+  SW_HD int tile(int k) const {
+    int y = y_lo, c_lo, c_hi;
+    for (;; ++y) {
+      row(y, c_lo, c_hi);
+      if (k < c_hi - c_lo) break;
+      k -= c_hi - c_lo;
+    }
+    return y * tiles_x + c_lo + k;
+  }
+};
+
+// Screen-space centre, conic and radius (0 when culled) of one Gaussian: the radius bounds its footprint's
+// major axis, so the square of that radius holds the footprint (binning lists only the footprint's tiles).
 SW_HD void project_gaussian(const Camera& cam, const float* mean, const float* quat, const float* scale,
                             float opacity, EwaState& e, float* mean2d, float* conic, int& radius) {
   ewa_forward(cam, mean, quat, scale, e);
@@ -149,8 +235,7 @@ SW_HD void project_gaussian(const Camera& cam, const float* mean, const float* q
   conic[2] = e.a / e.det;
   const float mid = 0.5f * (e.a + e.c);
   const float lambda_max = mid + sqrtf(fmaxf(mid * mid - e.det, 0.1f));
-  const float sigmas = fminf(RADIUS_SIGMAS, sqrtf(2.f * logf(fmaxf(opacity / ALPHA_MIN, 1.f))));
-  const int r = (int)ceilf(sigmas * sqrtf(lambda_max));
+  const int r = (int)ceilf(footprint_sigmas(opacity) * sqrtf(lambda_max));
   int x_lo, x_hi, y_lo, y_hi;
   tile_rect(mean2d[0], mean2d[1], r, cam.width, cam.height, x_lo, x_hi, y_lo, y_hi);
   if (r > 0 && x_hi > x_lo && y_hi > y_lo) radius = r;

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "constants.h"
+#include "projection.cuh"
 
 namespace splatwright {
 
@@ -24,7 +25,8 @@ __device__ __forceinline__ void tile_pixel(int thread, int& x, int& y) {
 }
 
 // Opacity-weighted Gaussian at pixel centre (px, py): alpha = min(ALPHA_MAX, opacity * exp(power)).
-// Returns false where the splat is skipped (power > 0 or alpha < ALPHA_MIN).
+// Returns false where the splat is skipped: outside its footprint (alpha < ALPHA_MIN, or beyond RADIUS_SIGMAS
+// deviations), or power > 0.
 struct SplatSample {
   float dx, dy;   // pixel centre - splat centre
   float gauss;    // exp(power)
@@ -37,37 +39,29 @@ __device__ __forceinline__ bool sample_splat(float2 xy, float4 conic_opacity, fl
   s.dy = py - xy.y;
   const float power = -0.5f * (conic_opacity.x * s.dx * s.dx + conic_opacity.z * s.dy * s.dy) -
                       conic_opacity.y * s.dx * s.dy;
-  if (power > 0.f) return false;
+  if (power > 0.f || power < -0.5f * RADIUS_SIGMAS * RADIUS_SIGMAS) return false;
   s.gauss = __expf(power);
   s.raw = conic_opacity.w * s.gauss;
   s.alpha = fminf(ALPHA_MAX, s.raw);
   return s.alpha >= ALPHA_MIN;
 }
 
-// Bit w set where some pixel of warp w's block (tile origin x0, y0) may pass sample_splat: where the pixel
-// block's rectangle meets the ellipse (d^T conic d <= t) outside which alpha < ALPHA_MIN. Conservative: t is
-// raised by 1% and the rectangle reaches half a pixel past the outer pixel centres, far more than the float
-// error of this test and of __expf; a very thin ellipse, whose determinant cancels, sets every bit.
+// Bit w set where warp w's block of pixels (tile origin x0, y0) meets the splat's footprint (footprint_t):
+// for each band of WARP_H rows, the footprint's x-extent over it, against each block's columns; a thin
+// ellipse sets every bit.
 __device__ __forceinline__ uint32_t warp_mask(float2 xy, float4 conic_opacity, float x0, float y0) {
   constexpr uint32_t ALL = (1u << TILE_WARPS) - 1u;
   if (conic_opacity.w < ALPHA_MIN) return 0u;
   const float A = conic_opacity.x, B = conic_opacity.y, C = conic_opacity.z;
   const float D = A * C - B * B;
-  if (!(A > 0.f && C > 0.f && D > 1e-4f * A * C)) return ALL;
-  const float t = 2.02f * __logf(conic_opacity.w / ALPHA_MIN) + 1e-2f;
-  const float y_reach = sqrtf(A * t / D);          // |dy| on the ellipse
-  const float dy_right = -B * sqrtf(t / (C * D));  // dy of the ellipse's rightmost point (leftmost: -dy_right)
+  if (thin_ellipse(A, C, D)) return ALL;
+  const float t = footprint_t(conic_opacity.w);
   uint32_t mask = 0u;
 #pragma unroll
   for (int row = 0; row < TILE / WARP_H; ++row) {
-    const float lo = fmaxf(y0 + row * WARP_H - xy.y, -y_reach);
-    const float hi = fminf(y0 + (row + 1) * WARP_H - xy.y, y_reach);
-    if (lo > hi) continue;
-    // The ellipse's slice over this row band spans x_left(dy) .. x_right(dy), x_right concave and x_left convex
-    // in dy, so their extremes over the band are at the extreme points' dy clamped into it.
-    const float dr = fminf(fmaxf(dy_right, lo), hi), dl = fminf(fmaxf(-dy_right, lo), hi);
-    const float x_hi = xy.x + (-B * dr + sqrtf(fmaxf(A * t - D * dr * dr, 0.f))) / A;
-    const float x_lo = xy.x + (-B * dl - sqrtf(fmaxf(A * t - D * dl * dl, 0.f))) / A;
+    float left, right;
+    if (!ellipse_band(A, B, C, D, t, y0 + row * WARP_H - xy.y, y0 + (row + 1) * WARP_H - xy.y, left, right)) continue;
+    const float x_lo = xy.x + left, x_hi = xy.x + right;
 #pragma unroll
     for (int col = 0; col < WARPS_X; ++col)
       if (x_lo <= x0 + (col + 1) * WARP_W && x_hi >= x0 + col * WARP_W) mask |= 1u << (row * WARPS_X + col);

@@ -68,8 +68,8 @@ cudaError_t launch_motion_bwd(const MotionArgs& m, const float* grad_means_t, co
                               float* grad_time_centers, float* grad_time_precisions, cudaStream_t stream);
 
 // Tile binning, in steps so the caller can allocate between them:
-//   1. launch_tile_counts: tiles each Gaussian touches, and their inclusive sum (offsets): Gaussian i's entries
-//      are [offsets[i - 1], offsets[i]) in emit order;
+//   1. launch_tile_counts: the tiles each Gaussian's footprint meets (projection.cuh), and their inclusive sum
+//      (offsets): Gaussian i's entries are [offsets[i - 1], offsets[i]) in emit order;
 //   2. the caller reads offsets[n - 1] = number of (tile, Gaussian) entries;
 //   3. launch_emit_keys: key (tile << 32 | float bits of depth), Gaussian id and emit position per entry;
 //   4. launch_sort_keys: stable radix sort on the low sort_end_bit(width, height) bits, carrying the emit
@@ -78,11 +78,12 @@ cudaError_t launch_motion_bwd(const MotionArgs& m, const float* grad_means_t, co
 int sort_end_bit(int width, int height);
 size_t scan_temp_bytes(int n);
 size_t sort_temp_bytes(int n_entries, int end_bit);
-cudaError_t launch_tile_counts(const float* means2d, const int32_t* radii, int n, int width, int height,
-                               int64_t* counts, int64_t* offsets, void* temp, size_t temp_bytes, cudaStream_t stream);
-cudaError_t launch_emit_keys(const float* means2d, const int32_t* radii, const float* depths, const int64_t* offsets,
-                             int n, int n_entries, int width, int height, uint64_t* keys, int32_t* gauss_ids,
-                             int32_t* positions, cudaStream_t stream);
+cudaError_t launch_tile_counts(const float* means2d, const float* conics, const float* opacities, const int32_t* radii,
+                               int n, int width, int height, int64_t* counts, int64_t* offsets, void* temp,
+                               size_t temp_bytes, cudaStream_t stream);
+cudaError_t launch_emit_keys(const float* means2d, const float* conics, const float* opacities, const int32_t* radii,
+                             const float* depths, const int64_t* offsets, int n, int n_entries, int width, int height,
+                             uint64_t* keys, int32_t* gauss_ids, int32_t* positions, cudaStream_t stream);
 cudaError_t launch_sort_keys(const uint64_t* keys_in, uint64_t* keys_out, const int32_t* gauss_ids,
                              const int32_t* positions_in, int32_t* positions_out, int32_t* sorted_ids, int n_entries,
                              int end_bit, void* temp, size_t temp_bytes, cudaStream_t stream);

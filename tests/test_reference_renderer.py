@@ -8,33 +8,31 @@ import torch
 
 from blender_addon.core.cameras import Camera, intrinsics, look_at
 from backend.render import camera_tensors, reference
-from backend.render.constants import ALPHA_MAX, ALPHA_MIN, T_STOP, TILE
+from backend.render.constants import ALPHA_MAX, ALPHA_MIN, RADIUS_SIGMAS, T_STOP, TILE
 from backend.sh import rotate_sh, sh_basis
 from conftest import orbit_cameras, random_gaussians
 
 
 def sequential_oracle(g, cam, sh_degree, background):
-    """Per pixel: walk the splats whose tile rectangle holds the pixel's tile in (depth, index) order."""
+    """Per pixel: walk every splat in (depth, index) order, drawing those whose footprint (alpha >= 1/255, at
+    most RADIUS_SIGMAS deviations out) holds the pixel: no tiles, so it also checks that binning lists every
+    tile a footprint reaches."""
     viewmat, K = camera_tensors(cam, "cpu", torch.float64)
     g64 = g.to(dtype=torch.float64)
     proj = reference.project(g64.means, g64.quats, torch.exp(g64.log_scales), g64.opacities, g64.sh, viewmat, K,
                              cam.width, cam.height, sh_degree)
-    x_lo, x_hi, y_lo, y_hi = reference.tile_rect(proj.means2d, proj.radii, cam.width, cam.height)
     opac = torch.sigmoid(g64.opacity_logits)
     order = sorted((float(np.float32(proj.depths[i])), i) for i in range(len(g)) if proj.radii[i] > 0)
     image = np.zeros((cam.height, cam.width, 3))
     alpha_out = np.zeros((cam.height, cam.width))
     for py in range(cam.height):
         for px in range(cam.width):
-            tx, ty = px // TILE, py // TILE
             T, color = 1.0, np.zeros(3)
             for _, i in order:
-                if not (x_lo[i] <= tx < x_hi[i] and y_lo[i] <= ty < y_hi[i]):
-                    continue
                 dx, dy = px + 0.5 - float(proj.means2d[i, 0]), py + 0.5 - float(proj.means2d[i, 1])
                 a, b, c = proj.conics[i].tolist()
                 power = -0.5 * (a * dx * dx + c * dy * dy) - b * dx * dy
-                if power > 0:
+                if power > 0 or power < -0.5 * RADIUS_SIGMAS ** 2:
                     continue
                 alpha = min(ALPHA_MAX, float(opac[i]) * math.exp(power))
                 if alpha < ALPHA_MIN:
@@ -98,11 +96,36 @@ def test_opacity_bounded_footprints_leave_the_image_unchanged():
     with torch.no_grad():
         tight = reference.project(means, quats, scales, opacities, sh, viewmat, K, w, h, deg)
         full = reference.project(means, quats, scales, torch.ones_like(opacities), sh, viewmat, K, w, h, deg)
-        images = [reference.composite(proj, *reference.bin_tiles(proj, w, h), opacities, w, h)[0]
+        images = [reference.composite(proj, *reference.bin_tiles(proj, opacities, w, h), opacities, w, h)[0]
                   for proj in (tight, full)]
     assert (tight.radii < full.radii).sum() > 50 and (tight.radii <= full.radii).all()
     assert ((tight.radii == 0) & (full.radii > 0)).any()  # below the floor everywhere: culled
-    assert len(reference.bin_tiles(tight, w, h).tile_ids) < len(reference.bin_tiles(full, w, h).tile_ids)
+    assert len(reference.bin_tiles(tight, opacities, w, h).tile_ids) < len(reference.bin_tiles(full, torch.ones_like(opacities), w, h).tile_ids)
+    torch.testing.assert_close(images[0], images[1], rtol=0, atol=1e-12)
+
+
+def test_footprint_tiles_change_no_pixel():
+    """Binning lists only the tiles a splat's footprint meets, a part of its square's tiles (about half here, for
+    long thin splats), and the image is the one compositing every tile of the squares gives."""
+    g = random_gaussians(200, seed=5, sh_degree=1, scale=0.06).to(dtype=torch.float64)
+    g.log_scales[:, 0] += 1.5  # long and thin
+    cam = orbit_cameras(1, 80, 64)[0]
+    means, quats, scales, opacities, sh, viewmat, K, w, h, deg, _ = _args(g, cam, 1, (0.0, 0.0, 0.0))
+    with torch.no_grad():
+        proj = reference.project(means, quats, scales, opacities, sh, viewmat, K, w, h, deg)
+        tiles, gauss = reference.bin_tiles(proj, opacities, w, h)
+        x_lo, x_hi, y_lo, y_hi = reference.tile_rect(proj.means2d, proj.radii, w, h)
+        tiles_x = (w + TILE - 1) // TILE
+        square = [(int(y) * tiles_x + int(x), i) for i in (proj.radii > 0).nonzero().flatten().tolist()
+                  for y in range(y_lo[i], y_hi[i]) for x in range(x_lo[i], x_hi[i])]
+        listed = list(zip(tiles.tolist(), gauss.tolist()))
+        assert len(set(listed)) == len(listed) and set(listed) <= set(square)
+        assert len(listed) < 0.6 * len(square), (len(listed), len(square))
+        depth = proj.depths.float()
+        square.sort(key=lambda e: (e[0], float(depth[e[1]]), e[1]))
+        square_tiles, square_gauss = (torch.tensor(c) for c in zip(*square))
+        images = [reference.composite(proj, t, i, opacities, w, h)[0] for t, i in ((tiles, gauss),
+                                                                                 (square_tiles, square_gauss))]
     torch.testing.assert_close(images[0], images[1], rtol=0, atol=1e-12)
 
 

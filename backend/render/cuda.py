@@ -29,18 +29,19 @@ class TileBins(NamedTuple):
     entry_ends: torch.Tensor  # (N,) int64, Gaussian i's entries end there in emit order
 
 
-def bin_tiles(means2d, radii, depths, width: int, height: int) -> TileBins:
-    """Sorted (tile, Gaussian) entries of projected Gaussians, and the tiles' batches."""
-    return TileBins(*extension().bin_tiles(means2d, radii, depths, width, height))
+def bin_tiles(means2d, conics, opacities, radii, depths, width: int, height: int) -> TileBins:
+    """Sorted (tile, Gaussian) entries of projected Gaussians (the tiles their footprints meet), and the tiles'
+    batches."""
+    return TileBins(*extension().bin_tiles(means2d, conics, opacities, radii, depths, width, height))
 
 
 def project_and_bin(means, quats, scales, opacities, sh, viewmat, K, width: int, height: int,
                     sh_degree: int) -> TileBins:
     """The tile bins a render of these Gaussians composites, without autograd; inputs as project_forward takes
     them (contiguous float32 CUDA tensors, opacities (N,))."""
-    means2d, _, depths, radii, _ = extension().project_forward(
+    means2d, conics, depths, radii, _ = extension().project_forward(
         means, quats, scales, opacities, sh, viewmat, K, width, height, sh_degree)
-    return bin_tiles(means2d, radii, depths, width, height)
+    return bin_tiles(means2d, conics, opacities, radii, depths, width, height)
 
 
 class _Project(torch.autograd.Function):
@@ -67,7 +68,7 @@ class _Project(torch.autograd.Function):
 def rasterize_forward(means2d, conics, colors, opacities, depths, radii, background, width: int, height: int,
                       record_states: bool) -> tuple[tuple, tuple]:
     """(image, alpha, depth) and what rasterize_backward takes besides them (with `record_states`)."""
-    bins = bin_tiles(means2d, radii, depths, width, height)
+    bins = bin_tiles(means2d, conics, opacities, radii, depths, width, height)
     image, alpha, depth, final_t, n_contrib, batch_states = extension().rasterize_forward(
         bins.ranges, bins.gauss_ids, bins.batch_offsets, bins.batch_tiles, means2d, conics, colors, opacities, depths,
         background, width, height, record_states)

@@ -60,9 +60,8 @@ def quat_to_rotmat(quats: torch.Tensor) -> torch.Tensor:
 def project(means, quats, scales, opacities, sh, viewmat, K, width: int, height: int, sh_degree: int) -> Projected:
     """EWA projection of 3D Gaussians to screen-space ellipses, plus view-dependent colour.
 
-    The footprint radius covers RADIUS_SIGMAS standard deviations of the major axis, or fewer where the
-    opacity brings alpha under ALPHA_MIN sooner (beyond sqrt(2 ln(opacity / ALPHA_MIN)) deviations): the tiles
-    this drops hold only pixels the compositing would skip, so the image is unchanged."""
+    The radius bounds the footprint's major axis (footprint_sigmas deviations of it), so its square holds
+    every pixel the splat is drawn on."""
     R, t = viewmat[:3, :3], viewmat[:3, 3]
     fx, fy, cx, cy = K[0, 0], K[1, 1], K[0, 2], K[1, 2]
     p = means @ R.T + t
@@ -95,9 +94,8 @@ def project(means, quats, scales, opacities, sh, viewmat, K, width: int, height:
 
     mid = 0.5 * (a + c)
     lambda_max = mid + torch.sqrt(torch.clamp_min(mid * mid - det, 0.1))
-    sigmas = torch.clamp(torch.sqrt(2 * torch.log(torch.clamp_min(opacities.detach().reshape(-1) / ALPHA_MIN, 1.0))),
-                         max=RADIUS_SIGMAS)
-    radii = torch.ceil(sigmas * torch.sqrt(lambda_max.detach())).to(torch.int32)
+    radii = torch.ceil(footprint_sigmas(opacities.detach().reshape(-1)) * torch.sqrt(lambda_max.detach()))
+    radii = radii.to(torch.int32)
     means2d = torch.stack([fx * x / z_safe + cx, fy * y / z_safe + cy], dim=-1)
 
     x_lo, x_hi, y_lo, y_hi = tile_rect(means2d.detach(), radii, width, height)
@@ -108,6 +106,19 @@ def project(means, quats, scales, opacities, sh, viewmat, K, width: int, height:
     dirs = torch.nn.functional.normalize(means - campos, dim=-1)
     colors = sh_to_rgb(sh, dirs, sh_degree)
     return Projected(means2d, conics, z, radii, colors)
+
+
+def footprint_sigmas(opacities):
+    """Deviations out to which a splat is drawn (its footprint): where alpha >= ALPHA_MIN, at most RADIUS_SIGMAS."""
+    return torch.clamp(torch.sqrt(2 * torch.log(torch.clamp_min(opacities / ALPHA_MIN, 1.0))), max=RADIUS_SIGMAS)
+
+
+def footprint_t(opacities):
+    """The bound d^T conic d <= t that tiles are listed by, the footprint's raised by 1% and 0.01 (as the
+    kernels' footprint_t): far more than float error, so every tile holding a pixel the splat is drawn on is
+    listed, and the image does not depend on which others are."""
+    sigmas = footprint_sigmas(opacities)
+    return 1.01 * sigmas * sigmas + 0.01
 
 
 def tile_rect(means2d, radii, width: int, height: int):
@@ -122,22 +133,50 @@ def tile_rect(means2d, radii, width: int, height: int):
     return x_lo, x_hi, y_lo, y_hi
 
 
-def bin_tiles(proj: Projected, width: int, height: int) -> TileEntries:
-    """Tile entries sorted by (tile, depth, Gaussian index), as the kernels' radix sort on
-    (tile << 32 | float bits of depth) orders them."""
+def bin_tiles(proj: Projected, opacities, width: int, height: int) -> TileEntries:
+    """The tiles each splat's footprint meets (within its square, tile_rect): per row of tiles, the columns
+    of the ellipse's x-extent over the row (footprint_row in cuda/projection.cuh), a thin ellipse's whole
+    row. Sorted by (tile, depth, Gaussian index), as the kernels' radix sort on (tile << 32 | float bits of
+    depth) orders them."""
     tiles_x = (width + TILE - 1) // TILE
-    x_lo, x_hi, y_lo, y_hi = tile_rect(proj.means2d.detach(), proj.radii, width, height)
-    visible = proj.radii > 0
-    w = torch.where(visible, x_hi - x_lo, torch.zeros_like(x_lo))
-    h = torch.where(visible, y_hi - y_lo, torch.zeros_like(y_lo))
-    counts = w * h
-    gauss = torch.repeat_interleave(torch.arange(len(counts), device=counts.device), counts)
-    first = torch.cumsum(counts, 0) - counts
-    local = torch.arange(len(gauss), device=counts.device) - first[gauss]
-    tile = (y_lo[gauss] + local // w[gauss]) * tiles_x + x_lo[gauss] + local % w[gauss]
+    means2d, conics = proj.means2d.detach(), proj.conics.detach()
+    x_lo, x_hi, y_lo, y_hi = tile_rect(means2d, proj.radii, width, height)
+    idx = (proj.radii > 0).nonzero().squeeze(1)
+    u, v = means2d[idx, 0], means2d[idx, 1]
+    A, B, C = conics[idx].unbind(-1)
+    D = A * C - B * B
+    thin = ~((A > 0) & (C > 0) & (D > 1e-4 * A * C))
+    A, C, D = (torch.where(thin, torch.ones_like(x), x) for x in (A, C, D))  # no NaNs in the unused branch
+    t = footprint_t(opacities.detach().reshape(-1).to(u.dtype)[idx])
+    y_reach = torch.sqrt(A * t / D)
+    dy_right = -B * torch.sqrt(t / (C * D))
+    x_lo, x_hi, y_lo, rows = x_lo[idx], x_hi[idx], y_lo[idx], (y_hi - y_lo)[idx]
+    gauss_parts, tile_parts = [], []
+    for k in range(int(rows.max()) if len(idx) else 0):
+        sel = (rows > k).nonzero().squeeze(1)
+        y = y_lo[sel] + k
+        band_lo = (y * TILE).to(u.dtype) - v[sel]
+        lo, hi = torch.maximum(band_lo, -y_reach[sel]), torch.minimum(band_lo + TILE, y_reach[sel])
+        dr = torch.minimum(torch.maximum(dy_right[sel], lo), hi)
+        dl = torch.minimum(torch.maximum(-dy_right[sel], lo), hi)
+        a, b, d, ts = A[sel], B[sel], D[sel], t[sel]
+        right = (-b * dr + torch.sqrt(torch.clamp_min(a * ts - d * dr * dr, 0))) / a
+        left = (-b * dl - torch.sqrt(torch.clamp_min(a * ts - d * dl * dl, 0))) / a
+        first = torch.floor((u[sel] + left) / TILE).long()
+        end = torch.floor((u[sel] + right) / TILE).long() + 1
+        c_lo = torch.where(thin[sel], x_lo[sel], torch.maximum(x_lo[sel], first))
+        c_hi = torch.where(thin[sel], x_hi[sel], torch.where(lo > hi, c_lo, torch.minimum(x_hi[sel], end)))
+        counts = torch.clamp_min(c_hi - c_lo, 0)
+        starts = torch.cumsum(counts, 0) - counts
+        local = torch.arange(int(counts.sum()), device=counts.device) - torch.repeat_interleave(starts, counts)
+        gauss_parts.append(torch.repeat_interleave(idx[sel], counts))
+        tile_parts.append(torch.repeat_interleave(y * tiles_x + c_lo, counts) + local)
+    empty = torch.zeros(0, dtype=torch.long, device=proj.radii.device)
+    gauss, tile = torch.cat([empty, *gauss_parts]), torch.cat([empty, *tile_parts])
     # Depths are positive, so their float32 bit patterns sort like the values.
     depth_bits = proj.depths.detach().float().view(torch.int32).long()[gauss]
-    order = torch.argsort(depth_bits, stable=True)
+    order = torch.argsort(gauss, stable=True)
+    order = order[torch.argsort(depth_bits[order], stable=True)]
     order = order[torch.argsort(tile[order], stable=True)]
     return TileEntries(tile[order], gauss[order])
 
@@ -179,7 +218,8 @@ def _composite_tiles(proj: Projected, tid, gid, t0: int, t1: int, tiles_x: int, 
     conic = proj.conics.index_select(0, gid)
     power = -0.5 * (conic[:, 0, None] * dx * dx + conic[:, 2, None] * dy * dy) - conic[:, 1, None] * dx * dy
     alpha = torch.clamp_max(opacities.index_select(0, gid)[:, None] * torch.exp(power), ALPHA_MAX)
-    alpha = torch.where((power > 0) | (alpha < ALPHA_MIN), torch.zeros_like(alpha), alpha)
+    outside = (power > 0) | (power < -0.5 * RADIUS_SIGMAS ** 2) | (alpha < ALPHA_MIN)  # beyond the footprint
+    alpha = torch.where(outside, torch.zeros_like(alpha), alpha)
 
     # Inclusive cumulative log-transmittance along each tile's list; float64 keeps the running sum
     # across the chunk's tiles exact enough to subtract each tile's base.
@@ -206,7 +246,7 @@ def rasterize(means, quats, scales, opacities, sh, viewmat, K, width: int, heigh
     proj = project(means, quats, scales, opacities, sh, viewmat, K, width, height, sh_degree)
     if proj.means2d.requires_grad:
         proj.means2d.retain_grad()
-    tile_ids, gauss_ids = bin_tiles(proj, width, height)
+    tile_ids, gauss_ids = bin_tiles(proj, opacities, width, height)
     color, alpha, depth = composite(proj, tile_ids, gauss_ids, opacities, width, height)
     background = torch.as_tensor(background, dtype=color.dtype, device=color.device)
     image = color + (1 - alpha)[..., None] * background
