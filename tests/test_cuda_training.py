@@ -75,7 +75,7 @@ def test_fused_loss_of_a_byte_target_equals_its_float_version(height, width):
         x = img.to(DEV).requires_grad_()
         loss = photometric_loss(x, gt.to(DEV), 0.2)
         (3.0 * loss).backward()
-        results.append((float(loss), x.grad.cpu()))
+        results.append((loss.item(), x.grad.cpu()))
     (byte_loss, byte_grad), (float_loss, float_grad) = results
     assert abs(byte_loss - float_loss) <= 1e-6 * abs(float_loss)
     torch.testing.assert_close(byte_grad, float_grad, rtol=1e-6, atol=1e-6 * float(float_grad.abs().max()))
