@@ -1,5 +1,5 @@
 // Per-Gaussian projection math shared by projection_fwd.cu and projection_bwd.cu: EWA projection of a 3D
-// Gaussian to a screen-space conic, the tile rectangle of its footprint, SH colour, and their backward.
+// Gaussian to a screen-space conic, the tiles its footprint meets, SH colour, and their backward.
 // Host-and-device functions, so the formulas can also be checked on a CPU.
 #pragma once
 
@@ -208,15 +208,17 @@ struct FootprintTiles {
     return n;
   }
 
-  // The k-th tile (0 <= k < count()), found by walking the rows.
+  // The k-th tile (0 <= k < count()), found by walking the rows. Kept inside the square even where count()
+  // and this walk, compiled into different kernels, might round a row differently.
   SW_HD int tile(int k) const {
     int y = y_lo, c_lo, c_hi;
     for (;; ++y) {
       row(y, c_lo, c_hi);
-      if (k < c_hi - c_lo) break;
+      if (k < c_hi - c_lo || y + 1 >= y_hi) break;
       k -= c_hi - c_lo;
     }
-    return y * tiles_x + c_lo + k;
+    const int column = c_lo + k;
+    return y * tiles_x + (column < x_hi ? column : x_hi - 1);
   }
 };
 

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   if (std::fread(splats.data(), 4, splats.size(), in) != splats.size()) return 1;
   std::fclose(in);
   FILE* out = std::fopen(argv[2], "wb");
+  if (!out) return 1;
   for (int i = 0; i < n; ++i) {
     const float* s = &splats[(size_t)i * 7];
     if (s[6] <= 0.f) continue;  // culled
