@@ -149,8 +149,12 @@ class Capture:
 
     def summary(self) -> str:
         counts = {split: len(frames) for split, frames in self.writer.frames.items()}
-        sent = f", training views sent to session {self.session}" if self.backend else \
-            " (the backend is not connected, so nothing was sent)"
+        if not self.backend:
+            sent = " (the backend is not connected, so nothing was sent)"
+        elif counts["train"]:
+            sent = f", training views sent to session {self.session}"
+        else:
+            sent = ", so none was sent"
         return f"captured {counts['train']} training and {counts['test']} test views into {self.folder}{sent}"
 
     # ---- one view ----
@@ -244,7 +248,8 @@ class Capture:
 
     def _override_render_settings(self) -> None:
         """Blender renders the dataset the way training expects it: 8-bit RGBA PNGs, Standard view transform,
-        with Cycles in place of the add-on's own engine and the capture's samples."""
+        with Cycles in place of the add-on's own engine and the capture's samples, not denoising where this
+        Cycles has no denoiser."""
         s, scene = self.settings, self.scene
         r, view = scene.render, scene.view_settings
         percentage = capture_percentage(r.resolution_x, r.resolution_y, s.resolution_percentage, s.max_side)
@@ -263,9 +268,24 @@ class Capture:
         if s.samples and engine in SAMPLED_ENGINES:
             group, name = SAMPLED_ENGINES[engine]
             wanted.append((getattr(scene, group), name, s.samples))
+        if engine == "CYCLES" and scene.cycles.use_denoising and not cycles_has_denoiser(scene):
+            wanted.append((scene.cycles, "use_denoising", False))
         for owner, attr, value in wanted:
             self._saved.append((owner, attr, getattr(owner, attr)))
             setattr(owner, attr, value)
+
+
+def cycles_has_denoiser(scene) -> bool:
+    """Whether this Blender's Cycles has the scene's denoiser: Debian's Blender 3.4 is built without
+    OpenImageDenoise and lists no denoiser at all, and a render asking to denoise stops at once."""
+    denoiser = scene.cycles.denoiser
+    if denoiser != "OPENIMAGEDENOISE":
+        return bool(denoiser)  # OptiX: Cycles checks its devices itself
+    try:
+        import _cycles
+    except ImportError:  # Cycles not loaded: nothing renders with it anyway
+        return True
+    return bool(getattr(_cycles, "with_openimagedenoise", True))
 
 
 class RenderJob:

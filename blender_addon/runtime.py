@@ -265,14 +265,24 @@ class Backend:
             self.status.update({k: event[k] for k in ("state", "step", "iterations", "gaussians", "views")
                                 if k in event})
         elif kind == "state":
+            was = self.status.get("state")
             self.status = {k: v for k, v in event.items() if k != "event"}
             if self.status.get("state") == "training":
                 self.errors.pop("backend", None)  # training runs again
+            elif self.status.get("state") == "finished" and was != "finished":
+                return [("INFO", self._finished_note())]
         elif kind == "error":
             return [("ERROR", self._failed("backend", f"backend: {event.get('message')}"))]
         elif kind == "warning":
             return [("WARNING", one_line(f"backend: {event.get('message')}"))]
         return []
+
+    def _finished_note(self) -> str:
+        """What a report says when training finishes."""
+        s, psnr = self.status, self.progress.get("psnr")
+        note = (f"training of {s.get('session')} finished: step {s.get('step', 0)} of {s.get('iterations', 0)}, "
+                f"{s.get('gaussians', 0):,} Gaussians")
+        return note + (f", PSNR {psnr:.1f} dB on a training view" if psnr is not None else "")
 
     def _closed(self, exit_note: str) -> list[tuple[str, str]]:
         """The connection closed: the panels stop showing the backend's state (nothing trains any more as far

@@ -2,7 +2,7 @@
 under any colour management (needs bpy; the mathematics are view_transform.py's).
 
 Blender samples its own transform: Image.save_render of float images of scene-linear colours through a
-temporary scene that copies the scene's colour management, to a 16-bit PNG read back as raw values. That
+scene of its own given the scene's colour management, to a 16-bit PNG read back as raw values. That
 must happen on the main thread, so a timer does it, a part per tick, and a thread of this module inverts
 the samples; the viewport draws without the inverse until it is ready. A render on the main thread (the bpy
 module, `blender -b`) builds it at once; one on a render job's thread waits for the timer.
@@ -19,6 +19,7 @@ from collections import OrderedDict
 
 import bpy
 import numpy as np
+from bpy.app.handlers import persistent
 
 from . import live
 from .core.errors import SplatwrightError
@@ -29,6 +30,7 @@ GRID_PARTS = 5  # the grid's samples are made in this many timer ticks
 KEPT = 8  # inverses kept for view settings seen before
 RENDER_WAIT = 120.0  # seconds a render job waits for its inverse
 IMAGE_WIDTH = 4096
+SAMPLING_SCENE = ".splatwright view transform"  # the scene whose colour management the samples go through
 # The colour management that shows display values as they are: the sRGB curve, colors.py, needs no inverse.
 PLAIN_VIEW = {"view_transform": "Standard", "look": "None", "exposure": 0.0, "gamma": 1.0,
               "use_curve_mapping": False, "use_white_balance": False}
@@ -99,6 +101,21 @@ def _apply(key: tuple, scene) -> None:
 
 # ---- sampling (main thread) ----
 
+def _sampling_scene():
+    """The scene the samples go through, made once and kept: removing a scene in the middle of a command-line
+    render (`blender -b scene.blend -f 1`, whose render builds its inverse at once) crashes Blender. It goes
+    before the file is saved and when the add-on does (_remove_sampling_scene)."""
+    return bpy.data.scenes.get(SAMPLING_SCENE) or bpy.data.scenes.new(SAMPLING_SCENE)
+
+
+@persistent
+def _remove_sampling_scene(*args) -> None:
+    scenes = getattr(bpy.data, "scenes", None)  # none while Blender restricts its data (registering, exiting)
+    scene = scenes.get(SAMPLING_SCENE) if scenes is not None else None
+    if scene is not None:
+        scenes.remove(scene)
+
+
 def shown(key: tuple, colors: np.ndarray) -> np.ndarray:
     """Blender's display values (N, 3) of scene-linear `colors` (N, 3) under the colour management `key`."""
     count = len(colors)
@@ -108,7 +125,7 @@ def shown(key: tuple, colors: np.ndarray) -> np.ndarray:
     rgba[:count, :3] = colors
     handle, path = tempfile.mkstemp(prefix="splatwright-view-", suffix=".png")
     os.close(handle)
-    scene = bpy.data.scenes.new(".splatwright view transform")
+    scene = _sampling_scene()
     image = result = None
     try:
         _apply(key, scene)
@@ -129,7 +146,6 @@ def shown(key: tuple, colors: np.ndarray) -> np.ndarray:
         for made in (image, result):
             if made is not None:
                 bpy.data.images.remove(made)
-        bpy.data.scenes.remove(scene)
         os.remove(path)
 
 
@@ -267,6 +283,7 @@ def register():
     _inverter = threading.Thread(target=_invert_jobs, name="splatwright-view-colors", daemon=True)
     _inverter.start()
     bpy.app.timers.register(_step, first_interval=IDLE_INTERVAL, persistent=True)
+    bpy.app.handlers.save_pre.append(_remove_sampling_scene)
     atexit.register(_stop_inverting)
 
 
@@ -274,6 +291,8 @@ def unregister():
     global _sampling
     if bpy.app.timers.is_registered(_step):
         bpy.app.timers.unregister(_step)
+    bpy.app.handlers.save_pre.remove(_remove_sampling_scene)
+    _remove_sampling_scene()
     if _sampling is not None:
         _sampling[1].close()
         _sampling = None

@@ -1,7 +1,8 @@
 """Prepares a command-line animation render (`blender -b scene.blend -a`) with the Splatwright engine, in
 Debian's Blender 3.4 (run by test_addon_bpy.py): installs and enables the built add-on, points its preferences
 at this checkout's backend and a folder of sessions and saves them, then saves a scene that renders two frames
-of its camera with the Splatwright engine from the given session. Writes setup.json (the camera) beside it.
+of its camera with the Splatwright engine from the given session, and a copy of it under Filmic. Writes
+setup.json (the camera) beside them.
 
     blender -b --python tests/blender_batch_setup.py -- --zip Z --python PY --workdir W --session S --out DIR
 """
@@ -39,6 +40,10 @@ def main() -> None:
     cam = addon.scene_io.camera_of(scene.camera, scene)
     (out / "setup.json").write_text(json.dumps(addon.core.codecs.camera_to_wire(cam)))
     bpy.ops.wm.save_as_mainfile(filepath=str(out / "scene.blend"))
+    # The same under Filmic, Blender 3.4's default, whose render builds the view transform's inverse.
+    scene.view_settings.view_transform = "Filmic"
+    render.filepath = str(out / "filmic_")
+    bpy.ops.wm.save_as_mainfile(filepath=str(out / "scene_filmic.blend"))
 
 
 main()

@@ -97,7 +97,8 @@ def capture_during_render(addon, out: Path, result: dict):
     scene.render.engine = "CYCLES"
     scene.render.resolution_x, scene.render.resolution_y = 96, 64
     scene.render.threads_mode, scene.render.threads = "FIXED", 1  # leave a core to Blender's window
-    scene.cycles.use_denoising, scene.cycles.use_adaptive_sampling = False, False
+    # Denoising on, as Blender starts, in a Cycles built without a denoiser: the capture turns it off.
+    scene.cycles.use_denoising, scene.cycles.use_adaptive_sampling = True, False
     scene.frame_start, scene.frame_end, scene.frame_current = 1, 3, 1
     for frame, samples in ((1, 4), (2, 1_000_000)):
         scene.cycles.samples = samples
@@ -141,7 +142,7 @@ def capture_during_render(addon, out: Path, result: dict):
         "cancel_seconds": ended - cancel_at, "job_running_after": bpy.app.is_job_running("RENDER"),
         "frames": len(json.loads((folder / "transforms_train.json").read_text())["frames"]),
         "pngs": sorted(p.name for p in folder.glob("*/*.png")), "panel_screenshot": shot,
-        "engine_restored": scene.render.engine == "CYCLES",
+        "engine_restored": scene.render.engine == "CYCLES", "denoising_restored": scene.cycles.use_denoising,
         "render_window_after": addon.capture.render_window(bpy.context) is not None}
     scene.animation_data_clear()
 

@@ -487,7 +487,8 @@ def test_f12_shows_the_backends_frame_under_other_view_transforms(f12):
 
 def test_command_line_animation_render_reopens_the_session(scenario, addon_zip, tmp_path):
     """`blender -b scene.blend -a` in Debian's Blender 3.4: the add-on starts a backend itself, reopens the
-    scene's session from its checkpoint and renders every frame of the scene camera."""
+    scene's session from its checkpoint and renders every frame of the scene camera; `-f 1` of the same scene
+    under Filmic, Blender 3.4's default, renders that frame through the view transform's inverse."""
     import numpy as np
     import torch
     from PIL import Image
@@ -517,3 +518,10 @@ def test_command_line_animation_render_reopens_the_session(scenario, addon_zip, 
         got = np.asarray(Image.open(frame), dtype=np.float32)[..., :3] / 255.0
         assert got.shape == (48, 64, 3)
         assert psnr(torch.from_numpy(got), expected) >= 35.0, frame.name + run.stdout[-3000:] + run.stderr[-2000:]
+    run = subprocess.run(["blender", "-b", str(tmp_path / "scene_filmic.blend"), "-f", "1"], env=env,
+                         capture_output=True, text=True, timeout=180)
+    frame = tmp_path / "filmic_0001.png"
+    assert run.returncode == 0 and frame.is_file(), run.stdout[-3000:] + run.stderr[-3000:]
+    got = np.asarray(Image.open(frame), dtype=np.float32)[..., :3] / 255.0
+    print(f"under Filmic from the command line: {psnr(torch.from_numpy(got), expected):.1f} dB")
+    assert psnr(torch.from_numpy(got), expected) >= 30.0, run.stdout[-3000:] + run.stderr[-2000:]

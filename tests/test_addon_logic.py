@@ -419,3 +419,15 @@ def test_a_frame_change_hides_a_4d_models_frame_of_another_time_but_not_a_static
         assert view.of_this_time(then) == (not dynamic)
         view.stream = SimpleNamespace(frame=then)
         assert view.frame_to_show() == (not dynamic)  # a 4D frame of another time asks for no redraw
+
+
+def test_finished_training_is_reported_once():
+    from blender_addon.runtime import Backend, Outcome
+    backend = Backend()
+    state = {"event": "state", "session": "cube", "state": "finished", "step": 300, "iterations": 300,
+             "gaussians": 4144}
+    for event in ({"event": "progress", "state": "training", "step": 290, "iterations": 300, "psnr": 31.62,
+                   "gaussians": 4144}, state, state):
+        backend._outcomes.put(Outcome("event", "events", event))
+    assert backend.drain()[1] == [("INFO", "training of cube finished: step 300 of 300, 4,144 Gaussians, PSNR "
+                                           "31.6 dB on a training view")]

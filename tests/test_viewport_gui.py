@@ -155,7 +155,8 @@ def test_capture_cancelled_with_esc_keeps_what_it_rendered(viewport):
 
 def test_capture_renders_as_render_jobs_that_cancel_midway(viewport):
     """While a view renders, Blender's timers and redraws go on (a blocking render would let none through);
-    Cancel Capture ends the capture during a render that would take minutes, keeping the view before it."""
+    Cancel Capture ends the capture during a render that would take minutes, keeping the view before it. The
+    scene asks Cycles to denoise, which this Blender's Cycles cannot: the capture renders without it."""
     c = viewport["job_capture"]
     print(f"during {c['render_seconds']:.1f} s of one view's render: {c['ticks']} timer ticks, {c['draws']} "
           f"viewport redraws; the capture ended {c['cancel_seconds']:.2f} s after Cancel Capture")
@@ -164,6 +165,7 @@ def test_capture_renders_as_render_jobs_that_cancel_midway(viewport):
     assert c["rendering_when_cancelled"] and not c["job_running_after"]
     assert c["frames"] == 1 and c["pngs"] == ["r_000.png"]  # the cancelled view's image is not left behind
     assert c["engine_restored"] and not c["render_window_after"]  # the render window the capture opened is gone
+    assert c["denoising_restored"]  # turned off for this Cycles, which has no denoiser, and on again
     assert "/splatwright/" not in viewport["stderr"], viewport["stderr"][-3000:]  # no traceback through the add-on
 
 
