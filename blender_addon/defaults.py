@@ -4,6 +4,12 @@ CPU backend gets a preview that captures and trains Blender's startup scene with
 """
 from __future__ import annotations
 
+import functools
+import os
+import platform
+import shutil
+from pathlib import Path
+
 GPU, CPU = "cuda", "cpu"  # the backend's devices, as its capabilities name them
 
 # The panel's settings (Scene.splatwright) per device; the GPU's are the properties' own defaults.
@@ -29,6 +35,19 @@ STEP_SECONDS = {CPU: (0.05, 4.5e-6), GPU: (0.0005, 2.0e-9)}
 def device_of(device: str | None) -> str:
     """The defaults' device for a backend's reported device (anything but a CUDA GPU trains on the CPU)."""
     return GPU if device == GPU else CPU
+
+
+@functools.cache
+def machine_device() -> str:
+    """The device a backend started on this machine most likely trains on, for the settings before one says:
+    a CUDA GPU where an NVIDIA driver is installed, else the CPU."""
+    system = platform.system()
+    if system == "Linux":
+        return GPU if Path("/proc/driver/nvidia/version").is_file() else CPU
+    if system == "Windows":
+        system32 = Path(os.environ.get("SystemRoot", r"C:\Windows")) / "System32"
+        return GPU if shutil.which("nvidia-smi") or (system32 / "nvidia-smi.exe").is_file() else CPU
+    return CPU  # macOS: no CUDA
 
 
 def defaults_for(device: str | None) -> dict:

@@ -7,7 +7,7 @@ from bpy.props import BoolProperty, EnumProperty, FloatProperty, FloatVectorProp
 
 from . import live
 from .core.settings import PRESETS, TRAINING
-from .defaults import DEVICE_DEFAULTS, GPU, defaults_for, device_of
+from .defaults import DEVICE_DEFAULTS, GPU, defaults_for, device_of, machine_device
 from .training import default
 
 START = DEVICE_DEFAULTS[GPU]  # the properties' defaults: a GPU backend's
@@ -101,9 +101,12 @@ def adopt_device_defaults(scene, device: str) -> bool:
 
 
 def follow_device() -> float:
-    """Timer: scenes take the connected backend's device defaults (new scenes too)."""
+    """Timer: scenes take the connected backend's device defaults (new scenes too); before a backend connects,
+    those of the device one started here would most likely have, so a first capture on a machine without a
+    GPU is a CPU preview's."""
     b = live.backend
-    device = b.capabilities.get("device") if b is not None and b.connection == "connected" else None
+    connected = b is not None and b.connection == "connected"
+    device = b.capabilities.get("device") if connected else machine_device()
     if device:
         for scene in bpy.data.scenes:
             adopt_device_defaults(scene, device)

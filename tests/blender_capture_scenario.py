@@ -59,11 +59,17 @@ def refusals(addon, out: Path, requests: list) -> dict:
 
 
 def device_defaults(addon, backend) -> dict:
-    """The scenes' settings take the connected backend's device defaults until the user changes one."""
+    """The scenes' settings take the connected backend's device defaults until the user changes one, and
+    before a backend connects those of the machine's likely device."""
     properties = addon.properties
     s = bpy.data.scenes.new("Fresh").splatwright  # the startup scene's settings were changed above
     fields = list(addon.defaults.DEVICE_DEFAULTS["cpu"])
     result = {"start": {name: getattr(s, name) for name in fields}}
+    backend.connection = "disconnected"  # no backend yet: the defaults of the device one would have here
+    pump()
+    result["unconnected"] = {name: getattr(s, name) for name in fields}
+    result["machine_device"] = addon.defaults.machine_device()
+    backend.connection = "connected"
     backend.capabilities = {"device": "cpu"}
     pump()
     result["cpu"] = {name: getattr(s, name) for name in fields}

@@ -431,3 +431,13 @@ def test_finished_training_is_reported_once():
         backend._outcomes.put(Outcome("event", "events", event))
     assert backend.drain()[1] == [("INFO", "training of cube finished: step 300 of 300, 4,144 Gaussians, PSNR "
                                            "31.6 dB on a training view")]
+
+
+def test_a_machine_without_an_nvidia_driver_starts_with_the_cpu_defaults(monkeypatch):
+    from blender_addon import defaults
+    monkeypatch.setattr(defaults.platform, "system", lambda: "Darwin")
+    defaults.machine_device.cache_clear()
+    try:
+        assert defaults.machine_device() == defaults.CPU
+    finally:
+        defaults.machine_device.cache_clear()

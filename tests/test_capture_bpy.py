@@ -46,6 +46,7 @@ def test_the_splats_engine_captures_with_cycles_and_is_restored(scenario):
 def test_settings_follow_the_backends_device_until_the_user_changes_them(scenario):
     d = scenario["device_defaults"]
     assert d["start"] == DEVICE_DEFAULTS["cuda"]
+    assert d["unconnected"] == DEVICE_DEFAULTS[d["machine_device"]]
     assert d["cpu"] == DEVICE_DEFAULTS["cpu"] and d["new_scene"] == DEVICE_DEFAULTS["cpu"]
     assert d["gpu_again"] == DEVICE_DEFAULTS["cuda"]
     assert d["changed_kept"] == {"orbit_count": 24, "samples": DEVICE_DEFAULTS["cuda"]["samples"]}
