@@ -24,11 +24,13 @@ LABEL_MARGIN_PIXELS = 48  # the panel's margins and a label's icon
 DEFAULT_REGION_PIXELS = 300  # where there is no region to measure (a script drawing the panel)
 
 
-def buttons(layout, context, *ops, icons=()) -> None:
-    """Operator buttons (disabled by their poll), a few to a row, then why the disabled ones cannot run."""
+def buttons(layout, context, *ops, icons=(), texts=()) -> None:
+    """Operator buttons (disabled by their poll), a few to a row, then why the disabled ones cannot run;
+    `texts`: shorter labels than the operators' own where the panel's title says the rest."""
     grid = layout.grid_flow(row_major=True, columns=BUTTONS_PER_ROW, even_columns=True, align=True)
     for i, op in enumerate(ops):
-        grid.operator(op.bl_idname, icon=icons[i] if i < len(icons) else "NONE")
+        text = {"text": texts[i]} if i < len(texts) else {}  # else the operator's own, translated
+        grid.operator(op.bl_idname, icon=icons[i] if i < len(icons) else "NONE", **text)
     reasons = []
     for op in ops:
         reason = op.blocked(context)
@@ -89,7 +91,7 @@ class SPLATWRIGHT_PT_backend(SplatsPanel, bpy.types.Panel):
         if b.last_error and b.last_error != b.detail:
             labels(layout, context, b.last_error, icon="ERROR")
         buttons(layout, context, SPLATWRIGHT_OT_backend_start, SPLATWRIGHT_OT_backend_stop,
-                SPLATWRIGHT_OT_backend_kill, icons=("PLAY", "PAUSE", "CANCEL"))
+                SPLATWRIGHT_OT_backend_kill, icons=("PLAY", "PAUSE", "CANCEL"), texts=("Start", "Stop", "Kill"))
         layout.operator(SPLATWRIGHT_OT_backend_check.bl_idname, icon="CHECKMARK")
 
 
