@@ -276,16 +276,11 @@ class Capture:
 
 
 def cycles_has_denoiser(scene) -> bool:
-    """Whether this Blender's Cycles has the scene's denoiser: Debian's Blender 3.4 is built without
-    OpenImageDenoise and lists no denoiser at all, and a render asking to denoise stops at once."""
-    denoiser = scene.cycles.denoiser
-    if denoiser != "OPENIMAGEDENOISE":
-        return bool(denoiser)  # OptiX: Cycles checks its devices itself
-    try:
-        import _cycles
-    except ImportError:  # Cycles not loaded: nothing renders with it anyway
-        return True
-    return bool(getattr(_cycles, "with_openimagedenoise", True))
+    """Whether this Blender's Cycles can denoise the scene: Debian's Blender 3.4 is built without
+    OpenImageDenoise, and a render asking to denoise stops at once; OptiX without its device falls back to
+    OpenImageDenoise."""
+    import _cycles  # Cycles' own module, there whenever Cycles renders
+    return scene.cycles.denoiser == "OPTIX" or bool(_cycles.with_openimagedenoise)
 
 
 class RenderJob:

@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 GPU, CPU = "cuda", "cpu"  # the backend's devices, as its capabilities name them
+NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")  # there where Linux has NVIDIA's driver loaded
 
 # The panel's settings (Scene.splatwright) per device; the GPU's are the properties' own defaults.
 DEVICE_DEFAULTS = {
@@ -43,7 +44,7 @@ def machine_device() -> str:
     a CUDA GPU where an NVIDIA driver is installed, else the CPU."""
     system = platform.system()
     if system == "Linux":
-        return GPU if Path("/proc/driver/nvidia/version").is_file() else CPU
+        return GPU if NVIDIA_DRIVER.is_file() else CPU
     if system == "Windows":
         system32 = Path(os.environ.get("SystemRoot", r"C:\Windows")) / "System32"
         return GPU if shutil.which("nvidia-smi") or (system32 / "nvidia-smi.exe").is_file() else CPU

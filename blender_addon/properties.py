@@ -101,12 +101,11 @@ def adopt_device_defaults(scene, device: str) -> bool:
 
 
 def follow_device() -> float:
-    """Timer: scenes take the connected backend's device defaults (new scenes too); before a backend connects,
-    those of the device one started here would most likely have, so a first capture on a machine without a
-    GPU is a CPU preview's."""
+    """Timer: scenes take the defaults of the device of the backend last connected (new scenes too); before
+    one connected, those of the device one started here would most likely have, so a first capture on a
+    machine without a GPU is a CPU preview's."""
     b = live.backend
-    connected = b is not None and b.connection == "connected"
-    device = b.capabilities.get("device") if connected else machine_device()
+    device = (b.capabilities.get("device") if b is not None else None) or machine_device()
     if device:
         for scene in bpy.data.scenes:
             adopt_device_defaults(scene, device)

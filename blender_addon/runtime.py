@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .core import client as wire
+from .core import client as wire, protocol
 from .core.errors import SplatwrightError
 from .environment import LogTail, child_env, spawn
 from .frames import FrameStream
@@ -269,7 +269,7 @@ class Backend:
             self.status = {k: v for k, v in event.items() if k != "event"}
             if self.status.get("state") == "training":
                 self.errors.pop("backend", None)  # training runs again
-            elif self.status.get("state") == "finished" and was != "finished":
+            elif self.status.get("state") == "finished" and was in protocol.RUNNING:
                 return [("INFO", self._finished_note())]
         elif kind == "error":
             return [("ERROR", self._failed("backend", f"backend: {event.get('message')}"))]
@@ -279,10 +279,9 @@ class Backend:
 
     def _finished_note(self) -> str:
         """What a report says when training finishes."""
-        s, psnr = self.status, self.progress.get("psnr")
-        note = (f"training of {s.get('session')} finished: step {s.get('step', 0)} of {s.get('iterations', 0)}, "
+        s = self.status
+        return (f"training of {s.get('session')} finished: step {s.get('step', 0)} of {s.get('iterations', 0)}, "
                 f"{s.get('gaussians', 0):,} Gaussians")
-        return note + (f", PSNR {psnr:.1f} dB on a training view" if psnr is not None else "")
 
     def _closed(self, exit_note: str) -> list[tuple[str, str]]:
         """The connection closed: the panels stop showing the backend's state (nothing trains any more as far

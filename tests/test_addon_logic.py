@@ -421,23 +421,24 @@ def test_a_frame_change_hides_a_4d_models_frame_of_another_time_but_not_a_static
         assert view.frame_to_show() == (not dynamic)  # a 4D frame of another time asks for no redraw
 
 
-def test_finished_training_is_reported_once():
+def test_training_that_finishes_is_reported_once_and_a_session_found_finished_is_not():
     from blender_addon.runtime import Backend, Outcome
     backend = Backend()
     state = {"event": "state", "session": "cube", "state": "finished", "step": 300, "iterations": 300,
              "gaussians": 4144}
-    for event in ({"event": "progress", "state": "training", "step": 290, "iterations": 300, "psnr": 31.62,
-                   "gaussians": 4144}, state, state):
+    for event in (state, {**state, "state": "training", "step": 0}, state, state):  # connected to a finished one
         backend._outcomes.put(Outcome("event", "events", event))
-    assert backend.drain()[1] == [("INFO", "training of cube finished: step 300 of 300, 4,144 Gaussians, PSNR "
-                                           "31.6 dB on a training view")]
+    assert backend.drain()[1] == [("INFO", "training of cube finished: step 300 of 300, 4,144 Gaussians")]
 
 
-def test_a_machine_without_an_nvidia_driver_starts_with_the_cpu_defaults(monkeypatch):
+def test_the_machines_device_is_a_gpu_where_nvidias_driver_is_loaded(monkeypatch, tmp_path):
     from blender_addon import defaults
-    monkeypatch.setattr(defaults.platform, "system", lambda: "Darwin")
-    defaults.machine_device.cache_clear()
-    try:
-        assert defaults.machine_device() == defaults.CPU
-    finally:
+    found = {}
+    for system, driver_loaded in (("Linux", True), ("Linux", False), ("Darwin", True)):
+        monkeypatch.setattr(defaults.platform, "system", lambda: system)
+        monkeypatch.setattr(defaults, "NVIDIA_DRIVER", tmp_path / ("version" if driver_loaded else "none"))
+        (tmp_path / "version").write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module")
         defaults.machine_device.cache_clear()
+        found[system, driver_loaded] = defaults.machine_device()
+    defaults.machine_device.cache_clear()
+    assert found == {("Linux", True): defaults.GPU, ("Linux", False): defaults.CPU, ("Darwin", True): defaults.CPU}
