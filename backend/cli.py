@@ -5,6 +5,7 @@ import argparse
 import sys
 from dataclasses import fields
 
+from blender_addon.core import protocol
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.schema import Float, Str
 from blender_addon.core.settings import TRAINING
@@ -65,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("serve", help="serve training and rendering to the Blender add-on over TCP")
     p.add_argument("--host", default="127.0.0.1", help="address to bind; other than loopback needs --token-file")
-    p.add_argument("--port", type=int, default=0, help="TCP port (0: a free one; the ready line names it)")
+    p.add_argument("--port", type=int, default=protocol.DEFAULT_PORT,
+                   help="TCP port (0: a free one; the ready line names it)")
     p.add_argument("--token-file", default=None, help="file holding the secret every client must send")
     p.add_argument("--workdir", default="out/sessions", help="folder of the sessions")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])

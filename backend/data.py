@@ -86,7 +86,8 @@ def transforms_path(root: str | Path, split: str) -> Path | None:
     """The transforms file of `split`: transforms_<split>.json, or transforms.json for training."""
     root = Path(root)
     if not root.is_dir():
-        raise SplatwrightError(f"{root}: scene folder not found")
+        raise SplatwrightError(f"{root}: {'not a folder' if root.exists() else 'not found'}; give the scene folder "
+                               "(the one holding transforms_train.json or transforms.json)")
     path = root / f"transforms_{split}.json"
     if path.is_file():
         return path

@@ -597,7 +597,8 @@ class Engine:
             return Model(g, g.max_sh_degree, background, 0)
         if t is not None:
             return trained_model(t)
-        raise SplatwrightError("nothing to render yet: start training, load_checkpoint or load_ply first")
+        raise SplatwrightError("nothing to render yet: train a model, or load one (in Blender: Import Splats, or "
+                               "a session with a checkpoint)")
 
     def _render_loop(self) -> None:
         if self.render_stream is not None:

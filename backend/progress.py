@@ -1,6 +1,7 @@
 """A small progress bar for long CLI work (stderr; redrawn in place on a terminal, periodic lines otherwise)."""
 from __future__ import annotations
 
+import math
 import sys
 import time
 
@@ -44,5 +45,5 @@ class Progress:
 
 def _fmt(v) -> str:
     if isinstance(v, float):
-        return f"{v:.4g}"
+        return f"{v:.4g}" if math.isfinite(v) else "-"  # not measured yet (NaN)
     return str(v)

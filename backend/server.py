@@ -455,7 +455,8 @@ def serve(args) -> int:
     try:
         server = Server(Engine(workdir, device, rasterizer, limits), args.host, args.port, token)
     except OSError as e:
-        raise SplatwrightError(f"cannot listen on {args.host}:{args.port} ({e})") from None
+        raise SplatwrightError(f"cannot listen on {args.host}:{args.port} ({e.strerror or e}); pass another "
+                               "--port (0: a free one)") from None
     signal.signal(signal.SIGTERM, lambda signum, frame: server.stop())
     if args.exit_with_parent:
         threading.Thread(target=_stop_when_orphaned, args=(server,), name="parent-watch", daemon=True).start()

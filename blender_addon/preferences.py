@@ -9,6 +9,7 @@ import bpy
 from bpy.props import EnumProperty, IntProperty, StringProperty
 
 from . import live
+from .core import protocol
 from .environment import SESSIONS, VENV, backend_sources, readiness, venv_python
 from .runtime import ConnectSettings
 
@@ -45,7 +46,7 @@ class SPLATWRIGHT_AP_preferences(bpy.types.AddonPreferences):
                             description="Where the backend keeps sessions (empty: sessions/ in the add-on's "
                                         "data folder)")
     host: StringProperty(name="Host", default="127.0.0.1")
-    port: IntProperty(name="Port", default=7380, min=1, max=65535)
+    port: IntProperty(name="Port", default=protocol.DEFAULT_PORT, min=1, max=65535)
     token: StringProperty(name="Token", subtype="PASSWORD",
                           description="The secret in the remote backend's --token-file")
 

@@ -62,9 +62,12 @@ def test_downscale_resizes_images_and_intrinsics(tiny_scene):
     assert d.cameras[0].K[0, 2] == pytest.approx(8.0)
 
 
-def test_missing_folder(tmp_path):
-    with pytest.raises(SplatwrightError, match="scene folder not found"):
+def test_missing_folder_and_a_file_for_a_folder(tmp_path):
+    with pytest.raises(SplatwrightError, match="nope: not found; give the scene folder"):
         load_split(tmp_path / "nope", "train")
+    (tmp_path / "transforms.json").write_text("{}")
+    with pytest.raises(SplatwrightError, match="transforms.json: not a folder; give the scene folder"):
+        load_split(tmp_path / "transforms.json", "train")
 
 
 def test_missing_image(tiny_scene):

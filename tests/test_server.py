@@ -259,6 +259,22 @@ def test_refuses_other_hosts_without_token(tmp_path):
     assert "refusing to serve without a token" in result.stderr and "--token-file" in result.stderr
 
 
+def test_serves_on_the_add_ons_port_and_says_what_to_do_where_it_is_taken(tmp_path):
+    try:
+        taken = socket.create_server(("127.0.0.1", protocol.DEFAULT_PORT))
+    except OSError:  # another program has it already
+        taken = None
+    try:
+        result = subprocess.run([sys.executable, "-m", "backend", "serve", "--workdir", str(tmp_path)], cwd=ROOT,
+                                capture_output=True, text=True, timeout=60)
+    finally:
+        if taken is not None:
+            taken.close()
+    assert result.returncode == 1 and result.stdout == ""
+    assert f"cannot listen on 127.0.0.1:{protocol.DEFAULT_PORT}" in result.stderr
+    assert "pass another --port (0: a free one)" in result.stderr
+
+
 def raw_connect(port: int, hello: bool = True) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
     if hello:

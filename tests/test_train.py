@@ -175,7 +175,7 @@ def test_cli_train_starts_from_the_scenes_points(tiny_scene, tmp_path):
 
 
 @pytest.mark.parametrize("breakage, message", [
-    (None, "scene folder not found"),
+    (None, "missing: not found; give the scene folder"),
     (_wrong_size, "image is 16x16 but earlier images are 32x32"),
     (_singular, "frame 1: matrix is singular"),
 ])
@@ -237,3 +237,13 @@ def test_added_views_are_stored_quantised(tiny_scene):
     assert torch.equal(trainer.data.images[:-1], data.images)
     trainer.train_step()
 
+
+
+def test_the_progress_bar_shows_a_value_not_measured_yet_as_a_dash():
+    import io
+    import math
+
+    from backend.progress import Progress
+    out = io.StringIO()
+    Progress(10, "train", out).update(10, loss=math.nan, psnr=31.25)
+    assert "loss -  psnr 31.25" in out.getvalue()

@@ -35,6 +35,7 @@ from .settings import BACKGROUND, TRAINING
 # export_ply name their files (the splat format); 3: warning events; 2: replies and events declared and checked
 # by the client
 PROTOCOL_VERSION = 9
+DEFAULT_PORT = 7380  # where `serve` listens and the add-on looks for a remote backend, unless told otherwise
 MAGIC = b"SPW\x00"
 PREFIX = struct.Struct(">4sI")  # magic, header length
 
