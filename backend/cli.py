@@ -81,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("bench", help=f"benchmarks ({', '.join(BENCHMARKS)})", add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)
 
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # named by the command's own parser, not the top level's
+        sub.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)} (--help lists the options)")
     try:
         if args.command == "serve":
             from . import server

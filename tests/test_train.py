@@ -247,3 +247,9 @@ def test_the_progress_bar_shows_a_value_not_measured_yet_as_a_dash():
     out = io.StringIO()
     Progress(10, "train", out).update(10, loss=math.nan, psnr=31.25)
     assert "loss -  psnr 31.25" in out.getvalue()
+
+
+def test_an_unknown_flag_is_named_with_its_command(tmp_path):
+    r = run_cli("train", tmp_path, "--out", tmp_path / "out", "--steps", 5)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == "error: python -m backend train: unrecognized arguments: --steps 5 (--help lists the options)\n"
