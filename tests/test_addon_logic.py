@@ -295,6 +295,7 @@ def test_a_frame_stream_whose_thread_failed_gives_every_frame_back():
         wait_until(lambda: client.released == [0, 1])
     finally:
         stream.close()
+        stream._thread.join(10)  # so its exception is reported within this test, whose filter expects it
 
 
 # ---- training settings ----
