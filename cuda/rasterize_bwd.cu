@@ -7,7 +7,7 @@
 //
 // The result is deterministic: no float atomics. Each splat's gradient is summed over each warp, the warps' sums
 // are added in warp order into one value per entry (tile, Gaussian), and a second kernel adds each Gaussian's
-// entries in emit order. Training on the GPU therefore repeats exactly, and a resumed run equals an
+// entries in a fixed order. Training on the GPU therefore repeats exactly, and a resumed run equals an
 // uninterrupted one.
 #include "raster.cuh"
 #include "splatwright.h"
@@ -239,15 +239,36 @@ __global__ void __launch_bounds__(BWD_THREADS)
   }
 }
 
-// One thread per Gaussian adds its entries' gradients in emit order.
+// Entries of a Gaussian that its own thread adds; a longer run is added by its whole warp. A splat close to a
+// camera can cover thousands of tiles: added by one thread, its entries alone took 2 ms of a 5 ms training step
+// (a furnished room at 1920x1080 on an H200), while the other threads had long finished.
+constexpr int THREAD_ENTRIES = 16;
+
+// Each Gaussian's entries summed in a fixed order: a short run by its thread in emit order, a long one by the
+// warp (lane l adds entries l, l + 32, ... in turn, then the lanes' sums meet in a butterfly).
 __global__ void sum_entry_grads_kernel(const float* __restrict__ entry_grads, const int64_t* __restrict__ entry_ends,
                                        int n, float* __restrict__ grad_means2d, float* __restrict__ grad_conics,
                                        float* __restrict__ grad_colors, float* __restrict__ grad_opacities) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= n) return;
+  const int i = blockIdx.x * blockDim.x + threadIdx.x, lane = threadIdx.x & 31;
+  const int64_t first = i < n && i > 0 ? entry_ends[i - 1] : 0, end = i < n ? entry_ends[i] : 0;
+  const bool own = end - first <= THREAD_ENTRIES;
   float total[ENTRY_GRADS] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  for (int64_t e = i > 0 ? entry_ends[i - 1] : 0; e < entry_ends[i]; ++e)
-    for (int k = 0; k < ENTRY_GRADS; ++k) total[k] += entry_grads[e * ENTRY_GRADS + k];
+  if (own)
+    for (int64_t e = first; e < end; ++e)
+      for (int k = 0; k < ENTRY_GRADS; ++k) total[k] += entry_grads[e * ENTRY_GRADS + k];
+  for (uint32_t long_lanes = __ballot_sync(FULL_MASK, !own); long_lanes; long_lanes &= long_lanes - 1) {
+    const int owner = __ffs(long_lanes) - 1;
+    const int64_t run_first = __shfl_sync(FULL_MASK, first, owner), run_end = __shfl_sync(FULL_MASK, end, owner);
+    float part[ENTRY_GRADS] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+    for (int64_t e = run_first + lane; e < run_end; e += 32)
+      for (int k = 0; k < ENTRY_GRADS; ++k) part[k] += entry_grads[e * ENTRY_GRADS + k];
+    for (int offset = 16; offset > 0; offset >>= 1)
+      for (int k = 0; k < ENTRY_GRADS; ++k) part[k] += __shfl_xor_sync(FULL_MASK, part[k], offset);
+    if (lane == owner)
+      for (int k = 0; k < ENTRY_GRADS; ++k) total[k] = part[k];
+  }
+  if (i >= n) return;
   for (int k = 0; k < 2; ++k) grad_means2d[2 * i + k] = total[k];
   for (int k = 0; k < 3; ++k) grad_conics[3 * i + k] = total[2 + k];
   for (int k = 0; k < 3; ++k) grad_colors[3 * i + k] = total[5 + k];

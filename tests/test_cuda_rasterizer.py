@@ -247,6 +247,18 @@ def test_splat_covering_the_whole_image():
     assert outs["cuda"].radii[0] > 150
 
 
+def test_splats_over_many_tiles():
+    """Gaussians listed in many tiles (each one's entries summed by a whole warp) among Gaussians listed in a few
+    (summed by their own threads), in the same warps."""
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    scene = random_scene(600, 256, 192, gen)
+    scene["scales"][::5] *= 12
+    outs, _ = check_against_reference(scene, 256, 192, seed=seed)
+    radii = outs["cuda"].radii
+    assert (radii > 2 * TILE).sum() > 20 and ((radii > 0) & (radii < TILE)).sum() > 100
+
+
 def test_alpha_at_the_cap():
     seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
@@ -304,6 +316,7 @@ def test_backward_is_deterministic():
     order-dependent sum would show)."""
     seed = fresh_seed()
     scene = random_scene(3000, 96, 80, torch.Generator().manual_seed(seed), scale=0.15)
+    scene["scales"][::10] *= 6  # some listed in most tiles, their entries summed by a warp
     runs = [render_both(scene, 96, 80, 3, (1.0, 1.0, 1.0))[1]["cuda"] for _ in range(3)]
     for name in PARAMS + ("means2d",):
         assert runs[0][name].abs().sum() > 0, name
