@@ -50,6 +50,7 @@ class Capture:
         self._render: RenderJob | None = None
         self._keep_render_window = render_window(context) is not None  # the user's own, open before
         self.stop_reason = ""  # why the capture was cancelled, once it was
+        self.without_denoising = False  # Cycles was asked to denoise, and this one cannot
         self.session, self.folder = _new_session(_dataset_root(s.folder))
         self.writer = DatasetWriter(self.folder)
         self.done = 0
@@ -155,6 +156,8 @@ class Capture:
             sent = f", training views sent to session {self.session}"
         else:
             sent = ", so none was sent"
+        if self.without_denoising:  # more samples make up for it
+            sent += "; rendered without denoising, which this Blender's Cycles cannot do"
         return f"captured {counts['train']} training and {counts['test']} test views into {self.folder}{sent}"
 
     # ---- one view ----
@@ -270,6 +273,7 @@ class Capture:
             wanted.append((getattr(scene, group), name, s.samples))
         if engine == "CYCLES" and scene.cycles.use_denoising and not cycles_has_denoiser(scene):
             wanted.append((scene.cycles, "use_denoising", False))
+            self.without_denoising = True
         for owner, attr, value in wanted:
             self._saved.append((owner, attr, getattr(owner, attr)))
             setattr(owner, attr, value)

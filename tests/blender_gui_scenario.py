@@ -143,6 +143,7 @@ def capture_during_render(addon, out: Path, result: dict):
         "frames": len(json.loads((folder / "transforms_train.json").read_text())["frames"]),
         "pngs": sorted(p.name for p in folder.glob("*/*.png")), "panel_screenshot": shot,
         "engine_restored": scene.render.engine == "CYCLES", "denoising_restored": scene.cycles.use_denoising,
+        "without_denoising": job.without_denoising, "summary": job.summary(),
         "render_window_after": addon.capture.render_window(bpy.context) is not None}
     scene.animation_data_clear()
 

@@ -166,6 +166,7 @@ def test_capture_renders_as_render_jobs_that_cancel_midway(viewport):
     assert c["frames"] == 1 and c["pngs"] == ["r_000.png"]  # the cancelled view's image is not left behind
     assert c["engine_restored"] and not c["render_window_after"]  # the render window the capture opened is gone
     assert c["denoising_restored"]  # turned off for this Cycles, which has no denoiser, and on again
+    assert ("rendered without denoising" in c["summary"]) == c["without_denoising"], c["summary"]
     assert "/splatwright/" not in viewport["stderr"], viewport["stderr"][-3000:]  # no traceback through the add-on
 
 
