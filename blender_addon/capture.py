@@ -47,6 +47,8 @@ class Capture:
         self.backend = backend
         self._saved = [(scene, "camera", scene.camera), (scene, "frame_current", scene.frame_current)]
         self._orbit_camera = None
+        self._points: tuple[np.ndarray, np.ndarray] | None = None  # the initial points, where the capture makes them
+        self._session_opened = False  # the backend's session opens with the first training view
         self._render: RenderJob | None = None
         self._keep_render_window = render_window(context) is not None  # the user's own, open before
         self.stop_reason = ""  # why the capture was cancelled, once it was
@@ -63,14 +65,9 @@ class Capture:
             for camera in {view.camera for view in self.views}:
                 _check_camera(camera, scene)
             if s.initial_points:  # kept with the dataset, for Send Views and the command line's train
-                xyz, rgb = surface_points(context, s.point_count, s.orbit_seed)
+                self._points = surface_points(context, s.point_count, s.orbit_seed)
                 self.folder.mkdir(parents=True, exist_ok=True)
-                write_points(self.folder / POINTS_FILE, xyz, rgb)
-            if backend is not None:
-                name = s.session = self.session
-                backend.call("open_session", lambda c: c.call("open_session", name=name), self._status)
-                if s.initial_points:
-                    backend.call("set_points", lambda c: c.set_points(xyz, rgb))
+                write_points(self.folder / POINTS_FILE, *self._points)
         except BaseException:
             self.finish()
             raise
@@ -147,6 +144,18 @@ class Capture:
         self.writer.write()
         if self.writer.frames["train"]:
             self.settings.capture_folder = str(self.folder)
+        if not any(self.writer.frames.values()):
+            self._remove_empty_folder()
+
+    def _remove_empty_folder(self) -> None:
+        """A capture that stored no view leaves no dataset folder: only what it made there goes (its initial
+        points, the empty split folders), so a folder anything else was put into stays."""
+        (self.folder / POINTS_FILE).unlink(missing_ok=True)
+        for place in [self.folder / split for split in self.writer.frames] + [self.folder]:
+            try:
+                place.rmdir()
+            except OSError:  # not there, or not empty
+                pass
 
     def summary(self) -> str:
         counts = {split: len(frames) for split, frames in self.writer.frames.items()}
@@ -183,9 +192,22 @@ class Capture:
         cam = camera_of(view.camera, self.scene)
         self.writer.add(view.split, view.name, cam, view.time)
         if self.backend is not None and view.split == "train":
+            self._open_session()
             self.backend.call("add_view", lambda c: c.add_view(cam, path.read_bytes(), view.name, view.time),
                               self._views_added)
         self.done += 1
+
+    def _open_session(self) -> None:
+        """Open the capture's session in the backend, with its initial points, before its first training view:
+        a capture that sends no view leaves no empty session behind."""
+        if self._session_opened:
+            return
+        self._session_opened = True
+        name = self.settings.session = self.session
+        self.backend.call("open_session", lambda c: c.call("open_session", name=name), self._status)
+        if self._points is not None:
+            xyz, rgb = self._points
+            self.backend.call("set_points", lambda c: c.set_points(xyz, rgb))
 
     # ---- results on the main thread ----
 

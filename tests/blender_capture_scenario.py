@@ -47,6 +47,7 @@ def refusals(addon, out: Path, requests: list) -> dict:
     bpy.data.objects.remove(camera)
     s.source = "CAMERAS"
     result["no_camera_objects"] = capture(out)
+    result["first_view_fails"] = first_view_fails(addon, out)
     result["requests_after_refusals"] = list(requests)
 
     s.source, s.render_engine, s.samples = "ORBIT", "SCENE", 2
@@ -56,6 +57,26 @@ def refusals(addon, out: Path, requests: list) -> dict:
     result["requests"] = list(requests)
     result["pngs"] = sorted(p.name for p in (out / "dataset").glob("*/train/*.png"))
     return result
+
+
+def first_view_fails(addon, out: Path) -> dict:
+    """A capture whose first view's image is not written (as when its render stops), with initial points."""
+    scene = bpy.context.scene
+    s = scene.splatwright
+    s.source, s.render_engine, s.samples, s.initial_points = "ORBIT", "SCENE", 1, True
+    engine, scene.render.engine = scene.render.engine, "CYCLES"
+    capture_class = addon.capture.Capture
+    store = capture_class._store
+
+    def unwritten(job, path):  # the render's image is gone: the capture's own check refuses the view
+        path.unlink()
+        store(job, path)
+    capture_class._store = unwritten
+    try:
+        return capture(out)
+    finally:
+        capture_class._store = store
+        scene.render.engine = engine
 
 
 def device_defaults(addon, backend) -> dict:

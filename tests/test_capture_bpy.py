@@ -1,5 +1,5 @@
-"""Captures that cannot run fail before anything is made, the splats engine captures with Cycles, and the
-settings follow the backend's device: tests/blender_capture_scenario.py in the bpy module (4.5, and 5.0 where
+"""Captures that cannot run fail before anything is made, one that stores no view leaves nothing, the splats
+engine captures with Cycles, and the settings follow the backend's device: tests/blender_capture_scenario.py in the bpy module (4.5, and 5.0 where
 .venv-bpy5 holds it), checked here."""
 from __future__ import annotations
 
@@ -33,6 +33,13 @@ def test_captures_that_cannot_run_fail_before_anything_is_made(scenario):
         assert words in r[case]["report"] and "\n" not in r[case]["report"].strip(), r[case]["report"]
         assert r[case]["folders"] == [], case  # no dataset folder
     assert r["requests_after_refusals"] == []  # no session opened, nothing sent
+
+
+def test_a_capture_that_stores_no_view_leaves_no_folder_or_session(scenario):
+    r = scenario["refusals"]["first_view_fails"]
+    assert r["returned"] == ["CANCELLED"] and "r_000 was not written" in r["report"], r
+    assert r["folders"] == []  # its initial points and split folders removed with it
+    assert scenario["refusals"]["requests_after_refusals"] == []  # no session opened
 
 
 def test_the_splats_engine_captures_with_cycles_and_is_restored(scenario):
