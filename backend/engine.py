@@ -31,7 +31,7 @@ from .formats import encode_any, format_for_path, notes, read_any
 from .ply import encode_ply
 from .policy import CHECKPOINT, make_config, system_report
 from .render import camera_tensors
-from .session import Session
+from .session import Session, imported_file
 from .shared_frames import SharedFrames
 from .train import TrainConfig, Trainer, load_latest_checkpoint
 
@@ -158,32 +158,50 @@ class SavedModels:
         self.models: OrderedDict[str, tuple[tuple, Model]] = OrderedDict()  # session -> (file stamp, model)
 
     def get(self, name: str) -> Model:
-        path = self.workdir / name / CHECKPOINT
+        folder = self.workdir / name
+        source, imported = folder / CHECKPOINT, None
+        if not source.is_file() and (imported := imported_file(folder)) is not None:
+            source = imported[0]
         try:
-            stat = path.stat()
+            stat = source.stat()
         except OSError:
-            what = "has no saved model yet; train it until it checkpoints" if (self.workdir / name).is_dir() \
+            what = "has no saved model yet; train it until it checkpoints" if folder.is_dir() \
                 else "does not exist in the backend's sessions folder"
             raise SplatwrightError(f"session {name!r} {what}") from None
-        stamp = (stat.st_mtime_ns, stat.st_size)
+        stamp = (source.name, stat.st_mtime_ns, stat.st_size)
         with self.lock:
             kept = self.models.get(name)
             if kept is not None and kept[0] == stamp:
                 self.models.move_to_end(name)
                 return kept[1]
-        state, warning = load_latest_checkpoint(path)  # outside the lock: other sessions' models stay available
-        if warning:
-            log(f"session {name}: {warning}")
-        cfg, g = TrainConfig.from_dict(state["config"]), gaussians_from_tensors(state["gaussians"]).to(self.device)
-        # The SH degree its trainer renders with at that step (Trainer.sh_degree).
-        sh_degree = min(cfg.sh_degree, g.max_sh_degree, state["step"] // cfg.sh_interval)
-        model = Model(g, sh_degree, tuple(cfg.background), state["step"])
+        # Outside the lock: other sessions' models stay available.
+        model = imported_model(*imported, self.device) if imported else self._checkpoint_model(name, source)
         with self.lock:
             self.models[name] = (stamp, model)
             self.models.move_to_end(name)
             while len(self.models) > self.size:
                 self.models.popitem(last=False)
         return model
+
+    def _checkpoint_model(self, name: str, path: Path) -> Model:
+        state, warning = load_latest_checkpoint(path)
+        if warning:
+            log(f"session {name}: {warning}")
+        cfg, g = TrainConfig.from_dict(state["config"]), gaussians_from_tensors(state["gaussians"]).to(self.device)
+        # The SH degree its trainer renders with at that step (Trainer.sh_degree).
+        sh_degree = min(cfg.sh_degree, g.max_sh_degree, state["step"] // cfg.sh_interval)
+        return Model(g, sh_degree, tuple(cfg.background), state["step"])
+
+
+def imported_model(path: Path, background: tuple, device) -> Model:
+    """The model of the splat file an imported session keeps (session.imported_file), as load_ply showed it."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise SplatwrightError(f"cannot read {path.parent.name}/{path.name}, the file session {path.parent.name!r} "
+                               f"was imported from ({e.strerror or e})") from None
+    g = read_model_file(data, path.name).to(device)
+    return Model(g, g.max_sh_degree, tuple(background), 0)
 
 
 class RenderQueue:
@@ -247,7 +265,7 @@ class Engine:
         self.stepping = False  # the training thread is inside a step
         self.session: Session | None = None
         self.trainer: Trainer | None = None
-        self.viewed: tuple[Gaussians, tuple] | None = None  # a loaded splat file (or 4D model) and its background
+        self.viewed: tuple[Gaussians, tuple] | None = None  # the open session's imported file and background
         self.settings = TRAINING.defaults()  # of the running training: its checkpoint and progress cadence
         # Whether the trainer's run has a checkpoint of its own: a fresh run leaves the old model's checkpoint
         # on the disk until it writes its first one.
@@ -273,7 +291,7 @@ class Engine:
                 "views": len(session.cameras) if session else 0,
                 "step": t.step if t else 0, "iterations": t.cfg.iterations if t else 0,
                 "gaussians": len(viewed[0]) if viewed else (len(t.g) if t else 0),
-                "checkpoint": bool(session and session.checkpoint_path.is_file()),
+                "checkpoint": bool(session and session.has_model),
                 "settings": session.settings if session else None,
                 "dynamic": isinstance(shown, DynamicGaussians)}
 
@@ -587,16 +605,17 @@ class Engine:
 
     def _live_model(self, name: str | None) -> Model | None:
         """The model in memory a request for session `name`'s model (None: the shown one) gets: the open
-        session's trainer's when it names that session, else None (its saved model); call with model_lock held."""
-        t = self.trainer
-        if name is not None:
-            opened = self.session is not None and self.session.name == name and t is not None
-            return trained_model(t) if opened else None
-        if self.viewed is not None:
+        session's (its imported file, or its trainer's) when it names that session, else None (its saved model);
+        call with model_lock held."""
+        if name is not None and (self.session is None or self.session.name != name):
+            return None
+        if self.viewed is not None:  # the open session's imported file
             g, background = self.viewed
             return Model(g, g.max_sh_degree, background, 0)
-        if t is not None:
-            return trained_model(t)
+        if self.trainer is not None:
+            return trained_model(self.trainer)
+        if name is not None:
+            return None
         raise SplatwrightError("nothing to render yet: train a model, or load one (in Blender: Import Splats, or "
                                "a session with a checkpoint)")
 
@@ -729,8 +748,16 @@ class Engine:
             return {"step": self.trainer.step, "path": self.session.shown(self.session.checkpoint_path)}
 
     def load_checkpoint(self) -> dict:
-        """Replace the trainer by the session's checkpoint (also while training: the next step uses it)."""
+        """Replace the trainer by the session's checkpoint (also while training: the next step uses it); in a
+        session made by an import that has none, show the file it keeps."""
         session = self._require_session()
+        if not session.checkpoint_path.is_file() and session.imported is not None:
+            model = imported_model(session.folder / session.imported["file"], session.imported["background"],
+                                   self.device)
+            with self.model_lock:
+                self.trainer, self.viewed = None, (model.g, model.background)
+            self._emit_state()
+            return self.status()
         if not session.checkpoint_path.is_file():
             raise SplatwrightError(f"session {session.name!r} has no checkpoint yet")
         trainer = self._trainer_from_checkpoint()
@@ -744,18 +771,23 @@ class Engine:
         return self.status()
 
     def load_ply(self, data: bytes, background, name: str = "") -> dict:
-        """View the splat file `data` (any format, told by its content; `name`, its file name, tells a .splat),
+        """Show the splat file `data` (any format, told by its content; `name`, its file name, tells a .splat),
         or a 4D model's file (splats4d.pt: a *.pt name or a torch file's content), drawn at each request's
-        time."""
+        time. The file is kept in a new session named after it, which opens: a splat object can place that
+        session's model in a scene, and renders naming it draw it after a restart too."""
         with self.cond:
             if self.state in protocol.RUNNING:
                 raise SplatwrightError("training is running; stop it before loading a model to view")
-        data, what = bytes(data), name or "the uploaded model"
-        g = (read_dynamic_file(data, what) if is_dynamic_file(data, name) else read_any(data, what)).to(self.device)
+        data = bytes(data)
+        g = read_model_file(data, name).to(self.device)  # a file that cannot be read makes no session
+        session = Session.create_imported(self.workdir, name, data, background)
         with self.model_lock:
-            self.viewed = (g, tuple(background))
+            self.session, self.trainer, self.viewed = session, None, (g, tuple(background))
+        with self.cond:
+            self.state = "idle"
         self._emit_state()
-        return {"gaussians": len(g), "sh_degree": g.max_sh_degree}  # and the status says whether it is 4D
+        # and the status says whether it is 4D
+        return {"gaussians": len(g), "sh_degree": g.max_sh_degree, "session": session.name}
 
     def close(self, render_wait: float = 0.2) -> bool:
         """Stop training (with a checkpoint) and the render thread; returns whether the render thread ended
@@ -776,6 +808,12 @@ def is_dynamic_file(data: bytes, name: str) -> bool:
     .splat (the one splat format without magic bytes)."""
     lower = name.lower()
     return lower.endswith(DYNAMIC_SUFFIX) or (data[:len(ZIP_MAGIC)] == ZIP_MAGIC and not lower.endswith(".splat"))
+
+
+def read_model_file(data: bytes, name: str) -> Gaussians:
+    """The model of a splat file or a 4D model's file (load_ply's); `name`, the file's, may be empty."""
+    what = name or "the uploaded model"
+    return read_dynamic_file(data, what) if is_dynamic_file(data, name) else read_any(data, what)
 
 
 def read_dynamic_file(data: bytes, name: str) -> DynamicGaussians:

@@ -5,31 +5,35 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from blender_addon.core import codecs
+from blender_addon.core import codecs, protocol
 from blender_addon.core.cameras import Camera
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.files import remove_stale_temporaries, write_atomic
 from blender_addon.core.points import POINTS_FILE, read_points, write_points
-from blender_addon.core.settings import TRAINING
+from blender_addon.core.settings import BACKGROUND, TRAINING
 from .data import Dataset, quantise, scene_times
 from .frames import view_rgb
 from .policy import CHECKPOINT
 from .train import load_latest_checkpoint, previous_checkpoint
 
 SESSION_FORMAT = 2  # 2: initial points as points3d.ply (blender_addon/core/points.py); checkpoints of format 2
+IMPORTED = "imported"  # an imported session's splat file is kept as imported.<its own ending>
 
 
 class Session:
     """Layout: session.json (format, name, and the training settings once training started);
     views/NNNNNN.npy (image as uploaded, rows top-down) and views/NNNNNN.json (camera, name, time), the .json
     written last so a view exists once it does; points3d.ply; checkpoint.pt and the one before it,
-    checkpoint.prev.pt; splats.ply. Every file is replaced atomically and durably.
+    checkpoint.prev.pt; splats.ply. A session made by importing a splat file keeps the file as it came
+    (imported.ply, .spz, .splat or .pt; session.json names it and the background it is shown with), and shows it
+    until a checkpoint of its own replaces it. Every file is replaced atomically and durably.
 
     A session opens with whatever of it can be read: unreadable parts are skipped and listed in `warnings`.
     Messages name files relative to the workdir, never the server's own folders."""
@@ -43,6 +47,7 @@ class Session:
         self.next_view = 0  # file number of the next view: after every file there, read or not
         self.points: tuple[np.ndarray, np.ndarray] | None = None
         self.settings: dict | None = None  # the training settings of the last start (settings.TRAINING)
+        self.imported: dict | None = None  # an imported session's {"file": its name, "background": [r, g, b]}
         self.warnings: list[str] = []  # what could not be read when the session opened
 
     @property
@@ -61,15 +66,33 @@ class Session:
         """`path` as messages name it: relative to the workdir."""
         return path.relative_to(self.workdir).as_posix()
 
+    @property
+    def has_model(self) -> bool:
+        """Whether the session has a model on the disk: a checkpoint, or the splat file it was made from."""
+        return self.imported is not None or self.checkpoint_path.is_file()
+
+    @classmethod
+    def create_imported(cls, workdir: Path, file_name: str, data: bytes, background) -> "Session":
+        """A new session keeping the splat file `data` (named `file_name`) shown with `background`, named after
+        the file (its stem, with -2, -3, ... where that is taken)."""
+        base = session_name_for(file_name)
+        name, n = base, 1
+        taken = {p.name.casefold() for p in _entries(workdir)}
+        while name.casefold() in taken:
+            n += 1
+            name = f"{base}-{n}"
+        session = cls.open(workdir, name, create=True)
+        kept = f"{IMPORTED}.{re.sub(r'[^a-z0-9]', '', Path(file_name).suffix.lower()) or 'ply'}"
+        session.write_file(kept, data)
+        session.imported = {"file": kept, "background": [float(c) for c in background]}
+        session._write_meta()
+        return session
+
     @classmethod
     def open(cls, workdir: Path, name: str, create: bool) -> "Session":
         session = cls(workdir, name)
         folder = session.folder
-        try:
-            siblings = list(workdir.iterdir())
-        except FileNotFoundError:  # the sessions folder removed while the server runs: a new session makes it
-            siblings = []
-        twins = [p.name for p in siblings if p.name.casefold() == name.casefold() and p.name != name]
+        twins = [p.name for p in _entries(workdir) if p.name.casefold() == name.casefold() and p.name != name]
         if twins:
             raise SplatwrightError(f"session {name!r} differs from {twins[0]!r} only in case, and Windows and macOS "
                                    f"would keep both in one folder; open {twins[0]!r} or choose another name")
@@ -118,6 +141,7 @@ class Session:
         if meta.get("format") != SESSION_FORMAT:
             raise SplatwrightError(f"session {self.name!r} has format {meta.get('format')}, this backend reads "
                                    f"{SESSION_FORMAT}; open it with a matching backend")
+        self.imported = imported_entry(meta)
         if meta.get("settings") is not None:
             try:
                 self.settings = TRAINING.check(meta["settings"])
@@ -170,6 +194,8 @@ class Session:
 
     def _write_meta(self) -> None:
         meta = {"format": SESSION_FORMAT, "name": self.name, "settings": self.settings}
+        if self.imported is not None:
+            meta["imported"] = self.imported
         self._write(self.meta_path, json.dumps(meta).encode())
 
     def _write(self, path: Path, data: bytes | None) -> None:
@@ -229,6 +255,48 @@ class Session:
         images = torch.stack([quantise(view_rgb(image, background)) for image in self.images[:views]])
         return Dataset(list(self.cameras[:views]), images, list(self.names[:views]),
                        scene_times(self.times[:views], f"session {self.name!r}"))
+
+
+def session_name_for(file_name: str) -> str:
+    """A session name (protocol.SessionName) after a file's name: its stem with what a name may not hold made
+    '-', room left for a -N, "splats" where nothing of it is left."""
+    stem = Path(file_name).name.split(".")[0]
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", stem).strip("-._")[:56] or "splats"
+    try:
+        return protocol.SessionName().check(name)
+    except ValueError:  # a Windows device name
+        return f"{name}-splats"
+
+
+def _entries(folder: Path) -> list[Path]:
+    """What `folder` holds; nothing if it is gone (the sessions folder removed while the server runs: a new
+    session makes it)."""
+    try:
+        return list(folder.iterdir())
+    except FileNotFoundError:
+        return []
+
+
+def imported_entry(meta) -> dict | None:
+    """session.json's record of the splat file an imported session keeps, or None (any other session, or a
+    record that is not one)."""
+    entry = meta.get("imported") if isinstance(meta, dict) else None
+    if not isinstance(entry, dict) or not re.fullmatch(IMPORTED + r"\.[a-z0-9]+", str(entry.get("file"))):
+        return None
+    try:
+        return {"file": entry["file"], "background": BACKGROUND.check(entry.get("background"))}
+    except ValueError:
+        return None
+
+
+def imported_file(folder: Path) -> tuple[Path, tuple] | None:
+    """The splat file the session in `folder` keeps, if an import made it, and the background it is shown with;
+    None for any other session."""
+    try:
+        entry = imported_entry(json.loads((folder / "session.json").read_text()))
+    except (OSError, ValueError):
+        return None
+    return None if entry is None else (folder / entry["file"], tuple(entry["background"]))
 
 
 def _looks_whole(path: Path) -> bool:

@@ -1,7 +1,8 @@
 """File > Import and File > Export of splat models in every format the backend reads and writes (the official
 3DGS PLY, PlayCanvas's compressed PLY, Niantic's SPZ and antimatter15's .splat; backend/formats) and of 4D models
-(splats4d.pt, backend/dynamic.py). Import sends the file to the backend, which tells its format from its content
-and shows the model (a 4D one at the scene's frame); Export asks the backend for a model in the format the file
+(splats4d.pt, backend/dynamic.py). Import sends the file to the backend, which tells its format from its content,
+keeps the file in a new session named after it and shows the model (a 4D one at the scene's frame); Add Model to
+Scene then places it in the scene as it does a trained model, and the .blend keeps it; Export asks the backend for a model in the format the file
 name's ending picks (*.ply, *.compressed.ply, *.spz, *.splat; *.pt: a 4D model's own file) and reports what that
 format leaves out (a .splat keeps no SH beyond degree 0). The model is the active splat object's
 (scene_splats.py), cropped to its crop box unless told otherwise and, if asked, in world space as the object
@@ -64,7 +65,8 @@ class SPLATWRIGHT_OT_import_splats(Guarded, Operator, ImportHelper):
             reply, status = result
             set_status(status)
             what = " of a 4D model, shown at the scene's frame," if status["dynamic"] else ""
-            return f"loaded {reply['gaussians']} Gaussians (SH degree {reply['sh_degree']}){what} from {path}"
+            return (f"loaded {reply['gaussians']} Gaussians (SH degree {reply['sh_degree']}){what} from {path} "
+                    f"into session {reply['session']}; Add Model to Scene places it in the scene")
         live.backend.call("import_splats", load, loaded)
         return {"FINISHED"}
 

@@ -180,6 +180,9 @@ def test_every_splat_format_imports_and_exports(scenario):
     f = scenario["formats"]
     for name, loaded in f["loaded"].items():
         assert loaded == {"gaussians": 500, "error": ""}, name
+    placed = f["placed"]  # each import a session of its own, which Add Model to Scene places
+    assert placed["session"].startswith("sh3-") and placed["objects"] == [placed["session"]], placed
+    assert placed["error"] == "", placed
     degrees = {"out.ply": 3, "out.compressed.ply": 3, "out.spz": 3, "out.splat": 0}
     for name, exported in f["exported"].items():
         g = read_any(exported["path"])

@@ -241,13 +241,13 @@ def test_session_end_to_end(tmp_path, start_server, scene):
     # A PLY loaded to view, without training, over a black background.
     write_ply(tmp_path / "model.ply", model)
     loaded = client.load_ply((tmp_path / "model.ply").read_bytes(), background=(0.0, 0.0, 0.0))
-    assert loaded == {"gaussians": 300, "sh_degree": 1}
+    assert loaded == {"gaussians": 300, "sh_degree": 1, "session": "splats"}  # kept in a session of its own
     frame = client.render(cameras[5])
     assert np.abs(frame.astype(int) - expected_frame(model, cameras[5], 1, (0.0, 0.0, 0.0))).max() <= 1
     with pytest.raises(RemoteError, match="unreadable PLY|not a PLY"):
         client.load_ply(b"ply\nformat nonsense\n")
 
-    assert client.call("shutdown")["state"] == "stopped"
+    assert client.call("shutdown")["state"] == "idle"  # of the PLY's session, open since its import
     assert server.proc.wait(30) == 0
     client.close()
 

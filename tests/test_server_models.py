@@ -2,6 +2,7 @@
 cropped by a box and placed in another space; the server runs in this process on loopback (CPU)."""
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from pathlib import Path
@@ -16,7 +17,7 @@ from blender_addon.core.client import Client, RemoteError, decode_frame
 from blender_addon.core.protocol import REQUESTS, SERVER_MESSAGES
 from backend.engine import Engine
 from backend.gaussians import Gaussians
-from backend.ply import read_ply
+from backend.ply import encode_ply, read_ply
 from backend.render.reference import quat_to_rotmat
 from backend.server import Server
 from backend.session import Session
@@ -248,6 +249,50 @@ def viewer(tmp_path):
     thread.join(30)
 
 
+@contextlib.contextmanager
+def serving(workdir: Path):
+    server = Server(Engine(workdir, "cpu", "reference"))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with Client("127.0.0.1", server.port) as client:
+            yield client
+    finally:
+        server.stop()
+        thread.join(30)
+
+
+def test_an_imported_file_is_kept_in_a_session_named_after_it(tmp_path):
+    """Each import makes a session of its own, which opens and shows the file; renders naming it draw it, also
+    after a restart, and opening it and loading its model (Show Model) shows it again. A file that cannot be read
+    makes none."""
+    model = random_gaussians(120, seed=4, sh_degree=2)
+    data = encode_ply(model)
+    workdir, background = tmp_path / "sessions", (0.1, 0.2, 0.3)
+    cam = orbit_cameras(1, SIZE, SIZE)[0]
+    expected = expected_frame(model, cam, 2, background)
+    with serving(workdir) as client:
+        with pytest.raises(RemoteError, match="bad.ply"):
+            client.load_ply(b"ply\nformat nonsense\n", background, "bad.ply")
+        assert not workdir.exists() or not any(workdir.iterdir())
+        first, second = (client.load_ply(data, background, "my model.ply") for _ in range(2))
+        assert (first["session"], second["session"], second["gaussians"]) == ("my-model", "my-model-2", len(model))
+        status = client.call("status")
+        assert (status["session"], status["checkpoint"], status["views"]) == ("my-model-2", True, 0)
+        for choice in ({}, {"model": "my-model"}, {"model": "my-model-2"}):
+            reply = client.request("render", {"camera": cam, **choice})
+            assert np.array_equal(decode_frame(reply), expected) and reply.fields["background"] == list(background)
+        with pytest.raises(RemoteError, match="no views yet"):
+            client.call("start_training")
+    with serving(workdir) as client:  # a restarted backend
+        assert np.array_equal(decode_frame(client.request("render", {"camera": cam, "model": "my-model"})), expected)
+        assert client.call("open_session", name="my-model", create=False)["checkpoint"]
+        assert client.call("load_checkpoint")["gaussians"] == len(model)
+        assert np.array_equal(decode_frame(client.request("render", {"camera": cam})), expected)
+        exported = client.request("export_ply", {"name": "again.ply"})
+        assert_same_model(read_ply(bytes(exported.payload)), model)
+
+
 def test_a_loaded_4d_model_file_is_drawn_and_exported_at_each_requests_time(viewer, tmp_path):
     """splats4d.pt's bytes, named so or not, are viewed as the 4D model: renders and exports at two times are the
     model at those times, and a .pt export is the model's own file again (placed, its motion too)."""
@@ -258,7 +303,8 @@ def test_a_loaded_4d_model_file_is_drawn_and_exported_at_each_requests_time(view
     cam = orbit_cameras(4, 40, 32)[1]
     with Client("127.0.0.1", viewer.port) as client:
         for name in ("splats4d.pt", "upload.bin", ""):  # by its name, or by its content
-            assert client.load_ply(data, name=name) == {"gaussians": len(model), "sh_degree": 1}, name
+            reply = client.load_ply(data, name=name)
+            assert (reply["gaussians"], reply["sh_degree"]) == (len(model), 1), name
             status = client.call("status")
             assert status["dynamic"] and status["gaussians"] == len(model), name
         frames = {}
