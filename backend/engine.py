@@ -165,8 +165,9 @@ class SavedModels:
         try:
             stat = source.stat()
         except OSError:
-            what = "has no saved model yet; train it until it checkpoints" if folder.is_dir() \
-                else "does not exist in the backend's sessions folder"
+            what = (f"lost the file it was imported from ({source.name}); import the file again" if imported
+                    else "has no saved model yet; train it until it checkpoints" if folder.is_dir()
+                    else "does not exist in the backend's sessions folder")
             raise SplatwrightError(f"session {name!r} {what}") from None
         stamp = (source.name, stat.st_mtime_ns, stat.st_size)
         with self.lock:

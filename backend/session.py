@@ -6,6 +6,7 @@ import io
 import json
 import os
 import re
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -82,10 +83,16 @@ class Session:
             n += 1
             name = f"{base}-{n}"
         session = cls.open(workdir, name, create=True)
-        kept = f"{IMPORTED}.{re.sub(r'[^a-z0-9]', '', Path(file_name).suffix.lower()) or 'ply'}"
-        session.write_file(kept, data)
-        session.imported = {"file": kept, "background": [float(c) for c in background]}
-        session._write_meta()
+        # Its own ending, which tells a .splat (a name may be nothing but ".splat")
+        ending = re.sub(r"[^a-z0-9]", "", Path(file_name).name.lower().rpartition(".")[2]) if "." in file_name else ""
+        kept = f"{IMPORTED}.{ending or 'ply'}"
+        try:
+            session.write_file(kept, data)
+            session.imported = {"file": kept, "background": [float(c) for c in background]}
+            session._write_meta()
+        except BaseException:  # a full disk: no session without its file
+            shutil.rmtree(session.folder, ignore_errors=True)
+            raise
         return session
 
     @classmethod

@@ -48,7 +48,7 @@ class Capture:
         self._saved = [(scene, "camera", scene.camera), (scene, "frame_current", scene.frame_current)]
         self._orbit_camera = None
         self._points: tuple[np.ndarray, np.ndarray] | None = None  # the initial points, where the capture makes them
-        self._session_opened = False  # the backend's session opens with the first training view
+        self.session_opened = False  # the backend's session opens with the first training view
         self._render: RenderJob | None = None
         self._keep_render_window = render_window(context) is not None  # the user's own, open before
         self.stop_reason = ""  # why the capture was cancelled, once it was
@@ -159,6 +159,9 @@ class Capture:
 
     def summary(self) -> str:
         counts = {split: len(frames) for split, frames in self.writer.frames.items()}
+        if not any(counts.values()):
+            return "captured no view" + ("; rendered without denoising, which this Blender's Cycles cannot do"
+                                         if self.without_denoising else "")
         if not self.backend:
             sent = " (the backend is not connected, so nothing was sent)"
         elif counts["train"]:
@@ -200,9 +203,9 @@ class Capture:
     def _open_session(self) -> None:
         """Open the capture's session in the backend, with its initial points, before its first training view:
         a capture that sends no view leaves no empty session behind."""
-        if self._session_opened:
+        if self.session_opened:
             return
-        self._session_opened = True
+        self.session_opened = True
         name = self.settings.session = self.session
         self.backend.call("open_session", lambda c: c.call("open_session", name=name), self._status)
         if self._points is not None:

@@ -2,12 +2,12 @@
 3DGS PLY, PlayCanvas's compressed PLY, Niantic's SPZ and antimatter15's .splat; backend/formats) and of 4D models
 (splats4d.pt, backend/dynamic.py). Import sends the file to the backend, which tells its format from its content,
 keeps the file in a new session named after it and shows the model (a 4D one at the scene's frame); Add Model to
-Scene then places it in the scene as it does a trained model, and the .blend keeps it; Export asks the backend for a model in the format the file
-name's ending picks (*.ply, *.compressed.ply, *.spz, *.splat; *.pt: a 4D model's own file) and reports what that
-format leaves out (a .splat keeps no SH beyond degree 0). The model is the active splat object's
-(scene_splats.py), cropped to its crop box unless told otherwise and, if asked, in world space as the object
-places it; with no splat object active, the model the backend shows. A 4D model is exported at the scene's
-frame, or as a sequence of files, one per frame of the frame range (SequenceExport)."""
+Scene then places it in the scene as it does a trained model, and the .blend keeps it. Export asks the backend
+for a model in the format the file name's ending picks (*.ply, *.compressed.ply, *.spz, *.splat; *.pt: a 4D
+model's own file) and reports what that format leaves out (a .splat keeps no SH beyond degree 0). The model is
+the active splat object's (scene_splats.py), cropped to its crop box unless told otherwise and, if asked, in
+world space as the object places it; with no splat object active, the model the backend shows. A 4D model is
+exported at the scene's frame, or as a sequence of files, one per frame of the frame range (SequenceExport)."""
 from __future__ import annotations
 
 import os
@@ -25,7 +25,7 @@ from .core.client import RemoteError
 from .core.errors import SplatwrightError
 from .core.files import TEMPORARY_SUFFIX, sequence_paths, sync_folder, write_atomic
 from .dataset import frame_time
-from .operators import Guarded, nothing_to_show, not_connected, set_status, training_runs
+from .operators import Guarded, capture_runs, nothing_to_show, not_connected, set_status, training_runs
 from .placement import uniform_scale
 from .training import background_rgb
 
@@ -38,8 +38,9 @@ _progress_timers: set = set()  # those of sequence exports, unregistered with th
 
 
 class SPLATWRIGHT_OT_import_splats(Guarded, Operator, ImportHelper):
-    """View a Gaussian splat file through the backend: a 3DGS PLY, a compressed PLY, an SPZ, a .splat, or a 4D
-    model (splats4d.pt), shown at the scene's frame"""
+    """Show a Gaussian splat file through the backend: a 3DGS PLY, a compressed PLY, an SPZ, a .splat, or a 4D
+    model (splats4d.pt), shown at the scene's frame. The backend keeps it in a session of its own, which Add
+    Model to Scene places in the scene"""
     bl_idname = "splatwright.import_splats"
     bl_label = "Import Splats"
 
@@ -47,7 +48,7 @@ class SPLATWRIGHT_OT_import_splats(Guarded, Operator, ImportHelper):
 
     @classmethod
     def blocked(cls, context):
-        return not_connected() or training_runs()
+        return not_connected() or training_runs() or capture_runs()
 
     def execute(self, context):
         path = Path(self.filepath)

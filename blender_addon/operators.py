@@ -34,6 +34,11 @@ def training_runs() -> str:
     return "Training is running; stop it first" if training_state() in protocol.RUNNING else ""
 
 
+def capture_runs() -> str:
+    """Why the backend may not open another session now (a capture sends its views to its own), or ''."""
+    return "Wait for the capture to end (or cancel it)" if live.capture is not None else ""
+
+
 def not_connected() -> str:
     """Why requests cannot be sent now, or ''."""
     b = live.backend
@@ -342,7 +347,8 @@ def send_to_session(context, request: str, name: str, views: list, points, what:
 # ---- training ----
 
 def has_model() -> bool:
-    """The session has a trained model, in the backend or as its checkpoint."""
+    """The session has a model: trained, in the backend or as its checkpoint, or the file an import made it
+    from (such a session has no views to train on)."""
     status = live.backend.status
     return bool(status.get("step") or status.get("checkpoint"))
 
@@ -360,6 +366,8 @@ class SPLATWRIGHT_OT_train_start(Guarded, Operator):
 
     @classmethod
     def blocked(cls, context):
+        if live.capture is not None and not live.capture.session_opened:  # the backend's session is the one before
+            return "Wait for the capture's first training view"
         return not_connected() or training_runs() or \
             ("" if live.backend.status.get("views") else "Capture views first (or send the last capture)")
 

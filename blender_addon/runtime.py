@@ -351,7 +351,7 @@ class Backend:
             step = client.call("load_checkpoint")["step"]
         except wire.RemoteError as e:
             return f"reopened session {session}, but its checkpoint did not load: {e.message}"
-        return f"reopened session {session} and its model at step {step}"
+        return f"reopened session {session} and its model" + (f" at step {step}" if step else "")
 
     def _forward_events(self, client: wire.Client, generation: int, server: LocalServer | None) -> None:
         for event in client.events():

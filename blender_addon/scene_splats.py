@@ -20,7 +20,7 @@ from . import composite, live
 from .core.cameras import Camera
 from .core.errors import SplatwrightError
 from .dataset import frame_time
-from .operators import Guarded, nothing_to_show, not_connected, set_status, training_runs
+from .operators import Guarded, capture_runs, nothing_to_show, not_connected, set_status, training_runs
 from .panels import SplatsPanel, buttons, labels
 from .placement import camera_in_model, crop_matrix, model_bounds, model_to_world, uniform_scale
 
@@ -182,7 +182,7 @@ class SPLATWRIGHT_OT_show_model(Guarded, Operator):
         obj = context.active_object
         if obj is None or SESSION_KEY not in obj:
             return not_connected() or "Select a splat object"
-        return not_connected() or training_runs() or \
+        return not_connected() or training_runs() or capture_runs() or \
             ("Its session is open" if live.backend.status.get("session") == obj[SESSION_KEY] else "")
 
     def execute(self, context):
@@ -190,7 +190,7 @@ class SPLATWRIGHT_OT_show_model(Guarded, Operator):
 
         def shown(status) -> str:
             set_status(status)
-            return f"opened session {session} and its model at step {status['step']}"
+            return f"opened session {session} and its model" + (f" at step {status['step']}" if status["step"] else "")
         live.backend.call("show_model", lambda client: open_model(client, session), shown)
         return {"FINISHED"}
 

@@ -65,6 +65,11 @@ def cancelled_capture(addon, out: Path, result: dict):
     window, area, region, _ = view3d()
     with bpy.context.temp_override(window=window, area=area, region=region):
         result["capture_invoked"] = list(bpy.ops.splatwright.capture("INVOKE_DEFAULT"))
+    # Before its first view the backend's session is still the one before: nothing may open another or train it.
+    result["blocked_during_capture"] = {
+        "import": addon.io_formats.SPLATWRIGHT_OT_import_splats.blocked(bpy.context),
+        "train": addon.operators.SPLATWRIGHT_OT_train_start.blocked(bpy.context),
+        "views_stored": addon.live.capture.done}
     yield from until(lambda: addon.live.capture is None or addon.live.capture.done >= 5, "five captured views", 60)
     window.event_simulate(type="ESC", value="PRESS")
     yield from until(lambda: addon.live.capture is None, "the capture ends on Esc", 30)

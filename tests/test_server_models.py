@@ -15,12 +15,13 @@ from blender_addon.core import codecs, protocol
 from blender_addon.core.cameras import Camera
 from blender_addon.core.client import Client, RemoteError, decode_frame
 from blender_addon.core.protocol import REQUESTS, SERVER_MESSAGES
-from backend.engine import Engine
+from backend.engine import Engine, read_model_file
+from backend.formats import encode_any
 from backend.gaussians import Gaussians
 from backend.ply import encode_ply, read_ply
 from backend.render.reference import quat_to_rotmat
 from backend.server import Server
-from backend.session import Session
+from backend.session import Session, imported_file
 from backend.train import TrainConfig, Trainer
 from conftest import orbit_cameras, random_gaussians
 from test_server import expected_frame, raw_connect, wait_for
@@ -291,6 +292,18 @@ def test_an_imported_file_is_kept_in_a_session_named_after_it(tmp_path):
         assert np.array_equal(decode_frame(client.request("render", {"camera": cam})), expected)
         exported = client.request("export_ply", {"name": "again.ply"})
         assert_same_model(read_ply(bytes(exported.payload)), model)
+
+
+@pytest.mark.parametrize("name, fmt", [("donut.splat", "splat"), (".splat", "splat"), ("a.compressed.ply",
+                                       "compressed_ply"), ("scan.SPZ", "spz"), ("no ending", "ply")])
+def test_an_imported_session_reads_its_file_back_as_the_import_did(tmp_path, name, fmt):
+    """The kept file's ending tells its format as the import's name did (a .splat has no magic bytes)."""
+    model = random_gaussians(40, seed=5, sh_degree=0 if fmt == "splat" else 1)
+    data = encode_any(model, fmt)
+    session = Session.create_imported(tmp_path, name, data, (0.5, 0.5, 0.5))
+    path, background = imported_file(session.folder)
+    assert background == (0.5, 0.5, 0.5) and path.read_bytes() == data
+    assert_same_model(read_model_file(path.read_bytes(), path.name), read_model_file(data, name))
 
 
 def test_a_loaded_4d_model_file_is_drawn_and_exported_at_each_requests_time(viewer, tmp_path):

@@ -147,6 +147,9 @@ def test_render_job_shows_the_backends_frame_under_filmic(viewport):
 def test_capture_cancelled_with_esc_keeps_what_it_rendered(viewport):
     assert viewport["capture_invoked"] == ["RUNNING_MODAL"]
     c = viewport["cancelled_capture"]
+    blocked = viewport["blocked_during_capture"]  # an import would take the capture's views into its session
+    assert blocked == {"import": "Wait for the capture to end (or cancel it)",
+                       "train": "Wait for the capture's first training view", "views_stored": 0}, blocked
     done = sum(c["frames"].values())
     assert 5 <= done < 12 and c["pngs"] == done and c["points"]  # stopped early; each rendered view written
     assert c["views_sent"] == c["frames"]["train"]  # and every training view sent

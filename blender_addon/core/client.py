@@ -241,7 +241,8 @@ class Client:
         return decode_frame(self.submit_render(camera, format).result(self.timeout if timeout is None else timeout))
 
     def load_ply(self, data: bytes, background=(1.0, 1.0, 1.0), name: str = "") -> dict:
-        """View a splat file of any supported format; `name` is its file name (a .splat is known by it)."""
+        """Show a splat file of any supported format, kept in a new session named after it (the reply's
+        `session`), which opens; `name` is its file name (a .splat is known by it)."""
         return self.request("load_ply", {"background": [float(c) for c in background], "name": name}, data).fields
 
     # ---- reader thread ----

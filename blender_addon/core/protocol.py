@@ -143,9 +143,9 @@ class Matrix(Kind):
 
 COUNT = Int(0, 2**53)
 NUMBER = Float(-1e300, 1e300)
-# Which model a render or an export is of, and the part of it kept. `model`: a session whose last saved model (its
-# checkpoint) is drawn, the open session's trained model as it is now when it names that one; null: the shown
-# model. `crop`: model space into a box's unit cube [-1, 1]^3; only the Gaussians whose centres fall inside it are
+# Which model a render or an export is of, and the part of it kept. `model`: a session whose saved model (its last
+# checkpoint, or the file an import made it from) is drawn, the open session's model as it is now when it names
+# that one; null: the shown model. `crop`: model space into a box's unit cube [-1, 1]^3; only the Gaussians whose centres fall inside it are
 # kept (null: all of them). `time`: when a 4D model is drawn, normalised over its captured frames (0 the first, 1
 # the last; null: 0); a static model is the same at every time.
 MODEL_CHOICE = Fields(model=optional(Maybe(SessionName()), None), crop=optional(Maybe(Matrix()), None),
@@ -189,7 +189,8 @@ REQUESTS: dict[str, MessageSpec] = {
     "load_checkpoint": MessageSpec(),
     # Payload: a splat file in any format backend/formats reads, recognised by its content, or a 4D model's file
     # (splats4d.pt, a torch file: by a *.pt name or its content), drawn at each request's time; `name`, the file's
-    # name, is for messages and for .splat, the one format without magic bytes.
+    # name, is for messages and for .splat, the one format without magic bytes. The backend keeps the file in a
+    # new session named after it, which opens and shows it.
     "load_ply": MessageSpec(Fields(background=optional(BACKGROUND, [1.0, 1.0, 1.0]), name=optional(Str(255), "")),
                             MAX_PAYLOAD_BYTES),
     "shutdown": MessageSpec(),
