@@ -1,5 +1,7 @@
 """Rasterizer benchmark: forward and forward+backward median milliseconds of the CUDA rasterizer on random
-scenes, and of gsplat.rasterization on the same inputs in the same process where gsplat is importable.
+scenes, and on a stored model (--ply: a trained one, from outside and from within, where splats close to the
+camera each cover many tiles as they do in a room captured from inside), and of gsplat.rasterization on the same
+inputs in the same process where gsplat is importable.
 
 Timing: CUDA events around each call after warm-up, median over repetitions. Forward runs with inputs that
 require grad (as in training); forward+backward adds the backward of image against a fixed random gradient,
@@ -15,6 +17,7 @@ import platform
 import statistics
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..render.constants import DILATION, NEAR_PLANE, TILE
@@ -57,16 +60,46 @@ def make_scene(n: int, width: int, height: int, sigma_px: float, seed: int, devi
         "K": K,
         "background": torch.rand(3, generator=gen),
     }
+    return on_device(scene, SH_DEGREE, device)
+
+
+def model_scenes(path: Path, width: int, height: int, device) -> dict[str, dict]:
+    """A stored model at width x height through two cameras looking at its centre (its means' median): from
+    outside, where the model fills the view, and from the centre itself, along +x. Named "<file stem> outside" and
+    "<file stem> inside"; drawn at the model's own SH degree."""
+    from blender_addon.core.cameras import Camera, intrinsics_from_fov_x, look_at
+    from blender_addon.dataset import fitting_distance
+    from ..formats import read_any
+    g = read_any(path).detached()
+    centre = g.means.median(dim=0).values.double().numpy()
+    radius = float((g.means.double() - torch.from_numpy(centre)).norm(dim=-1).quantile(0.9))
+    K = intrinsics_from_fov_x(1.2, width, height)
+    distance = fitting_distance(radius, K, width, height)
+    eyes = {"outside": (centre + distance * np.array([0.8, -0.6, 0.0]), centre),
+            "inside": (centre, centre + np.array([radius, 0.0, 0.0]))}
+    model = {"means": g.means, "quats": g.quats, "scales": torch.exp(g.log_scales), "opacities": g.opacities,
+             "sh": g.sh, "background": torch.ones(3)}
+    scenes = {}
+    for where, (eye, target) in eyes.items():
+        camera = Camera(look_at(eye, target), K, width, height)
+        view = {"viewmat": torch.from_numpy(camera.w2c).float(), "K": torch.from_numpy(K).float()}
+        scenes[f"{path.stem} {where}"] = on_device({**model, **view}, g.max_sh_degree, device)
+    return scenes
+
+
+def on_device(scene: dict, sh_degree: int, device) -> dict:
+    """`scene`'s tensors on `device`, the Gaussians' requiring grad, with the SH degree they are drawn at."""
     out = {k: t.to(device) for k, t in scene.items()}
     for k in ("means", "quats", "scales", "opacities", "sh"):
         out[k].requires_grad_(True)
+    out["sh_degree"] = sh_degree
     return out
 
 
 def ours(scene: dict, width: int, height: int):
     from ..render import cuda
     out = cuda.rasterize(scene["means"], scene["quats"], scene["scales"], scene["opacities"], scene["sh"],
-                         scene["viewmat"], scene["K"], width, height, SH_DEGREE, scene["background"])
+                         scene["viewmat"], scene["K"], width, height, scene["sh_degree"], scene["background"])
     return out.image, out.means2d
 
 
@@ -74,7 +107,8 @@ def peer(scene: dict, width: int, height: int):
     import gsplat
     image, _, meta = gsplat.rasterization(
         scene["means"], scene["quats"], scene["scales"], scene["opacities"], scene["sh"], scene["viewmat"][None],
-        scene["K"][None], width, height, near_plane=NEAR_PLANE, radius_clip=0.0, eps2d=DILATION, sh_degree=SH_DEGREE,
+        scene["K"][None], width, height, near_plane=NEAR_PLANE, radius_clip=0.0, eps2d=DILATION,
+        sh_degree=scene["sh_degree"],
         packed=False, tile_size=TILE, backgrounds=scene["background"][None], render_mode="RGB",
         rasterize_mode="classic")
     means2d = meta["means2d"]
@@ -125,7 +159,8 @@ def markdown(result: dict) -> str:
     lines = [f"# Rasterizer benchmark, {result['date']}", "",
              f"GPU: {result['gpu']}; torch {result['torch']}; gsplat {result['gsplat'] or 'not installed'}; "
              f"commit {result['commit']}", "",
-             "Median ms (CUDA events, after warm-up), SH degree 3, float32. fwd+bwd = forward + image backward.", "",
+             "Median ms (CUDA events, after warm-up), float32, SH degree 3 (a stored model: its own). fwd+bwd = "
+             "forward + image backward.", "",
              "| scene | tile entries | ours fwd | ours fwd+bwd | gsplat fwd | gsplat fwd+bwd | fwd ratio | fwd+bwd ratio |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for row in result["rows"]:
@@ -140,15 +175,32 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def frame_size(text: str) -> tuple[int, int]:
+    try:
+        width, height = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give the size as WIDTHxHEIGHT, e.g. 1920x1080") from None
+    if width < 1 or height < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: the width and height must be positive")
+    return width, height
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m backend bench raster", description=__doc__.split("\n")[0])
-    ap.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    ap.add_argument("--sizes", nargs="*", default=list(SIZES), choices=list(SIZES))
+    ap.add_argument("--ply", type=Path, action="append", default=[], metavar="FILE",
+                    help="also a stored splat model (any format the backend reads), from outside and from within")
+    ap.add_argument("--size", type=frame_size, default=(1920, 1080), metavar="WIDTHxHEIGHT",
+                    help="the stored models' frame size (default 1920x1080)")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--reps", type=int, default=25)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-gsplat", action="store_true", help="time only ours")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
+    for path in args.ply:
+        if not path.is_file():
+            ap.error(f"--ply {path}: no such file")
 
     if not torch.cuda.is_available():
         print("bench raster needs a CUDA GPU; torch sees none")
@@ -162,18 +214,24 @@ def main(argv: list[str]) -> int:
         print("gsplat is not importable: timing ours only", flush=True)
     device = torch.device("cuda")
     gpu = torch.cuda.get_device_name()
+    # (name, a function making the scene, its frame size)
+    scenes = [(name, lambda name=name: make_scene(*SIZES[name], args.seed, device), SIZES[name][1:3])
+              for name in args.sizes]
+    for path in args.ply:
+        scenes += [(f"{name}@{args.size[0]}x{args.size[1]}", lambda scene=scene: scene, args.size)
+                   for name, scene in model_scenes(path, *args.size, device).items()]
     rows = []
-    for name in args.sizes:
-        n, width, height, sigma = SIZES[name]
+    for name, make, (width, height) in scenes:
         print(f"[{name}] making the scene ...", flush=True)
-        scene = make_scene(n, width, height, sigma, args.seed, device)
+        scene = make()
+        n = len(scene["means"])
         grad_image = torch.randn(height, width, 3, device=device,
                                  generator=torch.Generator(device=device).manual_seed(args.seed))
         with torch.no_grad():
             out = cuda.rasterize(scene["means"], scene["quats"], scene["scales"], scene["opacities"], scene["sh"],
-                                 scene["viewmat"], scene["K"], width, height, SH_DEGREE, scene["background"])
+                                 scene["viewmat"], scene["K"], width, height, scene["sh_degree"], scene["background"])
             bins = cuda.project_and_bin(scene["means"], scene["quats"], scene["scales"], scene["opacities"],
-                                        scene["sh"], scene["viewmat"], scene["K"], width, height, SH_DEGREE)
+                                        scene["sh"], scene["viewmat"], scene["K"], width, height, scene["sh_degree"])
             entries = len(bins.gauss_ids)
         row = {"scene": name, "gaussians": n, "width": width, "height": height, "tile_entries": entries,
                "visible": int((out.radii > 0).sum())}
