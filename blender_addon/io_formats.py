@@ -53,7 +53,8 @@ class SPLATWRIGHT_OT_import_splats(Guarded, Operator, ImportHelper):
     def execute(self, context):
         path = Path(self.filepath)
         if not path.is_file():
-            self.report({"ERROR"}, f"{path}: no such file; choose a .ply, .spz, .splat or .pt file")
+            what = "a folder" if path.is_dir() else "no such file"
+            self.report({"ERROR"}, f"{path}: {what}; choose a .ply, .spz, .splat or .pt file")
             return {"CANCELLED"}
         s = context.scene.splatwright
         background = background_rgb(s.background, s.background_color)
@@ -65,6 +66,8 @@ class SPLATWRIGHT_OT_import_splats(Guarded, Operator, ImportHelper):
         def loaded(result) -> str:
             reply, status = result
             set_status(status)
+            if not s.session:  # a scene of its own: the backend reopens it there after a restart
+                s.session = reply["session"]
             what = " of a 4D model, shown at the scene's frame," if status["dynamic"] else ""
             return (f"loaded {reply['gaussians']} Gaussians (SH degree {reply['sh_degree']}){what} from {path} "
                     f"into session {reply['session']}; Add Model to Scene places it in the scene")
@@ -141,7 +144,8 @@ class SPLATWRIGHT_OT_export_splats(Guarded, Operator, ExportHelper):
         def exported(fields) -> str:
             if fields["note"]:
                 live.report("WARNING", f"{path.name}: {fields['note']}")
-            return f"exported {fields['gaussians']} Gaussians (step {fields['step']}) to {path} ({fields['format']})"
+            step = f" (step {fields['step']})" if fields["step"] else ""  # an imported model has none
+            return f"exported {fields['gaussians']} Gaussians{step} to {path} ({fields['format']})"
         live.backend.call("export_splats", export, exported)
         return {"FINISHED"}
 
