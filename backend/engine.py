@@ -148,9 +148,9 @@ class TrainingCopies:
 
 
 class SavedModels:
-    """Sessions' last saved models (their checkpoints), loaded when a request first names them and kept for the
-    SAVED_MODELS sessions named last; a checkpoint written since is loaded again. They are never trained, so
-    whoever has one may read it without a lock."""
+    """Sessions' saved models (their last checkpoints, or the files imports made them from), loaded when a request
+    first names them and kept for the SAVED_MODELS sessions named last; a checkpoint written since is loaded
+    again. They are never trained, so whoever has one may read it without a lock."""
 
     def __init__(self, workdir: Path, device: str, size: int = SAVED_MODELS):
         self.workdir, self.device, self.size = workdir, device, size

@@ -366,8 +366,9 @@ class SPLATWRIGHT_OT_train_start(Guarded, Operator):
 
     @classmethod
     def blocked(cls, context):
-        if live.capture is not None and not live.capture.session_opened:  # the backend's session is the one before
-            return "Wait for the capture's first training view"
+        capture = live.capture
+        if capture is not None and capture.backend is not None and not capture.session_opened:
+            return "Wait for the capture's first training view"  # the backend's session is still the one before
         return not_connected() or training_runs() or \
             ("" if live.backend.status.get("views") else "Capture views first (or send the last capture)")
 

@@ -61,8 +61,9 @@ class SPLATWRIGHT_PG_settings(bpy.types.PropertyGroup):
                                  description="Start the Gaussians on the surfaces of the visible meshes, in their colours")
     point_count: IntProperty(name="Points", default=START["point_count"], min=100, max=5_000_000)
     session: StringProperty(name="Session", default="",
-                            description="The backend session of the last capture; final renders reopen it "
-                                        "when the backend shows nothing yet")
+                            description="The scene's backend session: the last capture's (or an imported "
+                                        "file's, in a scene without one); final renders reopen it when the "
+                                        "backend shows nothing yet")
     capture_folder: StringProperty(name="Last Capture", default="", subtype="DIR_PATH",
                                    description="The dataset folder of the last capture, which Send Views sends")
     defaults_device: StringProperty(default=GPU, options={"HIDDEN"},

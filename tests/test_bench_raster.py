@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.bench.raster import frame_size, main, model_scenes
+from backend.bench.raster import frame_size, main, model_scenes, on_device
 from backend.ply import write_ply
 from backend.render import reference
 from backend.render.constants import TILE
@@ -15,9 +15,10 @@ from conftest import random_gaussians
 def test_a_stored_model_is_seen_from_outside_and_from_within(tmp_path):
     model = random_gaussians(3000, seed=3, sh_degree=2)
     write_ply(tmp_path / "room.ply", model)
-    scenes = model_scenes(tmp_path / "room.ply", 160, 96, "cpu")
+    scenes = model_scenes(tmp_path / "room.ply", 160, 96)
     assert list(scenes) == ["room outside", "room inside"]
     for name, scene in scenes.items():
+        scene = on_device(scene, "cpu")
         assert scene["sh_degree"] == 2 and all(scene[k].requires_grad for k in ("means", "scales", "opacities"))
         with torch.no_grad():
             out = reference.rasterize(scene["means"], scene["quats"], scene["scales"], scene["opacities"],
@@ -33,7 +34,9 @@ def test_a_stored_model_is_seen_from_outside_and_from_within(tmp_path):
 
 def test_sizes_and_files_are_checked_before_anything_runs(tmp_path, capsys):
     assert frame_size("1920x1080") == (1920, 1080)
-    for bad in (["--size", "1920"], ["--size", "0x10"], ["--ply", str(tmp_path / "absent.ply")]):
+    (tmp_path / "model.pt").write_bytes(b"not a splat file")
+    for bad in (["--size", "1920"], ["--size", "0x10"], ["--ply", str(tmp_path / "absent.ply")],
+                ["--ply", str(tmp_path / "model.pt")]):
         with pytest.raises(SystemExit):
             main(bad)
         assert "error:" in capsys.readouterr().err

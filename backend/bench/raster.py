@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from blender_addon.core.errors import SplatwrightError
 from ..render.constants import DILATION, NEAR_PLANE, TILE
 from . import RESULTS, git_commit
 
@@ -59,40 +60,40 @@ def make_scene(n: int, width: int, height: int, sigma_px: float, seed: int, devi
         "viewmat": viewmat,
         "K": K,
         "background": torch.rand(3, generator=gen),
+        "sh_degree": SH_DEGREE,
     }
-    return on_device(scene, SH_DEGREE, device)
+    return on_device(scene, device)
 
 
-def model_scenes(path: Path, width: int, height: int, device) -> dict[str, dict]:
+def model_scenes(path: Path, width: int, height: int) -> dict[str, dict]:
     """A stored model at width x height through two cameras looking at its centre (its means' median): from
     outside, where the model fills the view, and from the centre itself, along +x. Named "<file stem> outside" and
-    "<file stem> inside"; drawn at the model's own SH degree."""
+    "<file stem> inside"; drawn at the model's own SH degree; on the CPU (on_device puts one on the GPU)."""
     from blender_addon.core.cameras import Camera, intrinsics_from_fov_x, look_at
     from blender_addon.dataset import fitting_distance
     from ..formats import read_any
     g = read_any(path).detached()
     centre = g.means.median(dim=0).values.double().numpy()
-    radius = float((g.means.double() - torch.from_numpy(centre)).norm(dim=-1).quantile(0.9))
+    radius = float(np.quantile((g.means.double() - torch.from_numpy(centre)).norm(dim=-1).numpy(), 0.9))
     K = intrinsics_from_fov_x(1.2, width, height)
     distance = fitting_distance(radius, K, width, height)
     eyes = {"outside": (centre + distance * np.array([0.8, -0.6, 0.0]), centre),
             "inside": (centre, centre + np.array([radius, 0.0, 0.0]))}
     model = {"means": g.means, "quats": g.quats, "scales": torch.exp(g.log_scales), "opacities": g.opacities,
-             "sh": g.sh, "background": torch.ones(3)}
+             "sh": g.sh, "background": torch.ones(3), "sh_degree": g.max_sh_degree}
     scenes = {}
     for where, (eye, target) in eyes.items():
         camera = Camera(look_at(eye, target), K, width, height)
         view = {"viewmat": torch.from_numpy(camera.w2c).float(), "K": torch.from_numpy(K).float()}
-        scenes[f"{path.stem} {where}"] = on_device({**model, **view}, g.max_sh_degree, device)
+        scenes[f"{path.stem} {where}"] = {**model, **view}
     return scenes
 
 
-def on_device(scene: dict, sh_degree: int, device) -> dict:
-    """`scene`'s tensors on `device`, the Gaussians' requiring grad, with the SH degree they are drawn at."""
-    out = {k: t.to(device) for k, t in scene.items()}
+def on_device(scene: dict, device) -> dict:
+    """`scene`'s tensors on `device`, the Gaussians' requiring grad."""
+    out = {k: v.to(device) if torch.is_tensor(v) else v for k, v in scene.items()}
     for k in ("means", "quats", "scales", "opacities", "sh"):
         out[k].requires_grad_(True)
-    out["sh_degree"] = sh_degree
     return out
 
 
@@ -198,9 +199,14 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--no-gsplat", action="store_true", help="time only ours")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
+    stored = {}  # read before anything is built, so a file that cannot be read stops the run at once
     for path in args.ply:
         if not path.is_file():
             ap.error(f"--ply {path}: no such file")
+        try:
+            stored.update(model_scenes(path, *args.size))
+        except SplatwrightError as e:
+            ap.error(f"--ply {e}")
 
     if not torch.cuda.is_available():
         print("bench raster needs a CUDA GPU; torch sees none")
@@ -217,9 +223,8 @@ def main(argv: list[str]) -> int:
     # (name, a function making the scene, its frame size)
     scenes = [(name, lambda name=name: make_scene(*SIZES[name], args.seed, device), SIZES[name][1:3])
               for name in args.sizes]
-    for path in args.ply:
-        scenes += [(f"{name}@{args.size[0]}x{args.size[1]}", lambda scene=scene: scene, args.size)
-                   for name, scene in model_scenes(path, *args.size, device).items()]
+    scenes += [(f"{name}@{args.size[0]}x{args.size[1]}", lambda scene=scene: on_device(scene, device), args.size)
+               for name, scene in stored.items()]
     rows = []
     for name, make, (width, height) in scenes:
         print(f"[{name}] making the scene ...", flush=True)
@@ -233,7 +238,8 @@ def main(argv: list[str]) -> int:
             bins = cuda.project_and_bin(scene["means"], scene["quats"], scene["scales"], scene["opacities"],
                                         scene["sh"], scene["viewmat"], scene["K"], width, height, scene["sh_degree"])
             entries = len(bins.gauss_ids)
-        row = {"scene": name, "gaussians": n, "width": width, "height": height, "tile_entries": entries,
+        row = {"scene": name, "gaussians": n, "width": width, "height": height, "sh_degree": scene["sh_degree"],
+               "tile_entries": entries,
                "visible": int((out.radii > 0).sum())}
         print(f"[{name}] {row['visible']:,} visible, {entries:,} tile entries; timing ours ...", flush=True)
         row["ours"] = time_renderer(ours, scene, width, height, grad_image, args.warmup, args.reps)
