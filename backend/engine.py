@@ -312,14 +312,17 @@ class Engine:
             running = self.state in protocol.RUNNING
         if running:
             raise SplatwrightError(f"session {self.session.name!r} is training; stop it before opening another")
-        session = Session.open(self.workdir, name, create)
+        self._switch_to(Session.open(self.workdir, name, create))
+        return self.status()
+
+    def _switch_to(self, session: Session, viewed: tuple[Gaussians, tuple] | None = None) -> None:
+        """Make `session` the open one, with nothing trained in memory (`viewed`: its imported file's model)."""
         with self.model_lock:
-            self.session, self.trainer, self.viewed = session, None, None
+            self.session, self.trainer, self.viewed = session, None, viewed
         with self.cond:
             self.state = "idle"
         self._emit_warnings(session)
         self._emit_state()  # the model shown changed (a state event says so, as training's progress does)
-        return self.status()
 
     def _emit_warnings(self, session: Session) -> None:
         """Tell the client (and the log) what the session could not read, once."""
@@ -752,15 +755,14 @@ class Engine:
         """Replace the trainer by the session's checkpoint (also while training: the next step uses it); in a
         session made by an import that has none, show the file it keeps."""
         session = self._require_session()
-        if not session.checkpoint_path.is_file() and session.imported is not None:
-            model = imported_model(session.folder / session.imported["file"], session.imported["background"],
-                                   self.device)
+        if not session.checkpoint_path.is_file():
+            if session.imported_file is None:
+                raise SplatwrightError(f"session {session.name!r} has no checkpoint yet")
+            model = imported_model(*session.imported_file, self.device)
             with self.model_lock:
                 self.trainer, self.viewed = None, (model.g, model.background)
             self._emit_state()
             return self.status()
-        if not session.checkpoint_path.is_file():
-            raise SplatwrightError(f"session {session.name!r} has no checkpoint yet")
         trainer = self._trainer_from_checkpoint()
         with self.model_lock:
             self.trainer, self.viewed = trainer, None
@@ -782,11 +784,7 @@ class Engine:
         data = bytes(data)
         g = read_model_file(data, name).to(self.device)  # a file that cannot be read makes no session
         session = Session.create_imported(self.workdir, name, data, background)
-        with self.model_lock:
-            self.session, self.trainer, self.viewed = session, None, (g, tuple(background))
-        with self.cond:
-            self.state = "idle"
-        self._emit_state()
+        self._switch_to(session, (g, tuple(background)))
         # and the status says whether it is 4D
         return {"gaussians": len(g), "sh_degree": g.max_sh_degree, "session": session.name}
 

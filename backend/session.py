@@ -72,6 +72,11 @@ class Session:
         """Whether the session has a model on the disk: a checkpoint, or the splat file it was made from."""
         return self.imported is not None or self.checkpoint_path.is_file()
 
+    @property
+    def imported_file(self) -> tuple[Path, tuple] | None:
+        """The splat file the session keeps, if an import made it, and the background it is shown with."""
+        return _imported_source(self.folder, self.imported)
+
     @classmethod
     def create_imported(cls, workdir: Path, file_name: str, data: bytes, background) -> "Session":
         """A new session keeping the splat file `data` (named `file_name`) shown with `background`, named after
@@ -84,7 +89,7 @@ class Session:
             name = f"{base}-{n}"
         session = cls.open(workdir, name, create=True)
         # Its own ending, which tells a .splat (a name may be nothing but ".splat")
-        ending = re.sub(r"[^a-z0-9]", "", Path(file_name).name.lower().rpartition(".")[2]) if "." in file_name else ""
+        ending = re.sub(r"[^a-z0-9]", "", file_name.lower().rpartition(".")[2]) if "." in file_name else ""
         kept = f"{IMPORTED}.{ending or 'ply'}"
         try:
             session.write_file(kept, data)
@@ -303,6 +308,10 @@ def imported_file(folder: Path) -> tuple[Path, tuple] | None:
         entry = imported_entry(json.loads((folder / "session.json").read_text()))
     except (OSError, ValueError):
         return None
+    return _imported_source(folder, entry)
+
+
+def _imported_source(folder: Path, entry: dict | None) -> tuple[Path, tuple] | None:
     return None if entry is None else (folder / entry["file"], tuple(entry["background"]))
 
 

@@ -160,17 +160,18 @@ class Capture:
     def summary(self) -> str:
         counts = {split: len(frames) for split, frames in self.writer.frames.items()}
         if not any(counts.values()):
-            return "captured no view" + ("; rendered without denoising, which this Blender's Cycles cannot do"
-                                         if self.without_denoising else "")
-        if not self.backend:
-            sent = " (the backend is not connected, so nothing was sent)"
-        elif counts["train"]:
-            sent = f", training views sent to session {self.session}"
+            text = "captured no view"
         else:
-            sent = ", so none was sent"
+            if not self.backend:
+                sent = " (the backend is not connected, so nothing was sent)"
+            elif counts["train"]:
+                sent = f", training views sent to session {self.session}"
+            else:
+                sent = ", so none was sent"
+            text = f"captured {counts['train']} training and {counts['test']} test views into {self.folder}{sent}"
         if self.without_denoising:  # more samples make up for it
-            sent += "; rendered without denoising, which this Blender's Cycles cannot do"
-        return f"captured {counts['train']} training and {counts['test']} test views into {self.folder}{sent}"
+            text += "; rendered without denoising, which this Blender's Cycles cannot do"
+        return text
 
     # ---- one view ----
 

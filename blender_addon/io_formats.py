@@ -25,6 +25,7 @@ from .core.client import RemoteError
 from .core.errors import SplatwrightError
 from .core.files import TEMPORARY_SUFFIX, sequence_paths, sync_folder, write_atomic
 from .dataset import frame_time
+from .messages import at_step
 from .operators import Guarded, capture_runs, nothing_to_show, not_connected, set_status, training_runs
 from .placement import uniform_scale
 from .training import background_rgb
@@ -144,8 +145,7 @@ class SPLATWRIGHT_OT_export_splats(Guarded, Operator, ExportHelper):
         def exported(fields) -> str:
             if fields["note"]:
                 live.report("WARNING", f"{path.name}: {fields['note']}")
-            step = f" (step {fields['step']})" if fields["step"] else ""  # an imported model has none
-            return f"exported {fields['gaussians']} Gaussians{step} to {path} ({fields['format']})"
+            return f"exported {fields['gaussians']} Gaussians{at_step(fields['step'])} to {path} ({fields['format']})"
         live.backend.call("export_splats", export, exported)
         return {"FINISHED"}
 

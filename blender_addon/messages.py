@@ -16,6 +16,11 @@ def one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+def at_step(step: int) -> str:
+    """" at step N" for a trained model's step; nothing for an imported model's, which has none (0)."""
+    return f" at step {step}" if step else ""
+
+
 def wrap(text: str, width: int, max_lines: int = 4) -> list[str]:
     """`text` in lines of at most `width` characters, at most `max_lines` of them; a word longer than a line
     is broken, and text beyond the last line ends it with an ellipsis."""

@@ -27,7 +27,7 @@ from .core import client as wire, protocol
 from .core.errors import SplatwrightError
 from .environment import LogTail, child_env, spawn
 from .frames import FrameStream
-from .messages import last_error_line, one_line
+from .messages import at_step, last_error_line, one_line
 
 READY_TIMEOUT = 180.0  # the backend's first start imports torch and may build the CUDA rasterizer
 REQUEST_TIMEOUT = 300.0
@@ -351,7 +351,7 @@ class Backend:
             step = client.call("load_checkpoint")["step"]
         except wire.RemoteError as e:
             return f"reopened session {session}, but its checkpoint did not load: {e.message}"
-        return f"reopened session {session} and its model" + (f" at step {step}" if step else "")
+        return f"reopened session {session} and its model{at_step(step)}"
 
     def _forward_events(self, client: wire.Client, generation: int, server: LocalServer | None) -> None:
         for event in client.events():

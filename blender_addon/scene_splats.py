@@ -20,6 +20,7 @@ from . import composite, live
 from .core.cameras import Camera
 from .core.errors import SplatwrightError
 from .dataset import frame_time
+from .messages import at_step
 from .operators import Guarded, capture_runs, nothing_to_show, not_connected, set_status, training_runs
 from .panels import SplatsPanel, buttons, labels
 from .placement import camera_in_model, crop_matrix, model_bounds, model_to_world, uniform_scale
@@ -190,7 +191,7 @@ class SPLATWRIGHT_OT_show_model(Guarded, Operator):
 
         def shown(status) -> str:
             set_status(status)
-            return f"opened session {session} and its model" + (f" at step {status['step']}" if status["step"] else "")
+            return f"opened session {session} and its model{at_step(status['step'])}"
         live.backend.call("show_model", lambda client: open_model(client, session), shown)
         return {"FINISHED"}
 

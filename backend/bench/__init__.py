@@ -7,10 +7,20 @@ import os
 import subprocess
 from pathlib import Path
 
+import numpy as np
+
 BENCHMARKS = ("raster", "train", "serve", "profile", "viewport", "defaults", "cpu", "overlay", "dynamic", "scrub",
               "memory")
 ROOT = Path(__file__).resolve().parents[2]  # the checkout
 RESULTS = ROOT / "bench" / "results"
+
+
+def model_extent(means, fraction: float) -> tuple[np.ndarray, float]:
+    """A model's centre (its means' median) and the radius around it holding `fraction` of its means, leaving out
+    the few far ones a trained model has."""
+    means = means.detach().cpu().double().numpy()
+    centre = np.median(means, axis=0)
+    return centre, float(np.quantile(np.linalg.norm(means - centre, axis=1), fraction))
 
 
 def git_commit() -> str:

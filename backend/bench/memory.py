@@ -32,7 +32,7 @@ from ..progress import Progress
 from ..render import render
 from ..sh import SH_C0
 from ..train import Trainer, evaluate
-from . import RESULTS, ROOT, git_commit, write_results
+from . import RESULTS, ROOT, git_commit, model_extent, write_results
 
 DONUT = ROOT.parent / "shared" / "data" / "splats" / "donut_sh0.ply"
 BAR_GB = 8.0  # 1e9 bytes
@@ -121,12 +121,9 @@ def load_model(name: str, points: int) -> tuple[Gaussians, str]:
 def orbit_cameras(g: Gaussians, views: int, width: int, height: int) -> list[Camera]:
     """Cameras on a spiral over the model's upper half (elevations 5 to 65 degrees, golden-angle steps in
     azimuth), looking at its centre from where the model's extent fills the frame's height."""
-    means = g.means.detach().cpu().double()
-    center = means.median(0).values
-    radius = float(torch.quantile((means - center).norm(dim=1), 0.98))
+    center, radius = model_extent(g.means, 0.98)
     K = intrinsics_from_fov_x(FOV_X, width, height)
     distance = 1.2 * radius / (0.5 * height / K[1, 1])  # half the frame height sees 1.2 x the radius
-    center = center.numpy()
     cameras = []
     for i in range(views):
         elevation = math.radians(5 + 60 * i / max(1, views - 1))

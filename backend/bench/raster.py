@@ -22,7 +22,7 @@ import torch
 
 from blender_addon.core.errors import SplatwrightError
 from ..render.constants import DILATION, NEAR_PLANE, TILE
-from . import RESULTS, git_commit
+from . import RESULTS, git_commit, model_extent
 
 # name, Gaussians, width, height, mean footprint sigma in pixels (denser scenes get smaller splats)
 SIZES = {
@@ -73,8 +73,7 @@ def model_scenes(path: Path, width: int, height: int) -> dict[str, dict]:
     from blender_addon.dataset import fitting_distance
     from ..formats import read_any
     g = read_any(path).detached()
-    centre = g.means.median(dim=0).values.double().numpy()
-    radius = float(np.quantile((g.means.double() - torch.from_numpy(centre)).norm(dim=-1).numpy(), 0.9))
+    centre, radius = model_extent(g.means, 0.9)
     K = intrinsics_from_fov_x(1.2, width, height)
     distance = fitting_distance(radius, K, width, height)
     eyes = {"outside": (centre + distance * np.array([0.8, -0.6, 0.0]), centre),
