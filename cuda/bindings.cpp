@@ -184,34 +184,30 @@ std::vector<torch::Tensor> bin_tiles(const torch::Tensor& means2d, const torch::
   const auto u8 = means2d.options().dtype(torch::kUInt8);
 
   torch::Tensor counts = torch::empty({n}, i64), offsets = torch::empty({n}, i64);
+  torch::Tensor depth_range = torch::empty({2}, i32);  // uint32 bits
   torch::Tensor scan_temp = torch::empty({(int64_t)sw::scan_temp_bytes(n)}, u8);
-  check(sw::launch_tile_counts(fptr(means2d), fptr(conics), fptr(opacities), iptr(radii), n, (int)width, (int)height,
-                               counts.data_ptr<int64_t>(), offsets.data_ptr<int64_t>(), scan_temp.data_ptr(),
-                               scan_temp.numel(), stream),
+  uint32_t* range_bits = reinterpret_cast<uint32_t*>(iptr(depth_range));
+  check(sw::launch_tile_counts(fptr(means2d), fptr(conics), fptr(opacities), iptr(radii), fptr(depths), n, (int)width,
+                               (int)height, counts.data_ptr<int64_t>(), range_bits, offsets.data_ptr<int64_t>(),
+                               scan_temp.data_ptr(), scan_temp.numel(), stream),
         "tile counts");
   const int64_t n_entries = n > 0 ? offsets[n - 1].item<int64_t>() : 0;  // the one host sync
   TORCH_CHECK(n_entries <= std::numeric_limits<int>::max(), "too many tile entries: ", n_entries);
 
-  // uint64 keys live in int64 tensors; the bit patterns are what is sorted.
-  torch::Tensor keys = torch::empty({n_entries}, i64), ids = torch::empty({n_entries}, i32);
-  torch::Tensor positions = torch::empty({n_entries}, i32);
-  check(sw::launch_emit_keys(fptr(means2d), fptr(conics), fptr(opacities), iptr(radii), fptr(depths),
-                             offsets.data_ptr<int64_t>(), n, (int)n_entries, (int)width, (int)height,
-                             reinterpret_cast<uint64_t*>(keys.data_ptr<int64_t>()), iptr(ids), iptr(positions), stream),
-        "emit keys");
-  const int end_bit = sw::sort_end_bit((int)width, (int)height);
-  torch::Tensor sorted_keys = torch::empty({n_entries}, i64), sorted_ids = torch::empty({n_entries}, i32);
-  torch::Tensor sorted_positions = torch::empty({n_entries}, i32);
-  torch::Tensor sort_temp = torch::empty({(int64_t)sw::sort_temp_bytes((int)n_entries, end_bit)}, u8);
-  check(sw::launch_sort_keys(reinterpret_cast<const uint64_t*>(keys.data_ptr<int64_t>()),
-                             reinterpret_cast<uint64_t*>(sorted_keys.data_ptr<int64_t>()), iptr(ids), iptr(positions),
-                             iptr(sorted_positions), iptr(sorted_ids), (int)n_entries, end_bit, sort_temp.data_ptr(),
-                             sort_temp.numel(), stream),
-        "radix sort");
+  // Keys live in uint8 tensors; the bit patterns are what is sorted.
+  const int64_t key_bytes = n_entries * sw::sort_key_bytes((int)width, (int)height);
+  torch::Tensor keys = torch::empty({key_bytes}, u8), sorted_keys = torch::empty({key_bytes}, u8);
+  torch::Tensor ids = torch::empty({n_entries}, i32), positions = torch::empty({n_entries}, i32);
+  torch::Tensor sorted_ids = torch::empty({n_entries}, i32), sorted_positions = torch::empty({n_entries}, i32);
+  torch::Tensor sort_temp = torch::empty({(int64_t)sw::sort_temp_bytes((int)n_entries, (int)width, (int)height)}, u8);
   torch::Tensor ranges = torch::empty({n_tiles, 2}, i32);
-  check(sw::launch_tile_ranges(reinterpret_cast<const uint64_t*>(sorted_keys.data_ptr<int64_t>()), (int)n_entries,
-                               n_tiles, iptr(ranges), stream),
-        "tile ranges");
+  const sw::BinInputs in{fptr(means2d), fptr(conics), fptr(opacities), iptr(radii), fptr(depths), range_bits,
+                         n, (int)width, (int)height};
+  const sw::SortBuffers out{iptr(ids), iptr(positions), iptr(sorted_positions), iptr(sorted_ids), iptr(ranges),
+                            sort_temp.data_ptr(), (size_t)sort_temp.numel()};
+  check(sw::launch_sort_entries(in, offsets.data_ptr<int64_t>(), (int)n_entries, keys.data_ptr(),
+                                sorted_keys.data_ptr(), out, stream),
+        "sorting tile entries");
   torch::Tensor batch_counts = torch::empty({n_tiles + 1}, i32), batch_offsets = torch::empty({n_tiles + 1}, i32);
   torch::Tensor batch_tiles = torch::empty({sw::max_tile_batches((int)n_entries, n_tiles)}, i32);
   torch::Tensor batch_temp = torch::empty({(int64_t)sw::batch_scan_temp_bytes(n_tiles)}, u8);
@@ -312,7 +308,7 @@ std::vector<torch::Tensor> rasterize_backward(const torch::Tensor& ranges, const
   TORCH_CHECK(final_T.numel() == width * height && n_contrib.numel() == width * height &&
                   grad_image.numel() == 3 * width * height && grad_alpha.numel() == width * height,
               "final_T, n_contrib, grad_image and grad_alpha must match the image size");
-  torch::Tensor entry_grads = torch::zeros({(int64_t)sw::entry_grad_floats((int)gauss_ids.numel())}, means2d.options());
+  torch::Tensor entry_grads = torch::empty({(int64_t)sw::entry_grad_floats((int)gauss_ids.numel())}, means2d.options());
   torch::Tensor gm = torch::empty_like(means2d), gc = torch::empty_like(conics);
   torch::Tensor gcol = torch::empty_like(colors), gop = torch::empty_like(opacities);
   check(sw::launch_rasterize_bwd(r, batches, (int)batch_tiles.size(0), iptr(positions),
@@ -426,6 +422,7 @@ pybind11::dict constants() {
   c["NEAR_PLANE"] = sw::NEAR_PLANE;
   c["RADIUS_SIGMAS"] = sw::RADIUS_SIGMAS;
   c["FOV_CLAMP_MARGIN"] = sw::FOV_CLAMP_MARGIN;
+  c["MIN_DEPTH_KEY_BITS"] = sw::MIN_DEPTH_KEY_BITS;
   c["SH_C0"] = sw::SH_C0;
   return c;
 }

@@ -12,5 +12,6 @@ constexpr float T_STOP = 1e-4f;                // a pixel stops before T would f
 constexpr float NEAR_PLANE = 0.01f;            // view-space z at or below this is culled
 constexpr float RADIUS_SIGMAS = 3.0f;          // a splat is drawn out to this many standard deviations
 constexpr double FOV_CLAMP_MARGIN = 0.3;       // Jacobian taken at the centre clamped to view +30%
+constexpr int MIN_DEPTH_KEY_BITS = 18;         // depth key bits beside the tile in a 32-bit sort key, at least
 
 }  // namespace splatwright

@@ -183,7 +183,14 @@ __global__ void __launch_bounds__(BWD_THREADS)
     s_warp_walk[warp] = warp_last - (batch_start - start);  // relative to batch_start
   }
   __syncthreads();
-  const int batch_end = min(min(batch_start + BLOCK_SIZE, r.ranges[2 * tile + 1]), start + s_walk);
+  const int batch_len = min(BLOCK_SIZE, r.ranges[2 * tile + 1] - batch_start);
+  const int batch_end = min(batch_start + batch_len, start + s_walk);
+  // Entries past the walk get zeros here, so the workspace needs no clearing (at 3M Gaussians @1920x1080 the
+  // clearing and the backward took 0.1 ms more).
+  for (int j = max(0, batch_end - batch_start) + thread; j < batch_len; j += BWD_THREADS) {
+    float* out = entry_grads + (size_t)positions[batch_start + j] * ENTRY_GRADS;
+    for (int k = 0; k < ENTRY_GRADS; ++k) out[k] = 0.f;
+  }
   if (batch_end <= batch_start) return;
 
   const int count = batch_end - batch_start, warp_count = min(count, s_warp_walk[warp]);

@@ -69,27 +69,43 @@ cudaError_t launch_motion_bwd(const MotionArgs& m, const float* grad_means_t, co
 
 // Tile binning, in steps so the caller can allocate between them:
 //   1. launch_tile_counts: the tiles each Gaussian's footprint meets (projection.cuh), and their inclusive sum
-//      (offsets): Gaussian i's entries are [offsets[i - 1], offsets[i]) in emit order;
+//      (offsets): Gaussian i's entries are [offsets[i - 1], offsets[i]) in emit order; and the range of the
+//      visible Gaussians' depths (depth_range, 2 values);
 //   2. the caller reads offsets[n - 1] = number of (tile, Gaussian) entries;
-//   3. launch_emit_keys: key (tile << 32 | float bits of depth), Gaussian id and emit position per entry;
-//   4. launch_sort_keys: stable radix sort on the low sort_end_bit(width, height) bits, carrying the emit
-//      positions; then the Gaussian ids in sorted order;
-//   5. launch_tile_ranges: [start, end) of each tile's entries in the sorted list.
-int sort_end_bit(int width, int height);
+//   3. launch_sort_entries: key (tile, depth key), Gaussian id and emit position per entry; a stable radix sort
+//      of the keys carrying the emit positions; the Gaussian ids in sorted order; [start, end) of each tile's
+//      entries in the sorted list. Keys are 32-bit where the depth keeps at least MIN_DEPTH_KEY_BITS bits beside
+//      the tile (up to 2^14 tiles, a 2048x2048 image), else 64-bit with the depth's full 32 bits
+//      (sort_key_bytes(width, height) each).
+int depth_key_bits(int width, int height);
+inline int sort_key_bytes(int width, int height) { return depth_key_bits(width, height) < 32 ? 4 : 8; }
 size_t scan_temp_bytes(int n);
-size_t sort_temp_bytes(int n_entries, int end_bit);
+size_t sort_temp_bytes(int n_entries, int width, int height);
 cudaError_t launch_tile_counts(const float* means2d, const float* conics, const float* opacities, const int32_t* radii,
-                               int n, int width, int height, int64_t* counts, int64_t* offsets, void* temp,
-                               size_t temp_bytes, cudaStream_t stream);
-cudaError_t launch_emit_keys(const float* means2d, const float* conics, const float* opacities, const int32_t* radii,
-                             const float* depths, const int64_t* offsets, int n, int n_entries, int width, int height,
-                             uint64_t* keys, int32_t* gauss_ids, int32_t* positions, cudaStream_t stream);
-cudaError_t launch_sort_keys(const uint64_t* keys_in, uint64_t* keys_out, const int32_t* gauss_ids,
-                             const int32_t* positions_in, int32_t* positions_out, int32_t* sorted_ids, int n_entries,
-                             int end_bit, void* temp, size_t temp_bytes, cudaStream_t stream);
-cudaError_t launch_tile_ranges(const uint64_t* sorted_keys, int n_entries, int n_tiles, int32_t* ranges,
+                               const float* depths, int n, int width, int height, int64_t* counts,
+                               uint32_t* depth_range, int64_t* offsets, void* temp, size_t temp_bytes,
                                cudaStream_t stream);
-//   6. launch_tile_batches: each tile's list cut into batches of BLOCK_SIZE entries (TileBatches below), at most
+struct BinInputs {
+  const float* means2d;
+  const float* conics;
+  const float* opacities;
+  const int32_t* radii;
+  const float* depths;
+  const uint32_t* depth_range;  // launch_tile_counts' result
+  int n, width, height;
+};
+struct SortBuffers {
+  int32_t* gauss_ids;         // (n_entries) in emit order
+  int32_t* positions;         // (n_entries) emit positions, in emit order
+  int32_t* sorted_positions;  // (n_entries) emit position of each sorted entry
+  int32_t* sorted_ids;        // (n_entries) Gaussian of each sorted entry
+  int32_t* ranges;            // (n_tiles, 2)
+  void* temp;                 // sort_temp_bytes
+  size_t temp_bytes;
+};
+cudaError_t launch_sort_entries(const BinInputs& in, const int64_t* offsets, int n_entries, void* keys,
+                                void* sorted_keys, const SortBuffers& out, cudaStream_t stream);
+//   4. launch_tile_batches: each tile's list cut into batches of BLOCK_SIZE entries (TileBatches below), at most
 //      max_tile_batches(n_entries, n_tiles) of them; batch_counts and batch_offsets hold n_tiles + 1 values.
 int max_tile_batches(int n_entries, int n_tiles);
 size_t batch_scan_temp_bytes(int n_tiles);
@@ -127,7 +143,7 @@ cudaError_t launch_rasterize_fwd(const RasterArgs& r, const TileBatches& batches
 // Reverse tile walk over the forward's batches (states recorded), deterministic: gradients w.r.t. means2d,
 // conics, colors and opacities (every element written) from those w.r.t. image and alpha. positions maps sorted
 // entries to emit positions and entry_ends is binning's inclusive sum (Gaussian i's entries end there);
-// entry_grads is a zeroed workspace of entry_grad_floats(n_entries).
+// entry_grads is a workspace of entry_grad_floats(n_entries), every entry of which the backward writes.
 size_t entry_grad_floats(int n_entries);
 cudaError_t launch_rasterize_bwd(const RasterArgs& r, const TileBatches& batches, int max_batches,
                                  const int32_t* positions, const int64_t* entry_ends, int n, const float* final_T,

@@ -201,3 +201,21 @@ def test_turned_sh_coefficients_show_the_colour_of_the_turned_direction(degree):
     before = (sh_basis(dirs, degree)[:, :, None] * sh).sum(1)
     after = (sh_basis(dirs @ rotation.T, degree)[:, :, None] * turned).sum(1)
     torch.testing.assert_close(after, before, rtol=0, atol=1e-10)
+
+
+def test_depth_keys_keep_the_depth_order_within_their_bits():
+    """Tile entries sort by (tile, depth key): the visible depths' float bits less the lowest, shifted to fit
+    the bits a 32-bit key leaves beside the tile. The keys keep the depth order (ties only within a step),
+    fit those bits, and keep every depth apart where the range fits unshifted; culled Gaussians do not widen
+    the range."""
+    gen = torch.Generator().manual_seed(0)
+    depths = torch.cat([0.02 + 100 * torch.rand(10_000, generator=gen), torch.tensor([1e6, -3.0])])
+    visible = depths > 0.01
+    bits = reference.depth_key_bits(1920, 1080)
+    assert bits == 32 - 13  # 120 x 68 tiles
+    keys = reference.depth_keys(depths, visible, bits)[visible][torch.argsort(depths[visible])]
+    assert int(keys[0]) == 0 and int(keys[-1]) < 2 ** bits
+    assert bool((keys[1:] >= keys[:-1]).all())
+    close = torch.tensor([1.0, 1.0000001, 1.0000002, -1e9])
+    assert reference.depth_keys(close, close > 0, bits)[:3].tolist() == [0, 1, 2]
+    assert reference.depth_key_bits(7680, 4320) == 32  # 480 x 270 tiles: 64-bit keys with the full depth bits

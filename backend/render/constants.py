@@ -9,3 +9,4 @@ T_STOP = 1e-4  # a pixel stops before a splat that would drop its transmittance 
 NEAR_PLANE = 0.01  # Gaussians whose centre is nearer than this (view z) are culled
 RADIUS_SIGMAS = 3.0  # a splat is drawn out to this many standard deviations (d^T conic d <= 9), at most
 FOV_CLAMP_MARGIN = 0.3  # the Jacobian is taken at the centre clamped to the view +30% each side
+MIN_DEPTH_KEY_BITS = 18  # tile entries sort by (tile, depth key) in 32 bits where the depth key keeps this many

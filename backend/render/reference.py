@@ -18,8 +18,8 @@ from typing import NamedTuple
 import torch
 
 from ..sh import sh_to_rgb
-from .constants import (ALPHA_MAX, ALPHA_MIN, DILATION, FOV_CLAMP_MARGIN, NEAR_PLANE, RADIUS_SIGMAS,
-                        T_STOP, TILE)
+from .constants import (ALPHA_MAX, ALPHA_MIN, DILATION, FOV_CLAMP_MARGIN, MIN_DEPTH_KEY_BITS, NEAR_PLANE,
+                        RADIUS_SIGMAS, T_STOP, TILE)
 
 MAX_CHUNK_PIXEL_ENTRIES = 1 << 24  # (tile entry x pixel) pairs evaluated at once
 
@@ -136,8 +136,8 @@ def tile_rect(means2d, radii, width: int, height: int):
 def bin_tiles(proj: Projected, opacities, width: int, height: int) -> TileEntries:
     """The tiles each splat's footprint meets (within its square, tile_rect): per row of tiles, the columns
     of the ellipse's x-extent over the row (footprint_row in cuda/projection.cuh), a thin ellipse's whole
-    row. Sorted by (tile, depth, Gaussian index), as the kernels' radix sort on (tile << 32 | float bits of
-    depth) orders them."""
+    row. Sorted by (tile, depth key, Gaussian index), as the kernels' radix sort on (tile, depth key) orders
+    them."""
     tiles_x = (width + TILE - 1) // TILE
     means2d, conics = proj.means2d.detach(), proj.conics.detach()
     x_lo, x_hi, y_lo, y_hi = tile_rect(means2d, proj.radii, width, height)
@@ -173,12 +173,31 @@ def bin_tiles(proj: Projected, opacities, width: int, height: int) -> TileEntrie
         tile_parts.append(torch.repeat_interleave(y * tiles_x + c_lo, counts) + local)
     empty = torch.zeros(0, dtype=torch.long, device=proj.radii.device)
     gauss, tile = torch.cat([empty, *gauss_parts]), torch.cat([empty, *tile_parts])
-    # Depths are positive, so their float32 bit patterns sort like the values.
-    depth_bits = proj.depths.detach().float().view(torch.int32).long()[gauss]
+    keys = depth_keys(proj.depths.detach(), proj.radii > 0, depth_key_bits(width, height))[gauss]
     order = torch.argsort(gauss, stable=True)
-    order = order[torch.argsort(depth_bits[order], stable=True)]
+    order = order[torch.argsort(keys[order], stable=True)]
     order = order[torch.argsort(tile[order], stable=True)]
     return TileEntries(tile[order], gauss[order])
+
+
+def depth_key_bits(width: int, height: int) -> int:
+    """Bits of the depth key beside the tile: what a 32-bit sort key leaves where that is at least
+    MIN_DEPTH_KEY_BITS (up to 2^14 tiles), else 32 (the kernels' 64-bit keys)."""
+    n_tiles = ((width + TILE - 1) // TILE) * ((height + TILE - 1) // TILE)
+    short = 32 - max(1, (n_tiles - 1).bit_length())
+    return short if short >= MIN_DEPTH_KEY_BITS else 32
+
+
+def depth_keys(depths, visible, bits: int) -> torch.Tensor:
+    """Each Gaussian's depth key (cuda/binning.cu's depth_key), int64: the float32 bits of its depth (positive
+    for the visible, so they sort like the values) less the lowest visible ones, shifted right just enough for
+    the visible range to fit `bits` bits. Depths within one key step keep index order."""
+    depth_bits = depths.float().view(torch.int32).long()
+    if not bool(visible.any()):
+        return torch.zeros_like(depth_bits)
+    lowest, highest = int(depth_bits[visible].min()), int(depth_bits[visible].max())
+    shift = max(0, (highest - lowest).bit_length() - bits)
+    return (depth_bits - lowest) >> shift
 
 
 def composite(proj: Projected, tile_ids, gauss_ids, opacities, width: int, height: int):
