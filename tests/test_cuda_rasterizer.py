@@ -151,10 +151,12 @@ def render_both(scene, width, height, sh_degree, background, grad=True, keep=Non
     return outs, grads
 
 
-def check_against_reference(scene, width, height, sh_degree=3, background=(0.1, 0.5, 0.9), seed=None):
+def check_against_reference(scene, width, height, sh_degree=3, background=(0.1, 0.5, 0.9), seed=None,
+                            max_ambiguous=1e-3):
+    """`max_ambiguous`: the largest fraction of the image's pixels left out of the comparison as ambiguous."""
     msg = f"(seed {seed}, {len(scene['means'])} Gaussians, {width}x{height})"
     skip = ambiguous_pixels(scene, width, height, sh_degree)
-    assert skip.float().mean() <= 1e-3, f"{int(skip.sum())} ambiguous pixels {msg}"
+    assert skip.float().mean() <= max_ambiguous, f"{int(skip.sum())} ambiguous pixels {msg}"
     keep = ~skip
     outs, grads = render_both(scene, width, height, sh_degree, background, keep=keep)
     ours, ref = outs["cuda"], outs["reference"]
@@ -286,7 +288,9 @@ def test_gaussians_crossing_the_near_plane():
     # and leave both sides with float32 rounding of relative size 1e-4 in z.
     scene["viewmat"] = torch.eye(4)
     scene["means"] = cam
-    outs, _ = check_against_reference(scene, 96, 64, seed=seed)
+    # Splats at the near plane are huge on this small image: over 400 seeds up to 8 of its 6144 pixels (0.13%)
+    # were ambiguous.
+    outs, _ = check_against_reference(scene, 96, 64, seed=seed, max_ambiguous=5e-3)
     culled = (cam[:, 2] <= 0.01).to(DEV)
     assert (outs["cuda"].radii[culled] == 0).all()
     assert (outs["cuda"].radii[~culled] > 0).any()
