@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from backend.bench import write_results
 from backend.bench.raster import frame_size, main, model_scenes, on_device
 from backend.ply import write_ply
 from backend.render import reference
@@ -40,3 +41,10 @@ def test_sizes_and_files_are_checked_before_anything_runs(tmp_path, capsys):
         with pytest.raises(SystemExit):
             main(bad)
         assert "error:" in capsys.readouterr().err
+
+
+def test_a_second_run_in_the_same_minute_keeps_the_first_runs_results(tmp_path):
+    first = write_results(tmp_path, "raster-20261202-1650-GPU", {"run": 1}, "first")
+    second = write_results(tmp_path, "raster-20261202-1650-GPU", {"run": 2}, "second")
+    assert second.name == "raster-20261202-1650-GPU-2"
+    assert first.with_suffix(".md").read_text() == "first\n" and second.with_suffix(".md").read_text() == "second\n"

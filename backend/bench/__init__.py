@@ -41,10 +41,14 @@ def git_commit() -> str:
 
 
 def write_results(out: Path, stem: str, result: dict, report: str) -> Path:
-    """Print a benchmark's report and keep it with its figures as out/stem.md and out/stem.json."""
+    """Print a benchmark's report and keep it with its figures as out/stem.md and out/stem.json (stem-2, -3, ...
+    where a run in the same minute kept its results under that name)."""
     print(report)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / stem
+    path, copy = out / stem, 1
+    while path.with_suffix(".json").exists() or path.with_suffix(".md").exists():
+        copy += 1
+        path = out / f"{stem}-{copy}"
     path.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     path.with_suffix(".md").write_text(report + "\n")
     print(f"wrote {path}.json and .md")
