@@ -12,7 +12,8 @@ CUDA_DIR = Path(__file__).resolve().parent.parent / "cuda"
 def kernel_names() -> list[str]:
     names = []
     for src in CUDA_DIR.glob("*.cu"):
-        names += re.findall(r"__global__ void(?: __launch_bounds__\([^)]*\))?\s+(\w+)", src.read_text())
+        code = re.sub(r"//[^\n]*", "", src.read_text())  # a comment may sit between the bounds and the name
+        names += re.findall(r"__global__ void(?: __launch_bounds__\([^)]*\))?\s+(\w+)", code)
     return names
 
 
