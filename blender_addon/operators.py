@@ -23,6 +23,7 @@ from .training import training_fields
 
 PREVIEW_IMAGE = "Splatwright Preview"
 PREVIEW_MAX_SIDE = 512
+SHOW_MODEL = "show_model"  # the job that opens a splat object's session and loads its model (scene_splats.py)
 
 
 def training_state() -> str:
@@ -418,7 +419,12 @@ SPLATWRIGHT_OT_train_stop = training_control(
 # ---- view and export ----
 
 def nothing_to_show() -> str:
-    return not_connected() or ("" if live.backend.status.get("gaussians") else "Train or load a PLY first")
+    """Why no model can be viewed or exported now, or ''."""
+    if not_connected() or live.backend.status.get("gaussians"):
+        return not_connected()
+    if SHOW_MODEL in live.backend.in_flight:  # its session is open, its saved model not loaded yet
+        return "Wait for Show Model to load the model"
+    return "Train or load a PLY first"
 
 
 class NeedsModel(Guarded):

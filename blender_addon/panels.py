@@ -87,7 +87,10 @@ class SPLATWRIGHT_PT_backend(SplatsPanel, bpy.types.Panel):
             if memory is not None:
                 layout.label(text=f"Memory: {memory / 1024:.2f} GB used{total}")
             if status.get("session"):
-                layout.label(text=f"Session {status['session']}: {status.get('views', 0)} views")
+                views = status.get("views", 0)
+                imported = status.get("checkpoint") and not views  # a saved model, and no views to train on
+                held = "an imported model; Add Model to Scene places it" if imported else f"{views} views"
+                labels(layout, context, f"Session {status['session']}: {held}")
         if b.last_error and b.last_error != b.detail:
             labels(layout, context, b.last_error, icon="ERROR")
         buttons(layout, context, SPLATWRIGHT_OT_backend_start, SPLATWRIGHT_OT_backend_stop,

@@ -21,7 +21,8 @@ from .core.cameras import Camera
 from .core.errors import SplatwrightError
 from .dataset import frame_time
 from .messages import at_step
-from .operators import Guarded, capture_runs, nothing_to_show, not_connected, set_status, training_runs
+from .operators import (SHOW_MODEL, Guarded, capture_runs, nothing_to_show, not_connected, set_status,
+                        training_runs)
 from .panels import SplatsPanel, buttons, labels
 from .placement import camera_in_model, crop_matrix, model_bounds, model_to_world, uniform_scale
 
@@ -119,10 +120,13 @@ class SPLATWRIGHT_OT_add_model(Guarded, Operator):
 
         def add(result) -> str:
             centre, half_size = result
+            placed = [o.name for o in splat_objects(scene) if o[SESSION_KEY] == session]
             obj = add_model_object(view_layer, collection, session, centre, half_size)
             composite.prepare(scene)
-            return (f"added {obj.name}, the model of session {session}; final renders composite it through the "
-                    "scene's compositor")
+            again = (f", which the scene already held as {', '.join(placed)} (delete {obj.name} if one copy is "
+                     "enough)") if placed else ""
+            return (f"added {obj.name}, the model of session {session}{again}; final renders composite it through "
+                    "the scene's compositor")
         live.backend.call("add_model", bounds, add)
         return {"FINISHED"}
 
@@ -192,7 +196,7 @@ class SPLATWRIGHT_OT_show_model(Guarded, Operator):
         def shown(status) -> str:
             set_status(status)
             return f"opened session {session} and its model{at_step(status['step'])}"
-        live.backend.call("show_model", lambda client: open_model(client, session), shown)
+        live.backend.call(SHOW_MODEL, lambda client: open_model(client, session), shown)
         return {"FINISHED"}
 
 

@@ -3,8 +3,9 @@ backend through the add-on, view a PLY, and render F12 with the Splatwright engi
 Depth pass through the compositor's File Output node, then under other view transforms (VIEWS), keeping the
 backend's frames and the view transforms' inverses the add-on made. Then a splat object of a trained session
 places its model elsewhere (PLACEMENT): F12 again, and the camera the viewport asks through. With --model4d, a
-4D model (splats4d.pt) then goes through File > Import and Export (moving_files). Prints `RESULT <json>` for
-pytest.
+4D model (splats4d.pt) then goes through File > Import and Export (moving_files). Before the renders, the
+imported PLY's session is added to the scene twice and shown by Show Model (imported_session). Prints
+`RESULT <json>` for pytest.
 
     python tests/blender_engine_scenario.py --zip dist/splatwright-X.zip --ply model.ply --session NAME \
         --out DIR [--python PY] [--model4d splats4d.pt]
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -21,8 +23,8 @@ import numpy as np
 from mathutils import Euler, Matrix
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from blender_scenario import (addon, blender_reports, build_scene, op, report, stop_and_disable,  # noqa: E402
-                              wait_for)  # (also catches the add-on's timers)
+from blender_scenario import (addon, blender_reports, build_scene, draw_everything, op, report,  # noqa: E402
+                              stop_and_disable, wait_for)  # (also catches the add-on's timers)
 
 SIZE = (80, 60)
 BORDER = (0.25, 0.8, 0.1, 0.6)  # render border: min x, max x, min y, max y (fractions, y from the bottom)
@@ -178,6 +180,46 @@ def moving_files(scene, model4d: Path, out: Path) -> dict:
             "camera": a.core.codecs.camera_to_wire(a.scene_io.camera_of(scene.camera, scene))}
 
 
+def imported_session(scene, trained: str) -> dict:
+    """The session the PLY's import made: the panels drawn, Add Model to Scene pressed twice; then with the
+    trained session `trained` open, Show Model on the imported model's object, its load held until the panels
+    are drawn (the session open, its model not loaded yet). The objects are removed again."""
+    a, live = addon(), addon().live
+    session = live.backend.status["session"]
+    result = {"session": session, "drawn": draw_everything()}
+    reported = len(blender_reports.lines)
+    for _ in range(2):
+        op("add_model")
+        wait_for(lambda: not live.backend.in_flight, "Add Model to Scene")
+    result["add_reports"] = blender_reports.lines[reported:]
+    placed = [o for o in a.scene_splats.splat_objects(scene) if o[a.scene_splats.SESSION_KEY] == session]
+    result["objects"] = [o.name for o in placed]
+
+    other = a.scene_splats.add_model_object(bpy.context.view_layer, scene.collection, trained, (0.0, 0.0, 0.0), 1.0)
+    op("show_model")
+    wait_for(lambda: live.backend.status.get("session") == trained and not live.backend.in_flight, "Show Model")
+    real_open, drawn = a.scene_splats.open_model, threading.Event()
+
+    def held_open(client, name):  # on the worker: the session opens, its model loads once the panels are drawn
+        client.call("open_session", name=name, create=False)
+        drawn.wait(60)
+        return real_open(client, name)
+    a.scene_splats.open_model = held_open
+    try:
+        bpy.context.view_layer.objects.active = placed[0]
+        op("show_model")
+        wait_for(lambda: live.backend.status.get("session") == session, "the imported session opens")
+        result["drawn_loading"] = draw_everything()
+    finally:
+        drawn.set()
+        a.scene_splats.open_model = real_open
+    wait_for(lambda: live.backend.status.get("gaussians") and not live.backend.in_flight, "its model loads")
+    result["drawn_loaded"] = draw_everything()
+    for obj in (*placed, other):
+        bpy.data.objects.remove(obj)
+    return result
+
+
 def run(zip_path: Path, ply: Path, session: str, out: Path, python: str, model4d: Path | None) -> dict:
     build_scene()
     bpy.ops.preferences.addon_install(filepath=str(zip_path), overwrite=True)
@@ -190,8 +232,9 @@ def run(zip_path: Path, ply: Path, session: str, out: Path, python: str, model4d
     wait_for(lambda: live.backend.connection == "connected", "backend start", 120)
     op("import_splats", filepath=str(ply))
     wait_for(lambda: live.backend.status.get("gaussians") and not live.backend.in_flight, "load PLY")
-
     scene = bpy.context.scene
+    imported = imported_session(scene, session)
+
     scene.render.engine = "SPLATWRIGHT"
     scene.render.resolution_x, scene.render.resolution_y = SIZE
     scene.render.image_settings.file_format = "PNG"
@@ -218,7 +261,7 @@ def run(zip_path: Path, ply: Path, session: str, out: Path, python: str, model4d
     placed = placed_render(scene, session, out)
     result = {"png": str(out / "f12.png"), "border": BORDER, "depth": str(out / "depth.npy"), "seconds": seconds,
               "camera": addon().core.codecs.camera_to_wire(cam), "views": views, "placed": placed,
-              "errors": live.backend.last_error}
+              "imported": imported, "errors": live.backend.last_error}
     if model4d is not None:
         result["moving"] = moving_files(scene, model4d, out)
     stop_and_disable()

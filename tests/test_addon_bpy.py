@@ -436,6 +436,28 @@ def test_a_4d_model_is_imported_shown_at_the_frame_and_exported_as_a_ply_sequenc
     assert psnr(got, last) >= 40.0 and psnr(got, first) < 30.0
 
 
+def test_an_imported_models_session_is_described_as_one_also_while_show_model_loads_it(f12):
+    """The Backend panel says the open session holds an imported model that Add Model to Scene places (not how
+    many views it has: none); while Show Model loads that model, the panels say so and never ask for training."""
+    imported = f12["imported"]
+    said = f"Session {imported['session']}: an imported model; Add Model to Scene places it"
+    for drawn in ("drawn", "drawn_loading", "drawn_loaded"):
+        texts = " ".join(imported[drawn])  # the panels' labels, a long one wrapped over several
+        assert said in texts and "Train or load a PLY first" not in texts, (drawn, imported[drawn])
+    assert "Wait for Show Model to load the model" in imported["drawn_loading"]
+
+
+def test_add_model_to_scene_again_adds_another_copy_and_says_the_scene_held_one(f12):
+    imported = f12["imported"]
+    session = imported["session"]
+    assert imported["objects"] == [session, f"{session}.001"]
+    assert imported["add_reports"] == [
+        f"Info: added {session}, the model of session {session}; final renders composite it through the scene's "
+        "compositor",
+        f"Info: added {session}.001, the model of session {session}, which the scene already held as {session} "
+        f"(delete {session}.001 if one copy is enough); final renders composite it through the scene's compositor"]
+
+
 def test_f12_with_a_render_border_renders_that_part(f12):
     """Cropped to the border, the image is that part of the full frame; uncropped, the full frame with only the
     border's pixels rendered (Blender leaves the rest transparent)."""
