@@ -420,8 +420,10 @@ SPLATWRIGHT_OT_train_stop = training_control(
 
 def nothing_to_show() -> str:
     """Why no model can be viewed or exported now, or ''."""
-    if not_connected() or live.backend.status.get("gaussians"):
-        return not_connected()
+    if reason := not_connected():
+        return reason
+    if live.backend.status.get("gaussians"):
+        return ""
     if SHOW_MODEL in live.backend.in_flight:  # its session is open, its saved model not loaded yet
         return "Wait for Show Model to load the model"
     return "Train or load a PLY first"
