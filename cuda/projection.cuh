@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 
 #include "constants.h"
 
@@ -208,17 +209,21 @@ struct FootprintTiles {
     return n;
   }
 
-  // The k-th tile (0 <= k < count()), found by walking the rows. Kept inside the square even where count()
-  // and this walk, compiled into different kernels, might round a row differently.
-  SW_HD int tile(int k) const {
-    int y = y_lo, c_lo, c_hi;
-    for (;; ++y) {
+  // Column c of row y as a tile number, kept inside the square (see each_tile).
+  SW_HD int tile_at(int y, int c) const { return y * tiles_x + (c < x_hi ? c : x_hi - 1); }
+
+  // Calls emit(j, tile) for j = 0 .. count - 1 with the tiles in row-major order. The last row takes whatever
+  // the rows before leave, so that exactly `count` (count()'s result) tiles are listed even where this walk and
+  // count(), compiled into different kernels, round a row differently.
+  template <typename Emit>
+  SW_HD void each_tile(int count, Emit&& emit) const {
+    int j = 0;
+    for (int y = y_lo; j < count; ++y) {
+      int c_lo, c_hi;
       row(y, c_lo, c_hi);
-      if (k < c_hi - c_lo || y + 1 >= y_hi) break;
-      k -= c_hi - c_lo;
+      const int row_end = y + 1 >= y_hi || count - j < c_hi - c_lo ? count : j + c_hi - c_lo;
+      for (int c = c_lo; j < row_end; ++c, ++j) emit(j, tile_at(y, c));
     }
-    const int column = c_lo + k;
-    return y * tiles_x + (column < x_hi ? column : x_hi - 1);
   }
 };
 
@@ -316,36 +321,62 @@ SW_HD void project_gaussian_bwd(const Camera& cam, const EwaState& e, const floa
 // copying the block's contiguous rows with whole warps. Rows are padded to an odd stride against bank
 // conflicts.
 constexpr int PROJ_THREADS = 128;
-constexpr int ROWS_IN_FLIGHT = 8;  // rows whose loads a warp issues before storing any of them
+constexpr int LOADS_IN_FLIGHT = 8;  // 16-byte loads each thread issues before storing any of them
 
 #if defined(__CUDACC__)
-// Warp w copies rows w, w + warps, ...: global rows are row_len <= 64 floats, shared rows stride floats.
-// Loads of ROWS_IN_FLIGHT rows are issued before their stores so that they overlap.
+// The block's rows lie contiguous in global memory (row_len floats each); in shared memory each row takes
+// stride floats. The block copies them as one flat array, 16 bytes a thread at a time where the array is
+// 16-byte aligned, with LOADS_IN_FLIGHT loads issued before their stores so that they overlap.
 __device__ __forceinline__ void load_rows(float* smem, const float* global, int rows, int row_len, int stride) {
-  const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-  for (int r0 = threadIdx.x >> 5; r0 < rows; r0 += ROWS_IN_FLIGHT * warps) {
-    float v[ROWS_IN_FLIGHT][2];
+  const int n = rows * row_len;
+  int done = 0;
+  if ((reinterpret_cast<uintptr_t>(global) & 15u) == 0) {
+    const float4* global4 = reinterpret_cast<const float4*>(global);
+    const int n4 = n >> 2;
+    for (int q0 = threadIdx.x; q0 < n4; q0 += LOADS_IN_FLIGHT * blockDim.x) {
+      float4 v[LOADS_IN_FLIGHT];
 #pragma unroll
-    for (int u = 0; u < ROWS_IN_FLIGHT; ++u)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = r0 + u * warps, j = lane + 32 * h;
-        v[u][h] = r < rows && j < row_len ? global[(size_t)r * row_len + j] : 0.f;
+      for (int u = 0; u < LOADS_IN_FLIGHT; ++u) {
+        const int q = q0 + u * blockDim.x;
+        if (q < n4) v[u] = global4[q];
       }
 #pragma unroll
-    for (int u = 0; u < ROWS_IN_FLIGHT; ++u)
+      for (int u = 0; u < LOADS_IN_FLIGHT; ++u) {
+        const int q = q0 + u * blockDim.x;
+        if (q >= n4) continue;
+        const float f[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+        int row = (4 * q) / row_len, col = 4 * q - row * row_len;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = r0 + u * warps, j = lane + 32 * h;
-        if (r < rows && j < row_len) smem[r * stride + j] = v[u][h];
+        for (int k = 0; k < 4; ++k) {
+          smem[row * stride + col] = f[k];
+          if (++col == row_len) col = 0, ++row;
+        }
       }
+    }
+    done = n4 << 2;
   }
+  for (int i = done + threadIdx.x; i < n; i += blockDim.x) smem[(i / row_len) * stride + i % row_len] = global[i];
 }
 
 __device__ __forceinline__ void store_rows(float* global, const float* smem, int rows, int row_len, int stride) {
-  const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-  for (int r = threadIdx.x >> 5; r < rows; r += warps)
-    for (int j = lane; j < row_len; j += 32) global[(size_t)r * row_len + j] = smem[r * stride + j];
+  const int n = rows * row_len;
+  int done = 0;
+  if ((reinterpret_cast<uintptr_t>(global) & 15u) == 0) {
+    float4* global4 = reinterpret_cast<float4*>(global);
+    const int n4 = n >> 2;
+    for (int q = threadIdx.x; q < n4; q += blockDim.x) {
+      float f[4];
+      int row = (4 * q) / row_len, col = 4 * q - row * row_len;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        f[k] = smem[row * stride + col];
+        if (++col == row_len) col = 0, ++row;
+      }
+      global4[q] = make_float4(f[0], f[1], f[2], f[3]);
+    }
+    done = n4 << 2;
+  }
+  for (int i = done + threadIdx.x; i < n; i += blockDim.x) global[i] = smem[(i / row_len) * stride + i % row_len];
 }
 #endif
 
