@@ -177,8 +177,7 @@ std::vector<torch::Tensor> bin_tiles(const torch::Tensor& means2d, const torch::
               "conics and opacities must be (N, 3) and (N,) for N means2d");
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const int n = (int)means2d.size(0);
-  const int tiles_x = (int)(width + sw::TILE - 1) / sw::TILE, tiles_y = (int)(height + sw::TILE - 1) / sw::TILE;
-  const int n_tiles = tiles_x * tiles_y;
+  const int n_tiles = sw::tile_count((int)width, (int)height);
   const auto i64 = means2d.options().dtype(torch::kInt64);
   const auto i32 = means2d.options().dtype(torch::kInt32);
   const auto u8 = means2d.options().dtype(torch::kUInt8);
@@ -217,10 +216,6 @@ std::vector<torch::Tensor> bin_tiles(const torch::Tensor& means2d, const torch::
   return {ranges, sorted_ids, batch_offsets, batch_tiles, sorted_positions, offsets};
 }
 
-int tile_count(int64_t width, int64_t height) {
-  return (int)(((width + sw::TILE - 1) / sw::TILE) * ((height + sw::TILE - 1) / sw::TILE));
-}
-
 sw::RasterArgs raster_args(const torch::Tensor& ranges, const torch::Tensor& gauss_ids, const torch::Tensor& means2d,
                            const torch::Tensor& conics, const torch::Tensor& colors, const torch::Tensor& opacities,
                            const torch::Tensor& background, int64_t width, int64_t height) {
@@ -232,7 +227,8 @@ sw::RasterArgs raster_args(const torch::Tensor& ranges, const torch::Tensor& gau
   check_input(opacities, "opacities");
   check_input(background, "background");
   const int64_t n = means2d.size(0);
-  TORCH_CHECK(ranges.numel() == 2 * tile_count(width, height), "ranges must be (n_tiles, 2) for this image size");
+  TORCH_CHECK(ranges.numel() == 2 * sw::tile_count((int)width, (int)height),
+              "ranges must be (n_tiles, 2) for this image size");
   TORCH_CHECK(means2d.numel() == 2 * n && conics.numel() == 3 * n && colors.numel() == 3 * n,
               "means2d, conics and colors must be (N, 2), (N, 3), (N, 3)");
   TORCH_CHECK(opacities.numel() == n, "opacities must be (N,)");
@@ -246,7 +242,8 @@ sw::TileBatches tile_batches(const torch::Tensor& batch_offsets, const torch::Te
                              const torch::Tensor& states, int64_t width, int64_t height) {
   check_input(batch_offsets, "batch_offsets", torch::kInt32);
   check_input(batch_tiles, "batch_tiles", torch::kInt32);
-  TORCH_CHECK(batch_offsets.numel() == tile_count(width, height) + 1, "batch_offsets must be (n_tiles + 1,)");
+  TORCH_CHECK(batch_offsets.numel() == sw::tile_count((int)width, (int)height) + 1,
+              "batch_offsets must be (n_tiles + 1,)");
   float4(*state_rows)[sw::BLOCK_SIZE] = nullptr;
   if (states.numel() > 0) {
     check_input(states, "batch_states");

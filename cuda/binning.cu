@@ -42,17 +42,6 @@ __global__ void __launch_bounds__(COUNT_THREADS)
   }
 }
 
-// The Gaussian whose entries hold emit position k: the first i in [lo, hi) with offsets[i] > k (offsets: the
-// inclusive sum of the counts).
-__device__ __forceinline__ int gaussian_of(const int64_t* __restrict__ offsets, int lo, int hi, int64_t k) {
-  while (lo < hi) {
-    const int mid = (lo + hi) >> 1;
-    if (offsets[mid] > k) hi = mid;
-    else lo = mid + 1;
-  }
-  return lo;
-}
-
 constexpr int EMIT_THREADS = 256;
 
 // A visible Gaussian's depth as a sort key of depth_bits bits: its float bits (which sort like the values, depths
@@ -65,31 +54,60 @@ __device__ __forceinline__ uint32_t depth_key(float depth, const uint32_t* depth
   return (__float_as_uint(depth) - lowest) >> shift;
 }
 
-// One thread per entry, so that a Gaussian over many tiles is spread over many threads and the writes coalesce:
-// entry k (its own position, which the sort carries along) is its Gaussian's tile number k - first in row-major
-// order of the Gaussian's tiles (FootprintTiles). The block's first and last entries' Gaussians bound
-// every thread's search. Key: tile << depth_bits | depth key.
+// A Gaussian's entries are written by its own thread where it has at most THREAD_RUN of them; a longer run (a
+// splat close to the camera can cover thousands of tiles) by its whole warp, a tile row per lane.
+constexpr int THREAD_RUN = 16;
+
+// One thread per Gaussian: Gaussian i's entries take emit positions [offsets[i - 1], offsets[i]) (each entry's own
+// position, which the sort carries along), its tiles in row-major order (FootprintTiles::each_tile). Key: tile <<
+// depth_bits | depth key.
 template <typename Key>
 __global__ void __launch_bounds__(EMIT_THREADS)
     emit_keys_kernel(const float2* __restrict__ means2d, const float* __restrict__ conics,
                      const float* __restrict__ opacities, const int32_t* __restrict__ radii,
                      const float* __restrict__ depths, const uint32_t* __restrict__ depth_range,
-                     const int64_t* __restrict__ offsets, int n, int n_entries, int width, int height,
-                     int depth_bits, Key* __restrict__ keys, int32_t* __restrict__ gauss_ids,
-                     int32_t* __restrict__ positions) {
-  __shared__ int s_first, s_last;
-  const int block_first = blockIdx.x * EMIT_THREADS;
-  const int k = block_first + threadIdx.x;
-  if (threadIdx.x == 0) s_first = gaussian_of(offsets, 0, n, block_first);
-  if (threadIdx.x == 1) s_last = gaussian_of(offsets, 0, n, min(block_first + EMIT_THREADS, n_entries) - 1);
-  __syncthreads();
-  if (k >= n_entries) return;
-  const int i = gaussian_of(offsets, s_first, s_last + 1, k);
-  const FootprintTiles splat(means2d[i].x, means2d[i].y, conics + 3 * i, opacities[i], radii[i], width, height);
-  const int tile = splat.tile((int)(k - (i > 0 ? offsets[i - 1] : 0)));
-  keys[k] = ((Key)tile << depth_bits) | (Key)depth_key(depths[i], depth_range, depth_bits);
-  gauss_ids[k] = i;
-  positions[k] = k;
+                     const int64_t* __restrict__ offsets, int n, int width, int height, int depth_bits,
+                     Key* __restrict__ keys, int32_t* __restrict__ gauss_ids, int32_t* __restrict__ positions) {
+  constexpr unsigned FULL_MASK = 0xffffffffu;
+  const int i = blockIdx.x * EMIT_THREADS + threadIdx.x, lane = threadIdx.x & 31;
+  const int first = i < n && i > 0 ? (int)offsets[i - 1] : 0, count = i < n ? (int)offsets[i] - first : 0;
+  auto footprint = [&](int g) {
+    return FootprintTiles(means2d[g].x, means2d[g].y, conics + 3 * g, opacities[g], radii[g], width, height);
+  };
+  auto write = [&](int k, int tile, int g, Key depth) {
+    keys[k] = ((Key)tile << depth_bits) | depth;
+    gauss_ids[k] = g;
+    positions[k] = k;
+  };
+  const bool own = count <= THREAD_RUN;
+  if (own && count > 0) {
+    const Key depth = depth_key(depths[i], depth_range, depth_bits);
+    footprint(i).each_tile(count, [&](int j, int tile) { write(first + j, tile, i, depth); });
+  }
+  // The warp walks each long run 32 rows at a time, the same tiles in the same order as each_tile: a lane's row
+  // starts where the rows before it end (a warp scan), and the last row takes whatever they leave.
+  for (uint32_t long_lanes = __ballot_sync(FULL_MASK, !own); long_lanes; long_lanes &= long_lanes - 1) {
+    const int owner = __ffs(long_lanes) - 1;
+    const int g = __shfl_sync(FULL_MASK, i, owner), run_first = __shfl_sync(FULL_MASK, first, owner);
+    const int run_end = run_first + __shfl_sync(FULL_MASK, count, owner);
+    const FootprintTiles splat = footprint(g);
+    const Key depth = depth_key(depths[g], depth_range, depth_bits);
+    int rows_start = run_first;  // the position of the first row of this pass
+    for (int y0 = splat.y_lo; y0 < splat.y_hi; y0 += 32) {
+      const int y = y0 + lane;
+      int c_lo = 0, c_hi = 0;
+      if (y < splat.y_hi) splat.row(y, c_lo, c_hi);
+      int through = c_hi - c_lo;  // inclusive sum over the lanes
+      for (int offset = 1; offset < 32; offset <<= 1) {
+        const int below = __shfl_up_sync(FULL_MASK, through, offset);
+        if (lane >= offset) through += below;
+      }
+      const int k_start = rows_start + through - (c_hi - c_lo);
+      const int row_end = y + 1 >= splat.y_hi ? run_end : min(run_end, k_start + c_hi - c_lo);
+      for (int c = c_lo, k = k_start; k < row_end; ++c, ++k) write(k, splat.tile_at(y, c), g, depth);
+      rows_start += __shfl_sync(FULL_MASK, through, 31);
+    }
+  }
 }
 
 __global__ void gather_ids_kernel(const int32_t* __restrict__ gauss_ids, const int32_t* __restrict__ sorted_positions,
@@ -125,7 +143,7 @@ __global__ void batch_tiles_kernel(const int32_t* __restrict__ batch_offsets, in
 }
 
 int tile_bits(int width, int height) {
-  const int n_tiles = ((width + TILE - 1) / TILE) * ((height + TILE - 1) / TILE);
+  const int n_tiles = tile_count(width, height);
   int bits = 1;
   while ((1 << bits) < n_tiles) ++bits;
   return bits;
@@ -183,9 +201,9 @@ template <typename Key>
 cudaError_t sort_entries(const BinInputs& in, const int64_t* offsets, int n_entries, int depth_bits, Key* keys,
                          Key* sorted_keys, const SortBuffers& out, cudaStream_t stream) {
   const int threads = 256;
-  emit_keys_kernel<Key><<<(n_entries + EMIT_THREADS - 1) / EMIT_THREADS, EMIT_THREADS, 0, stream>>>(
+  emit_keys_kernel<Key><<<(in.n + EMIT_THREADS - 1) / EMIT_THREADS, EMIT_THREADS, 0, stream>>>(
       (const float2*)in.means2d, in.conics, in.opacities, in.radii, in.depths, in.depth_range, offsets, in.n,
-      n_entries, in.width, in.height, depth_bits, keys, out.gauss_ids, out.positions);
+      in.width, in.height, depth_bits, keys, out.gauss_ids, out.positions);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   size_t temp_bytes = out.temp_bytes;
@@ -204,7 +222,7 @@ cudaError_t sort_entries(const BinInputs& in, const int64_t* offsets, int n_entr
 
 cudaError_t launch_sort_entries(const BinInputs& in, const int64_t* offsets, int n_entries, void* keys,
                                 void* sorted_keys, const SortBuffers& out, cudaStream_t stream) {
-  const int n_tiles = ((in.width + TILE - 1) / TILE) * ((in.height + TILE - 1) / TILE);
+  const int n_tiles = tile_count(in.width, in.height);
   const cudaError_t err = cudaMemsetAsync(out.ranges, 0, sizeof(int32_t) * 2 * (size_t)n_tiles, stream);
   if (err != cudaSuccess || n_entries == 0) return err;
   const int depth_bits = depth_key_bits(in.width, in.height);

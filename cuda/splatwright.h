@@ -67,6 +67,9 @@ cudaError_t launch_motion_bwd(const MotionArgs& m, const float* grad_means_t, co
                               float* grad_angular_velocities, float* grad_quats, float* grad_logits,
                               float* grad_time_centers, float* grad_time_precisions, cudaStream_t stream);
 
+// Tiles in a width x height image.
+inline int tile_count(int width, int height) { return ((width + TILE - 1) / TILE) * ((height + TILE - 1) / TILE); }
+
 // Tile binning, in steps so the caller can allocate between them:
 //   1. launch_tile_counts: the tiles each Gaussian's footprint meets (projection.cuh), and their inclusive sum
 //      (offsets): Gaussian i's entries are [offsets[i - 1], offsets[i]) in emit order; and the range of the

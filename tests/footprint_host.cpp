@@ -22,10 +22,10 @@ int main(int argc, char** argv) {
     const float* s = &splats[(size_t)i * 7];
     if (s[6] <= 0.f) continue;  // culled
     const splatwright::FootprintTiles tiles(s[0], s[1], s + 2, s[5], (int)s[6], width, height);
-    for (int k = 0, count = tiles.count(); k < count; ++k) {
-      const int32_t pair[2] = {i, tiles.tile(k)};
+    tiles.each_tile(tiles.count(), [&](int, int tile) {
+      const int32_t pair[2] = {i, tile};
       std::fwrite(pair, 4, 2, out);
-    }
+    });
   }
   return std::fclose(out) == 0 ? 0 : 1;
 }
