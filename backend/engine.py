@@ -155,13 +155,19 @@ class SavedModels:
     def __init__(self, workdir: Path, device: str, size: int = SAVED_MODELS):
         self.workdir, self.device, self.size = workdir, device, size
         self.lock = threading.Lock()
-        self.models: OrderedDict[str, tuple[tuple, Model]] = OrderedDict()  # session -> (file stamp, model)
+        # session -> (file stamp, model, the import it came from or None)
+        self.models: OrderedDict[str, tuple[tuple, Model, tuple | None]] = OrderedDict()
 
     def get(self, name: str) -> Model:
         folder = self.workdir / name
         source, imported = folder / CHECKPOINT, None
-        if not source.is_file() and (imported := imported_file(folder)) is not None:
-            source = imported[0]
+        if not source.is_file():
+            with self.lock:
+                kept = self.models.get(name)
+            # A kept import names its file, so a viewer's every frame does not read session.json again.
+            imported = kept[2] if kept is not None and kept[2] is not None else imported_file(folder)
+            if imported is not None:
+                source = imported[0]
         try:
             stat = source.stat()
         except OSError:
@@ -178,7 +184,7 @@ class SavedModels:
         # Outside the lock: other sessions' models stay available.
         model = imported_model(*imported, self.device) if imported else self._checkpoint_model(name, source)
         with self.lock:
-            self.models[name] = (stamp, model)
+            self.models[name] = (stamp, model, imported)
             self.models.move_to_end(name)
             while len(self.models) > self.size:
                 self.models.popitem(last=False)

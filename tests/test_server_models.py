@@ -294,6 +294,26 @@ def test_an_imported_file_is_kept_in_a_session_named_after_it(tmp_path):
         assert_same_model(read_ply(bytes(exported.payload)), model)
 
 
+def test_renders_of_a_kept_imported_model_read_its_session_file_once(tmp_path, monkeypatch):
+    """A viewer draws an imported session's model frame after frame: its session.json is read when the model is
+    first loaded, not for every frame."""
+    import backend.engine
+    reads = []
+
+    def counted(folder):
+        reads.append(folder.name)
+        return imported_file(folder)
+
+    monkeypatch.setattr(backend.engine, "imported_file", counted)
+    model = random_gaussians(60, seed=5, sh_degree=0)
+    cam = orbit_cameras(1, SIZE, SIZE)[0]
+    with serving(tmp_path / "sessions") as client:
+        client.load_ply(encode_ply(model), (1.0, 1.0, 1.0), "kept.ply")
+        client.load_ply(encode_ply(model), (1.0, 1.0, 1.0), "open.ply")  # the open session is another
+        frames = [decode_frame(client.request("render", {"camera": cam, "model": "kept"})) for _ in range(3)]
+    assert reads.count("kept") == 1 and all(np.array_equal(f, frames[0]) for f in frames)
+
+
 @pytest.mark.parametrize("name, fmt", [("donut.splat", "splat"), (".splat", "splat"), ("a.compressed.ply",
                                        "compressed_ply"), ("scan.SPZ", "spz"), ("no ending", "ply")])
 def test_an_imported_session_reads_its_file_back_as_the_import_did(tmp_path, name, fmt):
