@@ -121,9 +121,14 @@ def footprint_t(opacities):
     return 1.01 * sigmas * sigmas + 0.01
 
 
+def tile_grid(width: int, height: int) -> tuple[int, int]:
+    """Tiles across and down a width x height image (tile_count in cuda/splatwright.h is their product)."""
+    return (width + TILE - 1) // TILE, (height + TILE - 1) // TILE
+
+
 def tile_rect(means2d, radii, width: int, height: int):
     """Half-open tile ranges [x_lo, x_hi) x [y_lo, y_hi) that a footprint of `radii` around `means2d` covers."""
-    tiles_x, tiles_y = (width + TILE - 1) // TILE, (height + TILE - 1) // TILE
+    tiles_x, tiles_y = tile_grid(width, height)
     u, v = means2d[:, 0], means2d[:, 1]
     r = radii.to(means2d.dtype)
     x_lo = torch.clamp(torch.floor((u - r) / TILE), 0, tiles_x).long()
@@ -138,7 +143,7 @@ def bin_tiles(proj: Projected, opacities, width: int, height: int) -> TileEntrie
     of the ellipse's x-extent over the row (footprint_row in cuda/projection.cuh), a thin ellipse's whole
     row. Sorted by (tile, depth key, Gaussian index), as the kernels' radix sort on (tile, depth key) orders
     them."""
-    tiles_x = (width + TILE - 1) // TILE
+    tiles_x = tile_grid(width, height)[0]
     means2d, conics = proj.means2d.detach(), proj.conics.detach()
     x_lo, x_hi, y_lo, y_hi = tile_rect(means2d, proj.radii, width, height)
     idx = (proj.radii > 0).nonzero().squeeze(1)
@@ -183,8 +188,8 @@ def bin_tiles(proj: Projected, opacities, width: int, height: int) -> TileEntrie
 def depth_key_bits(width: int, height: int) -> int:
     """Bits of the depth key beside the tile: what a 32-bit sort key leaves where that is at least
     MIN_DEPTH_KEY_BITS (up to 2^14 tiles), else 32 (the kernels' 64-bit keys)."""
-    n_tiles = ((width + TILE - 1) // TILE) * ((height + TILE - 1) // TILE)
-    short = 32 - max(1, (n_tiles - 1).bit_length())
+    tiles_x, tiles_y = tile_grid(width, height)
+    short = 32 - max(1, (tiles_x * tiles_y - 1).bit_length())
     return short if short >= MIN_DEPTH_KEY_BITS else 32
 
 
@@ -202,7 +207,7 @@ def depth_keys(depths, visible, bits: int) -> torch.Tensor:
 
 def composite(proj: Projected, tile_ids, gauss_ids, opacities, width: int, height: int):
     """Front-to-back alpha compositing per tile. Returns colour (H, W, 3), alpha (H, W), depth (H, W)."""
-    tiles_x, tiles_y = (width + TILE - 1) // TILE, (height + TILE - 1) // TILE
+    tiles_x, tiles_y = tile_grid(width, height)
     n_tiles = tiles_x * tiles_y
     ends = torch.cumsum(torch.bincount(tile_ids, minlength=n_tiles), 0).tolist()
     budget = max(1, MAX_CHUNK_PIXEL_ENTRIES // (TILE * TILE))
