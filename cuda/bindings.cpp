@@ -1,11 +1,13 @@
 // The one file that knows torch: checks and allocates tensors, passes raw pointers and the current stream to
 // the launchers in splatwright.h.
-#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
 
 #include <atomic>
 #include <limits>
+#include <memory>
+#include <tuple>
 
 #include "constants.h"
 #include "sh.cuh"
@@ -67,25 +69,76 @@ sw::CameraArgs camera_args(const torch::Tensor& viewmat, const torch::Tensor& K,
   return {fptr(viewmat), fptr(K), (int)width, (int)height};
 }
 
-// Returns means2d (N, 2), conics (N, 3), depths (N,), radii (N,) int32, colors (N, 3).
-std::vector<torch::Tensor> project_forward(const torch::Tensor& means, const torch::Tensor& quats,
-                                           const torch::Tensor& scales, const torch::Tensor& opacities,
-                                           const torch::Tensor& sh, const torch::Tensor& viewmat,
-                                           const torch::Tensor& K, int64_t width, int64_t height,
-                                           int64_t sh_degree) {
+// An int64 on its way from the GPU to pinned host memory, behind an event. Not copyable: the memory goes back
+// to torch's pinned pool only once the copy is done.
+class PendingCount {
+ public:
+  PendingCount(const int64_t* source, cudaStream_t stream)
+      : host_(torch::empty({1}, torch::TensorOptions().dtype(torch::kInt64).pinned_memory(true))) {
+    check(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming), "creating an event");
+    check(cudaMemcpyAsync(host_.data_ptr<int64_t>(), source, sizeof(int64_t), cudaMemcpyDeviceToHost, stream),
+          "copying a count to the host");
+    check(cudaEventRecord(copied_, stream), "recording an event");
+  }
+  PendingCount(const PendingCount&) = delete;
+  PendingCount& operator=(const PendingCount&) = delete;
+  ~PendingCount() {
+    cudaEventSynchronize(copied_);
+    cudaEventDestroy(copied_);
+  }
+
+  int64_t wait() const {
+    check(cudaEventSynchronize(copied_), "waiting for a count");
+    return host_.data_ptr<int64_t>()[0];
+  }
+
+ private:
+  torch::Tensor host_;  // (1,) int64, pinned
+  cudaEvent_t copied_;
+};
+
+// Where project_forward leaves the binning (its steps in splatwright.h): each Gaussian's entries' end in emit
+// order (entry_ends (N,) int64), the visible depths' range (depth_range, 2 uint32 bit patterns in int32) and the
+// number of entries on its way to the host (none where there are no Gaussians).
+struct TileCounts {
+  torch::Tensor entry_ends, depth_range;
+  std::shared_ptr<const PendingCount> entries_on_host;
+
+  int64_t entries() const { return entries_on_host ? entries_on_host->wait() : 0; }
+};
+
+// Returns means2d (N, 2), conics (N, 3), depths (N,), radii (N,) int32, colors (N, 3) and the TileCounts. The
+// colours are launched after the entry count's copy, so that the GPU computes them while bin_tiles waits for it.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, TileCounts> project_forward(
+    const torch::Tensor& means, const torch::Tensor& quats, const torch::Tensor& scales,
+    const torch::Tensor& opacities, const torch::Tensor& sh, const torch::Tensor& viewmat, const torch::Tensor& K,
+    int64_t width, int64_t height, int64_t sh_degree) {
   const c10::cuda::CUDAGuard guard(means.device());
   check_input(opacities, "opacities");
   TORCH_CHECK(opacities.numel() == means.size(0), "opacities must be (N,)");
   const sw::GaussianArgs g = gaussian_args(means, quats, scales, sh, fptr(opacities), sh_degree);
   const sw::CameraArgs cam = camera_args(viewmat, K, width, height);
-  const auto f32 = means.options();
+  const auto f32 = means.options(), i64 = f32.dtype(torch::kInt64);
   const int64_t n = g.n;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   torch::Tensor means2d = new_output({n, 2}, f32), conics = new_output({n, 3}, f32), depths = new_output({n}, f32);
   torch::Tensor radii = new_output({n}, f32.dtype(torch::kInt32)), colors = new_output({n, 3}, f32);
-  check(sw::launch_projection_fwd(g, cam, fptr(means2d), fptr(conics), fptr(depths), iptr(radii), fptr(colors),
-                                  c10::cuda::getCurrentCUDAStream()),
+  torch::Tensor tile_counts = torch::empty({n}, i64);
+  TileCounts counts{torch::empty({n}, i64), torch::empty({2}, f32.dtype(torch::kInt32)), nullptr};
+  check(sw::launch_projection_fwd(g, cam, fptr(means2d), fptr(conics), fptr(depths), iptr(radii),
+                                  tile_counts.data_ptr<int64_t>(),
+                                  reinterpret_cast<uint32_t*>(iptr(counts.depth_range)), stream),
         "projection forward");
-  return {means2d, conics, depths, radii, colors};
+  if (n > 0) {
+    torch::Tensor scan_temp = torch::empty({(int64_t)sw::scan_temp_bytes((int)n)}, f32.dtype(torch::kUInt8));
+    int64_t* entry_ends = counts.entry_ends.data_ptr<int64_t>();
+    check(sw::launch_entry_ends(tile_counts.data_ptr<int64_t>(), (int)n, entry_ends, scan_temp.data_ptr(),
+                                scan_temp.numel(), stream),
+          "tile counts' sum");
+    counts.entries_on_host = std::make_shared<const PendingCount>(entry_ends + n - 1, stream);
+  }
+  check(sw::launch_sh_colors(g, cam, iptr(radii), fptr(colors), stream), "SH colours");
+  return {means2d, conics, depths, radii, colors, counts};
 }
 
 // Returns grads w.r.t. means, quats, scales, sh.
@@ -163,34 +216,27 @@ std::vector<torch::Tensor> motion_backward(const std::vector<torch::Tensor>& mot
 // Returns, all int32 but the last: tile ranges (n_tiles, 2) and the sorted Gaussian id of each entry
 // (n_entries,), which the forward reads; batch offsets (n_tiles + 1,) and batch tiles (max_tile_batches,), which
 // both passes read; and for the backward the sorted entries' emit positions (n_entries,) and each Gaussian's
-// entry end (N,) int64. backend/render/cuda.py's TileBins names them.
+// entry end (N,) int64. backend/render/cuda.py's TileBins names them. `counts`: project_forward's, for these
+// splats.
 std::vector<torch::Tensor> bin_tiles(const torch::Tensor& means2d, const torch::Tensor& conics,
                                      const torch::Tensor& opacities, const torch::Tensor& radii,
-                                     const torch::Tensor& depths, int64_t width, int64_t height) {
+                                     const torch::Tensor& depths, const TileCounts& counts, int64_t width,
+                                     int64_t height) {
   const c10::cuda::CUDAGuard guard(means2d.device());
   check_input(means2d, "means2d");
   check_input(conics, "conics");
   check_input(opacities, "opacities");
   check_input(radii, "radii", torch::kInt32);
   check_input(depths, "depths");
-  TORCH_CHECK(conics.numel() == 3 * means2d.size(0) && opacities.numel() == means2d.size(0),
-              "conics and opacities must be (N, 3) and (N,) for N means2d");
+  TORCH_CHECK(conics.numel() == 3 * means2d.size(0) && opacities.numel() == means2d.size(0) &&
+                  counts.entry_ends.numel() == means2d.size(0),
+              "conics, opacities and the tile counts must be (N, 3), (N,) and (N,) for N means2d");
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const int n = (int)means2d.size(0);
   const int n_tiles = sw::tile_count((int)width, (int)height);
-  const auto i64 = means2d.options().dtype(torch::kInt64);
   const auto i32 = means2d.options().dtype(torch::kInt32);
   const auto u8 = means2d.options().dtype(torch::kUInt8);
-
-  torch::Tensor counts = torch::empty({n}, i64), offsets = torch::empty({n}, i64);
-  torch::Tensor depth_range = torch::empty({2}, i32);  // uint32 bits
-  torch::Tensor scan_temp = torch::empty({(int64_t)sw::scan_temp_bytes(n)}, u8);
-  uint32_t* range_bits = reinterpret_cast<uint32_t*>(iptr(depth_range));
-  check(sw::launch_tile_counts(fptr(means2d), fptr(conics), fptr(opacities), iptr(radii), fptr(depths), n, (int)width,
-                               (int)height, counts.data_ptr<int64_t>(), range_bits, offsets.data_ptr<int64_t>(),
-                               scan_temp.data_ptr(), scan_temp.numel(), stream),
-        "tile counts");
-  const int64_t n_entries = n > 0 ? offsets[n - 1].item<int64_t>() : 0;  // the one host sync
+  const int64_t n_entries = counts.entries();  // the one host sync
   TORCH_CHECK(n_entries <= std::numeric_limits<int>::max(), "too many tile entries: ", n_entries);
 
   // Keys live in uint8 tensors; the bit patterns are what is sorted.
@@ -200,11 +246,11 @@ std::vector<torch::Tensor> bin_tiles(const torch::Tensor& means2d, const torch::
   torch::Tensor sorted_ids = torch::empty({n_entries}, i32), sorted_positions = torch::empty({n_entries}, i32);
   torch::Tensor sort_temp = torch::empty({(int64_t)sw::sort_temp_bytes((int)n_entries, (int)width, (int)height)}, u8);
   torch::Tensor ranges = torch::empty({n_tiles, 2}, i32);
-  const sw::BinInputs in{fptr(means2d), fptr(conics), fptr(opacities), iptr(radii), fptr(depths), range_bits,
-                         n, (int)width, (int)height};
+  const sw::BinInputs in{fptr(means2d), fptr(conics), fptr(opacities), iptr(radii), fptr(depths),
+                         reinterpret_cast<const uint32_t*>(iptr(counts.depth_range)), n, (int)width, (int)height};
   const sw::SortBuffers out{iptr(ids), iptr(positions), iptr(sorted_positions), iptr(sorted_ids), iptr(ranges),
                             sort_temp.data_ptr(), (size_t)sort_temp.numel()};
-  check(sw::launch_sort_entries(in, offsets.data_ptr<int64_t>(), (int)n_entries, keys.data_ptr(),
+  check(sw::launch_sort_entries(in, counts.entry_ends.data_ptr<int64_t>(), (int)n_entries, keys.data_ptr(),
                                 sorted_keys.data_ptr(), out, stream),
         "sorting tile entries");
   torch::Tensor batch_counts = torch::empty({n_tiles + 1}, i32), batch_offsets = torch::empty({n_tiles + 1}, i32);
@@ -213,7 +259,7 @@ std::vector<torch::Tensor> bin_tiles(const torch::Tensor& means2d, const torch::
   check(sw::launch_tile_batches(iptr(ranges), n_tiles, iptr(batch_counts), iptr(batch_offsets), iptr(batch_tiles),
                                 batch_temp.data_ptr(), batch_temp.numel(), stream),
         "tile batches");
-  return {ranges, sorted_ids, batch_offsets, batch_tiles, sorted_positions, offsets};
+  return {ranges, sorted_ids, batch_offsets, batch_tiles, sorted_positions, counts.entry_ends};
 }
 
 sw::RasterArgs raster_args(const torch::Tensor& ranges, const torch::Tensor& gauss_ids, const torch::Tensor& means2d,
@@ -430,6 +476,7 @@ pybind11::dict constants() {
 // other threads (its socket, a frame's render) go on meanwhile.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   const auto without_gil = pybind11::call_guard<pybind11::gil_scoped_release>();
+  pybind11::class_<TileCounts>(m, "TileCounts");  // project_forward's, for bin_tiles
   m.def("project_forward", &project_forward, without_gil);
   m.def("project_backward", &project_backward, without_gil);
   m.def("motion_forward", &motion_forward, without_gil);

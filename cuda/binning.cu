@@ -9,39 +9,6 @@
 
 namespace splatwright {
 
-constexpr int COUNT_THREADS = 256;
-
-// Tile counts, and the range of the visible Gaussians' depth bits: depth_range[0] = max of ~bits (the
-// complement of the lowest), depth_range[1] = max of bits, both zeroed before; one atomic per block and value.
-__global__ void __launch_bounds__(COUNT_THREADS)
-    tile_counts_kernel(const float2* __restrict__ means2d, const float* __restrict__ conics,
-                       const float* __restrict__ opacities, const int32_t* __restrict__ radii,
-                       const float* __restrict__ depths, int n, int width, int height, int64_t* __restrict__ counts,
-                       uint32_t* __restrict__ depth_range) {
-  __shared__ uint32_t s_lowest, s_highest;
-  if (threadIdx.x == 0) s_lowest = s_highest = 0u;
-  __syncthreads();
-  const int i = blockIdx.x * COUNT_THREADS + threadIdx.x;
-  const bool visible = i < n && radii[i] > 0;
-  if (i < n)
-    counts[i] = visible ? FootprintTiles(means2d[i].x, means2d[i].y, conics + 3 * i, opacities[i], radii[i], width,
-                                         height)
-                              .count()
-                        : 0;
-  const uint32_t bits = visible ? __float_as_uint(depths[i]) : 0u;
-  const uint32_t lowest = __reduce_max_sync(0xffffffffu, visible ? ~bits : 0u);
-  const uint32_t highest = __reduce_max_sync(0xffffffffu, bits);
-  if ((threadIdx.x & 31) == 0 && highest > 0u) {
-    atomicMax(&s_lowest, lowest);
-    atomicMax(&s_highest, highest);
-  }
-  __syncthreads();
-  if (threadIdx.x == 0 && s_highest > 0u) {
-    atomicMax(depth_range, s_lowest);
-    atomicMax(depth_range + 1, s_highest);
-  }
-}
-
 constexpr int EMIT_THREADS = 256;
 
 // A visible Gaussian's depth as a sort key of depth_bits bits: its float bits (which sort like the values, depths
@@ -58,21 +25,20 @@ __device__ __forceinline__ uint32_t depth_key(float depth, const uint32_t* depth
 // splat close to the camera can cover thousands of tiles) by its whole warp, a tile row per lane.
 constexpr int THREAD_RUN = 16;
 
-// One thread per Gaussian: Gaussian i's entries take emit positions [offsets[i - 1], offsets[i]) (each entry's own
-// position, which the sort carries along), its tiles in row-major order (FootprintTiles::each_tile). Key: tile <<
-// depth_bits | depth key.
+// One thread per Gaussian: Gaussian i's entries take emit positions [entry_ends[i - 1], entry_ends[i]) (each
+// entry's own position, which the sort carries along), its tiles in row-major order (FootprintTiles::each_tile).
+// Key: tile << depth_bits | depth key.
 template <typename Key>
 __global__ void __launch_bounds__(EMIT_THREADS)
-    emit_keys_kernel(const float2* __restrict__ means2d, const float* __restrict__ conics,
-                     const float* __restrict__ opacities, const int32_t* __restrict__ radii,
-                     const float* __restrict__ depths, const uint32_t* __restrict__ depth_range,
-                     const int64_t* __restrict__ offsets, int n, int width, int height, int depth_bits,
-                     Key* __restrict__ keys, int32_t* __restrict__ gauss_ids, int32_t* __restrict__ positions) {
+    emit_keys_kernel(BinInputs in, const int64_t* __restrict__ entry_ends, int depth_bits, Key* __restrict__ keys,
+                     int32_t* __restrict__ gauss_ids, int32_t* __restrict__ positions) {
   constexpr unsigned FULL_MASK = 0xffffffffu;
   const int i = blockIdx.x * EMIT_THREADS + threadIdx.x, lane = threadIdx.x & 31;
-  const int first = i < n && i > 0 ? (int)offsets[i - 1] : 0, count = i < n ? (int)offsets[i] - first : 0;
+  const int first = i < in.n && i > 0 ? (int)entry_ends[i - 1] : 0;
+  const int count = i < in.n ? (int)entry_ends[i] - first : 0;
   auto footprint = [&](int g) {
-    return FootprintTiles(means2d[g].x, means2d[g].y, conics + 3 * g, opacities[g], radii[g], width, height);
+    const float2 xy = reinterpret_cast<const float2*>(in.means2d)[g];
+    return FootprintTiles(xy.x, xy.y, in.conics + 3 * g, in.opacities[g], in.radii[g], in.width, in.height);
   };
   auto write = [&](int k, int tile, int g, Key depth) {
     keys[k] = ((Key)tile << depth_bits) | depth;
@@ -81,7 +47,7 @@ __global__ void __launch_bounds__(EMIT_THREADS)
   };
   const bool own = count <= THREAD_RUN;
   if (own && count > 0) {
-    const Key depth = depth_key(depths[i], depth_range, depth_bits);
+    const Key depth = depth_key(in.depths[i], in.depth_range, depth_bits);
     footprint(i).each_tile(count, [&](int j, int tile) { write(first + j, tile, i, depth); });
   }
   // The warp walks each long run 32 rows at a time, the same tiles in the same order as each_tile: a lane's row
@@ -91,7 +57,7 @@ __global__ void __launch_bounds__(EMIT_THREADS)
     const int g = __shfl_sync(FULL_MASK, i, owner), run_first = __shfl_sync(FULL_MASK, first, owner);
     const int run_end = run_first + __shfl_sync(FULL_MASK, count, owner);
     const FootprintTiles splat = footprint(g);
-    const Key depth = depth_key(depths[g], depth_range, depth_bits);
+    const Key depth = depth_key(in.depths[g], in.depth_range, depth_bits);
     int rows_start = run_first;  // the position of the first row of this pass
     for (int y0 = splat.y_lo; y0 < splat.y_hi; y0 += 32) {
       const int y = y0 + lane;
@@ -182,28 +148,20 @@ size_t sort_temp_bytes(int n_entries, int width, int height) {
                          : sort_temp_bytes_for<uint64_t>(n_entries, end_bit);
 }
 
-cudaError_t launch_tile_counts(const float* means2d, const float* conics, const float* opacities, const int32_t* radii,
-                               const float* depths, int n, int width, int height, int64_t* counts,
-                               uint32_t* depth_range, int64_t* offsets, void* temp, size_t temp_bytes,
-                               cudaStream_t stream) {
-  cudaError_t err = cudaMemsetAsync(depth_range, 0, 2 * sizeof(uint32_t), stream);
-  if (err != cudaSuccess || n == 0) return err;
-  tile_counts_kernel<<<(n + COUNT_THREADS - 1) / COUNT_THREADS, COUNT_THREADS, 0, stream>>>(
-      (const float2*)means2d, conics, opacities, radii, depths, n, width, height, counts, depth_range);
-  err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
-  return cub::DeviceScan::InclusiveSum(temp, temp_bytes, counts, offsets, n, stream);
+cudaError_t launch_entry_ends(const int64_t* tile_counts, int n, int64_t* entry_ends, void* temp, size_t temp_bytes,
+                              cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return cub::DeviceScan::InclusiveSum(temp, temp_bytes, tile_counts, entry_ends, n, stream);
 }
 
 // Emit, sort (LSD radix sort is stable, so equal keys keep the emit order: ascending Gaussian index), gather the
 // ids and find each tile's range, with keys of type Key.
 template <typename Key>
-cudaError_t sort_entries(const BinInputs& in, const int64_t* offsets, int n_entries, int depth_bits, Key* keys,
+cudaError_t sort_entries(const BinInputs& in, const int64_t* entry_ends, int n_entries, int depth_bits, Key* keys,
                          Key* sorted_keys, const SortBuffers& out, cudaStream_t stream) {
   const int threads = 256;
   emit_keys_kernel<Key><<<(in.n + EMIT_THREADS - 1) / EMIT_THREADS, EMIT_THREADS, 0, stream>>>(
-      (const float2*)in.means2d, in.conics, in.opacities, in.radii, in.depths, in.depth_range, offsets, in.n,
-      in.width, in.height, depth_bits, keys, out.gauss_ids, out.positions);
+      in, entry_ends, depth_bits, keys, out.gauss_ids, out.positions);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   size_t temp_bytes = out.temp_bytes;
@@ -220,15 +178,15 @@ cudaError_t sort_entries(const BinInputs& in, const int64_t* offsets, int n_entr
   return cudaGetLastError();
 }
 
-cudaError_t launch_sort_entries(const BinInputs& in, const int64_t* offsets, int n_entries, void* keys,
+cudaError_t launch_sort_entries(const BinInputs& in, const int64_t* entry_ends, int n_entries, void* keys,
                                 void* sorted_keys, const SortBuffers& out, cudaStream_t stream) {
   const int n_tiles = tile_count(in.width, in.height);
   const cudaError_t err = cudaMemsetAsync(out.ranges, 0, sizeof(int32_t) * 2 * (size_t)n_tiles, stream);
   if (err != cudaSuccess || n_entries == 0) return err;
   const int depth_bits = depth_key_bits(in.width, in.height);
   if (depth_bits < 32)
-    return sort_entries(in, offsets, n_entries, depth_bits, (uint32_t*)keys, (uint32_t*)sorted_keys, out, stream);
-  return sort_entries(in, offsets, n_entries, depth_bits, (uint64_t*)keys, (uint64_t*)sorted_keys, out, stream);
+    return sort_entries(in, entry_ends, n_entries, depth_bits, (uint32_t*)keys, (uint32_t*)sorted_keys, out, stream);
+  return sort_entries(in, entry_ends, n_entries, depth_bits, (uint64_t*)keys, (uint64_t*)sorted_keys, out, stream);
 }
 
 cudaError_t launch_tile_batches(const int32_t* ranges, int n_tiles, int32_t* batch_counts,

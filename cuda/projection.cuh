@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "constants.h"
 
@@ -324,59 +325,73 @@ constexpr int PROJ_THREADS = 128;
 constexpr int LOADS_IN_FLIGHT = 8;  // 16-byte loads each thread issues before storing any of them
 
 #if defined(__CUDACC__)
-// The block's rows lie contiguous in global memory (row_len floats each); in shared memory each row takes
-// stride floats. The block copies them as one flat array, 16 bytes a thread at a time where the array is
-// 16-byte aligned, with LOADS_IN_FLIGHT loads issued before their stores so that they overlap.
-__device__ __forceinline__ void load_rows(float* smem, const float* global, int rows, int row_len, int stride) {
+// Copies the block's rows between global memory, where they lie contiguous (row_len floats each), and shared
+// memory, where each takes stride floats: global to shared where TO_SHARED, else back. The rows are copied as
+// one flat array, 16 bytes a thread at a time where the global array is 16-byte aligned, the rest a float at a
+// time. Global loads go LOADS_IN_FLIGHT at a time before their stores, so that they overlap; the other way,
+// one at a time (more in flight took the projection backward from 80 registers to 128).
+template <bool TO_SHARED>
+__device__ __forceinline__ void copy_rows(float* smem, std::conditional_t<TO_SHARED, const float*, float*> global,
+                                          int rows, int row_len, int stride) {
+  constexpr int IN_FLIGHT = TO_SHARED ? LOADS_IN_FLIGHT : 1;
   const int n = rows * row_len;
+  // The shared-memory positions of the four floats at flat position 4q.
+  auto quad = [&](int q, int (&at)[4]) {
+    int row = (4 * q) / row_len, col = 4 * q - row * row_len;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      at[k] = row * stride + col;
+      if (++col == row_len) col = 0, ++row;
+    }
+  };
   int done = 0;
   if ((reinterpret_cast<uintptr_t>(global) & 15u) == 0) {
-    const float4* global4 = reinterpret_cast<const float4*>(global);
     const int n4 = n >> 2;
-    for (int q0 = threadIdx.x; q0 < n4; q0 += LOADS_IN_FLIGHT * blockDim.x) {
-      float4 v[LOADS_IN_FLIGHT];
+    for (int q0 = threadIdx.x; q0 < n4; q0 += IN_FLIGHT * blockDim.x) {
+      float4 v[IN_FLIGHT];
 #pragma unroll
-      for (int u = 0; u < LOADS_IN_FLIGHT; ++u) {
-        const int q = q0 + u * blockDim.x;
-        if (q < n4) v[u] = global4[q];
-      }
-#pragma unroll
-      for (int u = 0; u < LOADS_IN_FLIGHT; ++u) {
+      for (int u = 0; u < IN_FLIGHT; ++u) {
         const int q = q0 + u * blockDim.x;
         if (q >= n4) continue;
-        const float f[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-        int row = (4 * q) / row_len, col = 4 * q - row * row_len;
+        if constexpr (TO_SHARED) {
+          v[u] = reinterpret_cast<const float4*>(global)[q];
+        } else {
+          int at[4];
+          quad(q, at);
+          v[u] = make_float4(smem[at[0]], smem[at[1]], smem[at[2]], smem[at[3]]);
+        }
+      }
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          smem[row * stride + col] = f[k];
-          if (++col == row_len) col = 0, ++row;
+      for (int u = 0; u < IN_FLIGHT; ++u) {
+        const int q = q0 + u * blockDim.x;
+        if (q >= n4) continue;
+        if constexpr (TO_SHARED) {
+          int at[4];
+          quad(q, at);
+          smem[at[0]] = v[u].x;
+          smem[at[1]] = v[u].y;
+          smem[at[2]] = v[u].z;
+          smem[at[3]] = v[u].w;
+        } else {
+          reinterpret_cast<float4*>(global)[q] = v[u];
         }
       }
     }
     done = n4 << 2;
   }
-  for (int i = done + threadIdx.x; i < n; i += blockDim.x) smem[(i / row_len) * stride + i % row_len] = global[i];
+  for (int i = done + threadIdx.x; i < n; i += blockDim.x) {
+    float& shared = smem[(i / row_len) * stride + i % row_len];
+    if constexpr (TO_SHARED) shared = global[i];
+    else global[i] = shared;
+  }
 }
 
-__device__ __forceinline__ void store_rows(float* global, const float* smem, int rows, int row_len, int stride) {
-  const int n = rows * row_len;
-  int done = 0;
-  if ((reinterpret_cast<uintptr_t>(global) & 15u) == 0) {
-    float4* global4 = reinterpret_cast<float4*>(global);
-    const int n4 = n >> 2;
-    for (int q = threadIdx.x; q < n4; q += blockDim.x) {
-      float f[4];
-      int row = (4 * q) / row_len, col = 4 * q - row * row_len;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        f[k] = smem[row * stride + col];
-        if (++col == row_len) col = 0, ++row;
-      }
-      global4[q] = make_float4(f[0], f[1], f[2], f[3]);
-    }
-    done = n4 << 2;
-  }
-  for (int i = done + threadIdx.x; i < n; i += blockDim.x) global[i] = smem[(i / row_len) * stride + i % row_len];
+__device__ __forceinline__ void load_rows(float* smem, const float* global, int rows, int row_len, int stride) {
+  copy_rows<true>(smem, global, rows, row_len, stride);
+}
+
+__device__ __forceinline__ void store_rows(float* global, float* smem, int rows, int row_len, int stride) {
+  copy_rows<false>(smem, global, rows, row_len, stride);
 }
 #endif
 

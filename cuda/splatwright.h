@@ -32,10 +32,17 @@ struct CameraArgs {
   int height;
 };
 
-// Projection: screen-space means, conics (a, b, c) of the inverse 2D covariance, view depths,
-// footprint radii (0 = culled) and SH colours, one thread per Gaussian.
+// Projection, one thread per Gaussian, in two launches so that the GPU has the colours to compute while the host
+// waits for the binning's entry count (the binning's steps below):
+//   launch_projection_fwd: screen-space means, conics (a, b, c) of the inverse 2D covariance, view depths and
+//     footprint radii (0 = culled); and for the binning, the tiles each footprint meets (tile_counts, see
+//     projection.cuh's FootprintTiles) and the range of the visible Gaussians' depths (depth_range, 2 values);
+//   launch_sh_colors: the SH colours of the Gaussians with radii > 0 (0 for the others).
 cudaError_t launch_projection_fwd(const GaussianArgs& g, const CameraArgs& cam, float* means2d, float* conics,
-                                  float* depths, int32_t* radii, float* colors, cudaStream_t stream);
+                                  float* depths, int32_t* radii, int64_t* tile_counts, uint32_t* depth_range,
+                                  cudaStream_t stream);
+cudaError_t launch_sh_colors(const GaussianArgs& g, const CameraArgs& cam, const int32_t* radii, float* colors,
+                             cudaStream_t stream);
 
 // Gradients of a loss w.r.t. means, quats, scales and sh, given those w.r.t. means2d, conics and colors.
 // Every output element is written (zeros for culled Gaussians and unused SH coefficients).
@@ -71,11 +78,11 @@ cudaError_t launch_motion_bwd(const MotionArgs& m, const float* grad_means_t, co
 inline int tile_count(int width, int height) { return ((width + TILE - 1) / TILE) * ((height + TILE - 1) / TILE); }
 
 // Tile binning, in steps so the caller can allocate between them:
-//   1. launch_tile_counts: the tiles each Gaussian's footprint meets (projection.cuh), and their inclusive sum
-//      (offsets): Gaussian i's entries are [offsets[i - 1], offsets[i]) in emit order; and the range of the
-//      visible Gaussians' depths (depth_range, 2 values);
-//   2. the caller reads offsets[n - 1] = number of (tile, Gaussian) entries;
-//   3. launch_sort_entries: key (tile, depth key), Gaussian id and emit position per entry; a stable radix sort
+//   1. launch_projection_fwd's tile counts and depth range;
+//   2. launch_entry_ends: the counts' inclusive sum (entry_ends): Gaussian i's entries are
+//      [entry_ends[i - 1], entry_ends[i]) in emit order;
+//   3. the caller reads entry_ends[n - 1] = number of (tile, Gaussian) entries;
+//   4. launch_sort_entries: key (tile, depth key), Gaussian id and emit position per entry; a stable radix sort
 //      of the keys carrying the emit positions; the Gaussian ids in sorted order; [start, end) of each tile's
 //      entries in the sorted list. Keys are 32-bit where the depth keeps at least MIN_DEPTH_KEY_BITS bits beside
 //      the tile (up to 2^14 tiles, a 2048x2048 image), else 64-bit with the depth's full 32 bits
@@ -84,17 +91,15 @@ int depth_key_bits(int width, int height);
 inline int sort_key_bytes(int width, int height) { return depth_key_bits(width, height) < 32 ? 4 : 8; }
 size_t scan_temp_bytes(int n);
 size_t sort_temp_bytes(int n_entries, int width, int height);
-cudaError_t launch_tile_counts(const float* means2d, const float* conics, const float* opacities, const int32_t* radii,
-                               const float* depths, int n, int width, int height, int64_t* counts,
-                               uint32_t* depth_range, int64_t* offsets, void* temp, size_t temp_bytes,
-                               cudaStream_t stream);
+cudaError_t launch_entry_ends(const int64_t* tile_counts, int n, int64_t* entry_ends, void* temp, size_t temp_bytes,
+                              cudaStream_t stream);
 struct BinInputs {
   const float* means2d;
   const float* conics;
   const float* opacities;
   const int32_t* radii;
   const float* depths;
-  const uint32_t* depth_range;  // launch_tile_counts' result
+  const uint32_t* depth_range;  // launch_projection_fwd's
   int n, width, height;
 };
 struct SortBuffers {
@@ -106,9 +111,9 @@ struct SortBuffers {
   void* temp;                 // sort_temp_bytes
   size_t temp_bytes;
 };
-cudaError_t launch_sort_entries(const BinInputs& in, const int64_t* offsets, int n_entries, void* keys,
+cudaError_t launch_sort_entries(const BinInputs& in, const int64_t* entry_ends, int n_entries, void* keys,
                                 void* sorted_keys, const SortBuffers& out, cudaStream_t stream);
-//   4. launch_tile_batches: each tile's list cut into batches of BLOCK_SIZE entries (TileBatches below), at most
+//   5. launch_tile_batches: each tile's list cut into batches of BLOCK_SIZE entries (TileBatches below), at most
 //      max_tile_batches(n_entries, n_tiles) of them; batch_counts and batch_offsets hold n_tiles + 1 values.
 int max_tile_batches(int n_entries, int n_tiles);
 size_t batch_scan_temp_bytes(int n_tiles);

@@ -20,10 +20,10 @@ from ..train import Trainer
 
 # First match wins; kernel names come from cuda/ and from torch's own kernels.
 STAGES = [
-    ("projection", r"projection_(fwd|bwd)"),
+    ("projection (with the tile counts)", r"projection_(fwd|bwd)|footprint_kernel|sh_colors"),
     ("motion (4D)", r"motion_(fwd|bwd)"),
     ("binning + sort",
-     r"tile_counts|emit_keys|gather_ids|tile_ranges|tile_batch|batch_tiles|RadixSort|DeviceScan|cub::"),
+     r"emit_keys|gather_ids|tile_ranges|tile_batch|batch_tiles|RadixSort|DeviceScan|cub::"),
     ("rasterize forward", r"rasterize_fwd"),
     ("rasterize backward", r"rasterize_bwd|sum_entry_grads"),
     ("optimizer (Adam)", r"adam"),

@@ -3,7 +3,8 @@
 Autograd is split in two Functions so that means2d is a real intermediate: projection (means, quats, scales,
 sh -> means2d, conics, colors) and rasterization (means2d, conics, colors, opacities -> image, alpha, depth).
 The output's means2d therefore receives dL/d(means2d) in .grad, which densification reads. The depth image
-carries no gradient.
+carries no gradient. The projection also counts the tiles each footprint meets and starts the binning's entry
+count on its way to the host (the extension's TileCounts), which the rasterization's binning waits for.
 """
 from __future__ import annotations
 
@@ -29,34 +30,34 @@ class TileBins(NamedTuple):
     entry_ends: torch.Tensor  # (N,) int64, Gaussian i's entries end there in emit order
 
 
-def bin_tiles(means2d, conics, opacities, radii, depths, width: int, height: int) -> TileBins:
+def bin_tiles(means2d, conics, opacities, radii, depths, tile_counts, width: int, height: int) -> TileBins:
     """Sorted (tile, Gaussian) entries of projected Gaussians (the tiles their footprints meet), and the tiles'
-    batches."""
-    return TileBins(*extension().bin_tiles(means2d, conics, opacities, radii, depths, width, height))
+    batches; `tile_counts`: the extension's TileCounts that project_forward returned with them."""
+    return TileBins(*extension().bin_tiles(means2d, conics, opacities, radii, depths, tile_counts, width, height))
 
 
 def project_and_bin(means, quats, scales, opacities, sh, viewmat, K, width: int, height: int,
                     sh_degree: int) -> TileBins:
     """The tile bins a render of these Gaussians composites, without autograd; inputs as project_forward takes
     them (contiguous float32 CUDA tensors, opacities (N,))."""
-    means2d, conics, depths, radii, _ = extension().project_forward(
+    means2d, conics, depths, radii, _, tile_counts = extension().project_forward(
         means, quats, scales, opacities, sh, viewmat, K, width, height, sh_degree)
-    return bin_tiles(means2d, conics, opacities, radii, depths, width, height)
+    return bin_tiles(means2d, conics, opacities, radii, depths, tile_counts, width, height)
 
 
 class _Project(torch.autograd.Function):
     @staticmethod
     def forward(ctx, means, quats, scales, sh, opacities, viewmat, K, width, height, sh_degree):
         # opacities only bound the footprint radius: no gradient flows through them here
-        means2d, conics, depths, radii, colors = extension().project_forward(
+        means2d, conics, depths, radii, colors, tile_counts = extension().project_forward(
             means, quats, scales, opacities, sh, viewmat, K, width, height, sh_degree)
         ctx.save_for_backward(means, quats, scales, sh, viewmat, K, radii)
         ctx.args = (width, height, sh_degree)
         ctx.mark_non_differentiable(depths, radii)
-        return means2d, conics, depths, radii, colors
+        return means2d, conics, depths, radii, colors, tile_counts
 
     @staticmethod
-    def backward(ctx, g_means2d, g_conics, g_depths, g_radii, g_colors):
+    def backward(ctx, g_means2d, g_conics, g_depths, g_radii, g_colors, g_tile_counts):
         means, quats, scales, sh, viewmat, K, radii = ctx.saved_tensors
         width, height, sh_degree = ctx.args
         g_means, g_quats, g_scales, g_sh = extension().project_backward(
@@ -65,10 +66,10 @@ class _Project(torch.autograd.Function):
         return g_means, g_quats, g_scales, g_sh, None, None, None, None, None, None
 
 
-def rasterize_forward(means2d, conics, colors, opacities, depths, radii, background, width: int, height: int,
-                      record_states: bool) -> tuple[tuple, tuple]:
+def rasterize_forward(means2d, conics, colors, opacities, depths, radii, tile_counts, background, width: int,
+                      height: int, record_states: bool) -> tuple[tuple, tuple]:
     """(image, alpha, depth) and what rasterize_backward takes besides them (with `record_states`)."""
-    bins = bin_tiles(means2d, conics, opacities, radii, depths, width, height)
+    bins = bin_tiles(means2d, conics, opacities, radii, depths, tile_counts, width, height)
     image, alpha, depth, final_t, n_contrib, batch_states = extension().rasterize_forward(
         bins.ranges, bins.gauss_ids, bins.batch_offsets, bins.batch_tiles, means2d, conics, colors, opacities, depths,
         background, width, height, record_states)
@@ -84,10 +85,10 @@ def rasterize_backward(saved, width: int, height: int, g_image, g_alpha):
 
 class _Rasterize(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, means2d, conics, colors, opacities, depths, radii, background, width, height):
+    def forward(ctx, means2d, conics, colors, opacities, depths, radii, tile_counts, background, width, height):
         record_states = any(ctx.needs_input_grad[:4])  # what the backward starts each batch from
         (image, alpha, depth), saved = rasterize_forward(means2d, conics, colors, opacities, depths, radii,
-                                                         background, width, height, record_states)
+                                                         tile_counts, background, width, height, record_states)
         ctx.save_for_backward(*saved)
         ctx.size = (width, height)
         ctx.mark_non_differentiable(depth)
@@ -96,7 +97,7 @@ class _Rasterize(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_image, g_alpha, g_depth):
         g_means2d, g_conics, g_colors, g_opacities = rasterize_backward(ctx.saved_tensors, *ctx.size, g_image, g_alpha)
-        return g_means2d, g_conics, g_colors, g_opacities, None, None, None, None, None
+        return g_means2d, g_conics, g_colors, g_opacities, None, None, None, None, None, None
 
 
 def rasterize(means, quats, scales, opacities, sh, viewmat, K, width: int, height: int,
@@ -115,11 +116,11 @@ def rasterize(means, quats, scales, opacities, sh, viewmat, K, width: int, heigh
     means, quats, scales, opacities, sh = (prep(t) for t in (means, quats, scales, opacities, sh))
     viewmat, K = prep(viewmat).detach(), prep(K).detach()
     background = torch.broadcast_to(prep(background).detach(), (3,)).contiguous()
-    means2d, conics, depths, radii, colors = _Project.apply(means, quats, scales, sh, opacities.detach().reshape(-1),
-                                                            viewmat, K, int(width), int(height), int(sh_degree))
+    means2d, conics, depths, radii, colors, tile_counts = _Project.apply(
+        means, quats, scales, sh, opacities.detach().reshape(-1), viewmat, K, int(width), int(height), int(sh_degree))
     if means2d.requires_grad:
         means2d.retain_grad()
-    image, alpha, depth = _Rasterize.apply(means2d, conics, colors, opacities.reshape(-1), depths, radii,
+    image, alpha, depth = _Rasterize.apply(means2d, conics, colors, opacities.reshape(-1), depths, radii, tile_counts,
                                            background, int(width), int(height))
     return RasterOutput(image, alpha, depth, means2d, radii)
 
@@ -151,10 +152,10 @@ def gradient_step(g: Gaussians, viewmat, K, width: int, height: int, sh_degree: 
     with torch.no_grad():
         scales, opacities = torch.exp(g.log_scales), torch.sigmoid(g.opacity_logits)
         sh = torch.cat([g.sh_dc, g.sh_rest], dim=1)
-        means2d, conics, depths, radii, colors = ext.project_forward(
+        means2d, conics, depths, radii, colors, tile_counts = ext.project_forward(
             g.means, g.quats, scales, opacities, sh, viewmat, K, width, height, sh_degree)
-        (image, _, _), saved = rasterize_forward(means2d, conics, colors, opacities, depths, radii, background,
-                                                 width, height, record_states=True)
+        (image, _, _), saved = rasterize_forward(means2d, conics, colors, opacities, depths, radii, tile_counts,
+                                                 background, width, height, record_states=True)
         loss, partials = ext.loss_forward(image, target, ssim_weight)
         g_image = ext.loss_backward(image, target, partials, ssim_weight, one)
         g_means2d, g_conics, g_colors, g_opacities = rasterize_backward(saved, width, height, g_image, zero_alpha_grad)
