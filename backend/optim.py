@@ -1,7 +1,7 @@
 """Adam over parameter groups of one tensor each, as 3DGS trains its Gaussians.
 
-On CUDA a single extension call updates every group (one fused kernel per tensor, no per-group Python
-arithmetic on the device); on the CPU the same arithmetic runs in torch. Each parameter's state is
+On CUDA a single extension call updates every group (one fused kernel launch for all of them, no per-group
+Python arithmetic on the device); on the CPU the same arithmetic runs in torch. Each parameter's state is
 {step, exp_avg, exp_avg_sq}, whose rows densification edits together with the parameter's
 (strategy.edit_rows)."""
 from __future__ import annotations

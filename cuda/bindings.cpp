@@ -5,6 +5,7 @@
 #include <torch/extension.h>
 
 #include <atomic>
+#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <tuple>
@@ -42,6 +43,22 @@ void check_input(const torch::Tensor& t, const char* name, torch::ScalarType dty
 
 float* fptr(const torch::Tensor& t) { return t.data_ptr<float>(); }
 int32_t* iptr(const torch::Tensor& t) { return t.data_ptr<int32_t>(); }
+
+// Scratch buffers of the given sizes in bytes, 256-byte aligned, carved out of one allocation (fewer calls into
+// the allocator: the host's time is what bounds a small model's render). `owner` keeps them alive.
+std::vector<void*> scratch(std::initializer_list<size_t> sizes, const torch::Tensor& like, torch::Tensor& owner) {
+  auto aligned = [](size_t bytes) { return (bytes + 255) & ~(size_t)255; };
+  size_t total = 0;
+  for (size_t bytes : sizes) total += aligned(bytes);
+  owner = torch::empty({(int64_t)total}, like.options().dtype(torch::kUInt8));
+  std::vector<void*> buffers;
+  char* next = static_cast<char*>(owner.data_ptr());
+  for (size_t bytes : sizes) {
+    buffers.push_back(next);
+    next += aligned(bytes);
+  }
+  return buffers;
+}
 
 sw::GaussianArgs gaussian_args(const torch::Tensor& means, const torch::Tensor& quats, const torch::Tensor& scales,
                                const torch::Tensor& sh, const float* opacities, int64_t sh_degree) {
@@ -123,17 +140,17 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   torch::Tensor means2d = new_output({n, 2}, f32), conics = new_output({n, 3}, f32), depths = new_output({n}, f32);
   torch::Tensor radii = new_output({n}, f32.dtype(torch::kInt32)), colors = new_output({n, 3}, f32);
-  torch::Tensor tile_counts = torch::empty({n}, i64);
   TileCounts counts{torch::empty({n}, i64), torch::empty({2}, f32.dtype(torch::kInt32)), nullptr};
-  check(sw::launch_projection_fwd(g, cam, fptr(means2d), fptr(conics), fptr(depths), iptr(radii),
-                                  tile_counts.data_ptr<int64_t>(),
+  const size_t scan_temp_bytes = sw::scan_temp_bytes((int)n);
+  torch::Tensor owner;
+  const std::vector<void*> buffers = scratch({sizeof(int64_t) * n, scan_temp_bytes}, means, owner);
+  int64_t* tile_counts = static_cast<int64_t*>(buffers[0]);
+  check(sw::launch_projection_fwd(g, cam, fptr(means2d), fptr(conics), fptr(depths), iptr(radii), tile_counts,
                                   reinterpret_cast<uint32_t*>(iptr(counts.depth_range)), stream),
         "projection forward");
   if (n > 0) {
-    torch::Tensor scan_temp = torch::empty({(int64_t)sw::scan_temp_bytes((int)n)}, f32.dtype(torch::kUInt8));
     int64_t* entry_ends = counts.entry_ends.data_ptr<int64_t>();
-    check(sw::launch_entry_ends(tile_counts.data_ptr<int64_t>(), (int)n, entry_ends, scan_temp.data_ptr(),
-                                scan_temp.numel(), stream),
+    check(sw::launch_entry_ends(tile_counts, (int)n, entry_ends, buffers[1], scan_temp_bytes, stream),
           "tile counts' sum");
     counts.entries_on_host = std::make_shared<const PendingCount>(entry_ends + n - 1, stream);
   }
@@ -235,29 +252,30 @@ std::vector<torch::Tensor> bin_tiles(const torch::Tensor& means2d, const torch::
   const int n = (int)means2d.size(0);
   const int n_tiles = sw::tile_count((int)width, (int)height);
   const auto i32 = means2d.options().dtype(torch::kInt32);
-  const auto u8 = means2d.options().dtype(torch::kUInt8);
   const int64_t n_entries = counts.entries();  // the one host sync
   TORCH_CHECK(n_entries <= std::numeric_limits<int>::max(), "too many tile entries: ", n_entries);
 
-  // Keys live in uint8 tensors; the bit patterns are what is sorted.
-  const int64_t key_bytes = n_entries * sw::sort_key_bytes((int)width, (int)height);
-  torch::Tensor keys = torch::empty({key_bytes}, u8), sorted_keys = torch::empty({key_bytes}, u8);
-  torch::Tensor ids = torch::empty({n_entries}, i32), positions = torch::empty({n_entries}, i32);
+  // Keys: bit patterns of sort_key_bytes each, which is what is sorted.
+  const size_t key_bytes = n_entries * sw::sort_key_bytes((int)width, (int)height), id_bytes = n_entries * 4;
+  const size_t sort_temp_bytes = sw::sort_temp_bytes((int)n_entries, (int)width, (int)height);
+  const size_t batch_temp_bytes = sw::batch_scan_temp_bytes(n_tiles);
+  torch::Tensor owner;
+  const std::vector<void*> buffers = scratch({key_bytes, key_bytes, id_bytes, id_bytes, sort_temp_bytes,
+                                              sizeof(int32_t) * (n_tiles + 1), batch_temp_bytes},
+                                             means2d, owner);
   torch::Tensor sorted_ids = torch::empty({n_entries}, i32), sorted_positions = torch::empty({n_entries}, i32);
-  torch::Tensor sort_temp = torch::empty({(int64_t)sw::sort_temp_bytes((int)n_entries, (int)width, (int)height)}, u8);
   torch::Tensor ranges = torch::empty({n_tiles, 2}, i32);
   const sw::BinInputs in{fptr(means2d), fptr(conics), fptr(opacities), iptr(radii), fptr(depths),
                          reinterpret_cast<const uint32_t*>(iptr(counts.depth_range)), n, (int)width, (int)height};
-  const sw::SortBuffers out{iptr(ids), iptr(positions), iptr(sorted_positions), iptr(sorted_ids), iptr(ranges),
-                            sort_temp.data_ptr(), (size_t)sort_temp.numel()};
-  check(sw::launch_sort_entries(in, counts.entry_ends.data_ptr<int64_t>(), (int)n_entries, keys.data_ptr(),
-                                sorted_keys.data_ptr(), out, stream),
+  const sw::SortBuffers out{static_cast<int32_t*>(buffers[2]), static_cast<int32_t*>(buffers[3]),
+                            iptr(sorted_positions), iptr(sorted_ids), iptr(ranges), buffers[4], sort_temp_bytes};
+  check(sw::launch_sort_entries(in, counts.entry_ends.data_ptr<int64_t>(), (int)n_entries, buffers[0], buffers[1],
+                                out, stream),
         "sorting tile entries");
-  torch::Tensor batch_counts = torch::empty({n_tiles + 1}, i32), batch_offsets = torch::empty({n_tiles + 1}, i32);
+  torch::Tensor batch_offsets = torch::empty({n_tiles + 1}, i32);
   torch::Tensor batch_tiles = torch::empty({sw::max_tile_batches((int)n_entries, n_tiles)}, i32);
-  torch::Tensor batch_temp = torch::empty({(int64_t)sw::batch_scan_temp_bytes(n_tiles)}, u8);
-  check(sw::launch_tile_batches(iptr(ranges), n_tiles, iptr(batch_counts), iptr(batch_offsets), iptr(batch_tiles),
-                                batch_temp.data_ptr(), batch_temp.numel(), stream),
+  check(sw::launch_tile_batches(iptr(ranges), n_tiles, static_cast<int32_t*>(buffers[5]), iptr(batch_offsets),
+                                iptr(batch_tiles), buffers[6], batch_temp_bytes, stream),
         "tile batches");
   return {ranges, sorted_ids, batch_offsets, batch_tiles, sorted_positions, counts.entry_ends};
 }
@@ -412,7 +430,8 @@ torch::Tensor loss_backward(const torch::Tensor& image, const torch::Tensor& tar
   return grad_image;
 }
 
-// One Adam step for every parameter tensor, in place; step_sizes and inv_sqrt_bias2s are per tensor.
+// One Adam step for every parameter tensor, in place, in one launch; step_sizes and inv_sqrt_bias2s are per
+// tensor.
 void adam_step(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& grads,
                const std::vector<torch::Tensor>& exp_avgs, const std::vector<torch::Tensor>& exp_avg_sqs,
                const std::vector<double>& step_sizes, const std::vector<double>& inv_sqrt_bias2s, double beta1,
@@ -421,21 +440,26 @@ void adam_step(const std::vector<torch::Tensor>& params, const std::vector<torch
   TORCH_CHECK(grads.size() == n && exp_avgs.size() == n && exp_avg_sqs.size() == n && step_sizes.size() == n &&
                   inv_sqrt_bias2s.size() == n,
               "adam_step: one grad, state pair and step size per parameter");
+  if (n == 0) return;
+  const c10::cuda::CUDAGuard guard(params[0].device());
+  std::vector<torch::Tensor> contiguous_grads;  // slices of a concatenation's gradient are strided
+  std::vector<sw::AdamTensor> tensors;
+  contiguous_grads.reserve(n);
   for (size_t i = 0; i < n; ++i) {
-    const c10::cuda::CUDAGuard guard(params[i].device());
+    TORCH_CHECK(params[i].device() == params[0].device(), "adam_step: every parameter on one device");
     check_input(params[i], "param");
     check_input(exp_avgs[i], "exp_avg");
     check_input(exp_avg_sqs[i], "exp_avg_sq");
-    const torch::Tensor grad = grads[i].contiguous();  // slices of a concatenation's gradient are strided
+    contiguous_grads.push_back(grads[i].contiguous());
+    const torch::Tensor& grad = contiguous_grads.back();
     check_input(grad, "grad");
     TORCH_CHECK(grad.numel() == params[i].numel() && exp_avgs[i].numel() == params[i].numel() &&
                     exp_avg_sqs[i].numel() == params[i].numel(),
                 "adam_step: grad and state must have the parameter's size");
     const sw::AdamStep step{(float)step_sizes[i], (float)inv_sqrt_bias2s[i], (float)beta1, (float)beta2, (float)eps};
-    check(sw::launch_adam(fptr(params[i]), fptr(grad), fptr(exp_avgs[i]), fptr(exp_avg_sqs[i]), params[i].numel(),
-                          step, c10::cuda::getCurrentCUDAStream()),
-          "adam");
+    tensors.push_back({fptr(params[i]), fptr(grad), fptr(exp_avgs[i]), fptr(exp_avg_sqs[i]), params[i].numel(), step});
   }
+  check(sw::launch_adam(tensors.data(), (int)n, c10::cuda::getCurrentCUDAStream()), "adam");
 }
 
 // grad_sum += NDC-scaled |dL/d(means2d)| and count += 1 for every Gaussian with radii > 0, in place.

@@ -177,8 +177,9 @@ cudaError_t launch_loss_bwd(const float* image, const uint8_t* target, const flo
                             float ssim_weight, const float* grad_loss, float* workspace, float* grad_image,
                             cudaStream_t stream);
 
-// One Adam step on n values: m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+// One Adam step on each of `count` tensors of n values: m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
 // p -= step_size m / (sqrt(v) inv_sqrt_bias2 + eps), with step_size = lr / (1 - b1^t), inv_sqrt_bias2 = 1 / sqrt(1 - b2^t).
+// One launch per ADAM_TENSORS tensors.
 struct AdamStep {
   float step_size;
   float inv_sqrt_bias2;
@@ -186,8 +187,16 @@ struct AdamStep {
   float beta2;
   float eps;
 };
-cudaError_t launch_adam(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
-                        const AdamStep& step, cudaStream_t stream);
+struct AdamTensor {
+  float* param;
+  const float* grad;
+  float* exp_avg;
+  float* exp_avg_sq;
+  int64_t n;
+  AdamStep step;
+};
+constexpr int ADAM_TENSORS = 8;
+cudaError_t launch_adam(const AdamTensor* tensors, int count, cudaStream_t stream);
 
 // Densification statistics: for each Gaussian drawn this step (radii > 0), grad_sum += |dL/d(means2d)| in NDC
 // units (pixels times half the image size) and count += 1.

@@ -186,15 +186,31 @@ __global__ void loss_grad_kernel(const float* __restrict__ x, const Target* __re
   }
 }
 
-__global__ void adam_kernel(float* __restrict__ param, const float* __restrict__ grad, float* __restrict__ exp_avg,
-                            float* __restrict__ exp_avg_sq, int64_t n, AdamStep a) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    const float g = grad[i];
-    const float m = a.beta1 * exp_avg[i] + (1.f - a.beta1) * g;
-    const float v = a.beta2 * exp_avg_sq[i] + (1.f - a.beta2) * g * g;
-    exp_avg[i] = m;
-    exp_avg_sq[i] = v;
-    param[i] -= a.step_size * m / (sqrtf(v) * a.inv_sqrt_bias2 + a.eps);
+constexpr int ADAM_THREADS = 256, ADAM_BLOCK_VALUES = 4 * ADAM_THREADS;
+
+// Up to ADAM_TENSORS tensors in one launch: tensor k's values go to blocks [first_block[k], first_block[k + 1]),
+// ADAM_BLOCK_VALUES each.
+struct AdamLaunch {
+  AdamTensor tensors[ADAM_TENSORS];
+  int64_t first_block[ADAM_TENSORS + 1];
+  int count;
+};
+
+__global__ void __launch_bounds__(ADAM_THREADS) adam_kernel(const __grid_constant__ AdamLaunch launch) {
+  int k = 0;
+  while (k + 1 < launch.count && blockIdx.x >= launch.first_block[k + 1]) ++k;
+  const AdamTensor& t = launch.tensors[k];
+  const AdamStep& a = t.step;
+  const int64_t first = (blockIdx.x - launch.first_block[k]) * ADAM_BLOCK_VALUES + threadIdx.x;
+#pragma unroll
+  for (int64_t i = first; i < first + ADAM_BLOCK_VALUES; i += ADAM_THREADS) {
+    if (i >= t.n) break;
+    const float g = t.grad[i];
+    const float m = a.beta1 * t.exp_avg[i] + (1.f - a.beta1) * g;
+    const float v = a.beta2 * t.exp_avg_sq[i] + (1.f - a.beta2) * g * g;
+    t.exp_avg[i] = m;
+    t.exp_avg_sq[i] = v;
+    t.param[i] -= a.step_size * m / (sqrtf(v) * a.inv_sqrt_bias2 + a.eps);
   }
 }
 
@@ -269,14 +285,22 @@ cudaError_t launch_loss_bwd(const float* image, const uint8_t* target, const flo
   return loss_bwd(image, target, partials, width, height, ssim_weight, grad_loss, workspace, grad_image, stream);
 }
 
-cudaError_t launch_adam(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
-                        const AdamStep& step, cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  const int threads = 256;
-  const int64_t blocks = (n + threads - 1) / threads;
-  adam_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), threads, 0, stream>>>(param, grad, exp_avg, exp_avg_sq, n,
-                                                                                 step);
-  return cudaGetLastError();
+cudaError_t launch_adam(const AdamTensor* tensors, int count, cudaStream_t stream) {
+  for (int start = 0; start < count; start += ADAM_TENSORS) {
+    AdamLaunch launch{};
+    launch.count = count - start < ADAM_TENSORS ? count - start : ADAM_TENSORS;
+    for (int k = 0; k < launch.count; ++k) {
+      const AdamTensor& t = tensors[start + k];
+      launch.tensors[k] = t;
+      launch.first_block[k + 1] = launch.first_block[k] + (t.n + ADAM_BLOCK_VALUES - 1) / ADAM_BLOCK_VALUES;
+    }
+    const int64_t blocks = launch.first_block[launch.count];
+    if (blocks == 0) continue;
+    adam_kernel<<<(unsigned)blocks, ADAM_THREADS, 0, stream>>>(launch);
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
 }
 
 cudaError_t launch_grad_stats(const float* grad_means2d, const int32_t* radii, int n, int width, int height,

@@ -338,3 +338,30 @@ def test_means2d_grad_and_no_grad_mode():
                              64, 64, 3, (0.0, 0.0, 0.0))
     assert not out.image.requires_grad and out.means2d.grad is None
     assert math.isfinite(out.image.sum().item())
+
+
+def test_a_loss_on_the_image_or_the_alpha_alone():
+    """Autograd passes no gradient for an output that no loss reads (the Functions leave it unmade, and their
+    backward takes zeros for it): a loss on the image alone and one on the alpha alone have gradients that add up
+    to those of their sum."""
+    from backend.render import cuda
+    seed = fresh_seed()
+    width, height = 64, 48
+    scene = random_scene(500, width, height, torch.Generator().manual_seed(seed))
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    w_image = torch.randn(height, width, 3, generator=gen, device=DEV)
+    w_alpha = torch.randn(height, width, generator=gen, device=DEV)
+
+    def grads(on_image: bool, on_alpha: bool) -> dict:
+        params = {k: scene[k].to(DEV).requires_grad_(True) for k in PARAMS}
+        out = cuda.rasterize(*(params[k] for k in PARAMS), scene["viewmat"].to(DEV), scene["K"].to(DEV), width,
+                             height, 3, (0.2, 0.3, 0.4))
+        terms = [(out.image * w_image).sum()] * on_image + [(out.alpha * w_alpha).sum()] * on_alpha
+        sum(terms).backward()
+        return {k: params[k].grad for k in PARAMS}
+
+    image_only, alpha_only, both = grads(True, False), grads(False, True), grads(True, True)
+    assert image_only["means"].abs().sum() > 0 and alpha_only["means"].abs().sum() > 0, seed
+    for name in PARAMS:
+        err = rel_l2(image_only[name] + alpha_only[name], both[name])
+        assert err <= 1e-5, f"{name}: relative L2 {err:.2e} (seed {seed})"

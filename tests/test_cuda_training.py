@@ -168,12 +168,13 @@ def test_frames_of_watched_training_are_drawn_from_its_copies(tmp_path, tiny_sce
 
 def test_adam_kernel_matches_the_cpu_arithmetic():
     """The kernel in float32 against the same optimizer's CPU arithmetic in float64 (which
-    tests/test_train.py holds to torch.optim.Adam)."""
+    tests/test_train.py holds to torch.optim.Adam), for more tensors than one launch takes (ADAM_TENSORS in
+    cuda/splatwright.h: 8)."""
     gen = torch.Generator().manual_seed(1)
-    shapes = [(1000, 3), (1000, 15, 3), (1000,), (0, 4)]
+    shapes = [(1000, 3), (1000, 15, 3), (1000,), (0, 4), (3000, 4), (7,), (2049,), (1, 3), (1025,), (10, 10)]
     kernel_params = [torch.randn(s, generator=gen).to(DEV) for s in shapes]
     cpu_params = [p.cpu().double() for p in kernel_params]
-    lrs = [1e-2, 3e-3, 5e-2, 1e-3]
+    lrs = [1e-2, 3e-3, 5e-2, 1e-3, 2e-2, 1e-2, 4e-3, 3e-2, 1e-2, 5e-3]
     kernel = Adam([{"params": [p], "lr": lr} for p, lr in zip(kernel_params, lrs)], eps=1e-15)
     cpu = Adam([{"params": [p], "lr": lr} for p, lr in zip(cpu_params, lrs)], eps=1e-15)
     for step in range(30):

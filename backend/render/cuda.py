@@ -54,16 +54,25 @@ class _Project(torch.autograd.Function):
         ctx.save_for_backward(means, quats, scales, sh, viewmat, K, radii)
         ctx.args = (width, height, sh_degree)
         ctx.mark_non_differentiable(depths, radii)
+        ctx.set_materialize_grads(False)  # no zeros made for depths and radii, which get no gradient
         return means2d, conics, depths, radii, colors, tile_counts
 
     @staticmethod
     def backward(ctx, g_means2d, g_conics, g_depths, g_radii, g_colors, g_tile_counts):
         means, quats, scales, sh, viewmat, K, radii = ctx.saved_tensors
         width, height, sh_degree = ctx.args
+        n = len(means)
         g_means, g_quats, g_scales, g_sh = extension().project_backward(
             means, quats, scales, sh, viewmat, K, width, height, sh_degree, radii,
-            g_means2d.contiguous(), g_conics.contiguous(), g_colors.contiguous())
+            or_zeros(g_means2d, (n, 2), means.device), or_zeros(g_conics, (n, 3), means.device),
+            or_zeros(g_colors, (n, 3), means.device))
         return g_means, g_quats, g_scales, g_sh, None, None, None, None, None, None
+
+
+def or_zeros(grad, shape, device) -> torch.Tensor:
+    """A backward's incoming gradient, contiguous, or float32 zeros of `shape` where autograd passed none (the
+    Functions here leave unused outputs' gradients unmade)."""
+    return torch.zeros(shape, device=device) if grad is None else grad.contiguous()
 
 
 def rasterize_forward(means2d, conics, colors, opacities, depths, radii, tile_counts, background, width: int,
@@ -92,11 +101,17 @@ class _Rasterize(torch.autograd.Function):
         ctx.save_for_backward(*saved)
         ctx.size = (width, height)
         ctx.mark_non_differentiable(depth)
+        ctx.set_materialize_grads(False)  # no zeros made for the depth, nor for alpha where no loss reads it
         return image, alpha, depth
 
     @staticmethod
     def backward(ctx, g_image, g_alpha, g_depth):
-        g_means2d, g_conics, g_colors, g_opacities = rasterize_backward(ctx.saved_tensors, *ctx.size, g_image, g_alpha)
+        width, height = ctx.size
+        saved = ctx.saved_tensors
+        device = saved[-1].device
+        g_alpha = unit_gradients(height, width, device)[1] if g_alpha is None else g_alpha
+        g_means2d, g_conics, g_colors, g_opacities = rasterize_backward(
+            saved, width, height, or_zeros(g_image, (height, width, 3), device), g_alpha)
         return g_means2d, g_conics, g_colors, g_opacities, None, None, None, None, None, None
 
 
