@@ -31,6 +31,7 @@ from blender_addon.core.protocol import REQUESTS, SERVER_MESSAGES, Message, Prot
 from .engine import Engine, Limits, RenderJob, log
 from .frames import decode_upload
 from .policy import resolve_device
+from .train import warm_up
 from . import shared_frames
 from .shared_frames import SharedFrames
 
@@ -437,6 +438,15 @@ def read_token(path: str | None) -> str:
 GIL_SWITCH_SECONDS = 0.0002
 
 
+def _warm_up() -> None:
+    """Build or load the kernels and run each once while no one waits, so that the first training starts at
+    full speed; a failure here is reported again by the training that meets it."""
+    try:
+        log(f"kernels ready ({warm_up():.1f} s)")
+    except Exception as e:  # the build's or the GPU's error, which the first training reports to its client
+        log(f"warming up the kernels failed: {e}")
+
+
 def serve(args) -> int:
     sys.setswitchinterval(GIL_SWITCH_SECONDS)
     if shared_frames.available():
@@ -462,6 +472,8 @@ def serve(args) -> int:
         threading.Thread(target=_stop_when_orphaned, args=(server,), name="parent-watch", daemon=True).start()
     print(json.dumps({"event": "ready", "port": server.port, "protocol": protocol.PROTOCOL_VERSION}), flush=True)
     log(f"listening on {args.host}:{server.port}, {device} ({rasterizer} rasterizer), sessions in {workdir}")
+    if device == "cuda":
+        threading.Thread(target=_warm_up, name="warm-up", daemon=True).start()
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -10,7 +10,7 @@ import torch
 
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.files import replacing
-from blender_addon.core.cameras import Camera
+from blender_addon.core.cameras import Camera, intrinsics_from_fov_x, look_at
 from .data import Dataset, as_float, camera_extent, quantise, scene_bounds
 from .distributed import SINGLE, Group
 from .dynamic import DynamicGaussians, gaussians_from_tensors
@@ -284,3 +284,27 @@ def load_checkpoint(path: str | Path) -> dict:
         raise SplatwrightError(f"{Path(path).name}: checkpoint format {state['format']}, but this version reads format "
                                f"{CHECKPOINT_FORMAT}; train again from scratch (without --resume)")
     return state
+
+
+def warm_up(device: str = "cuda") -> float:
+    """A few steps of every kind (densification, opacity reset, the Gaussian cap) on a tiny scene, so that what a
+    process does once before its first training (building or loading the CUDA extension, loading each kernel,
+    the allocator's first blocks: half a second on an H200 once built) is done before a user's training starts.
+    Returns the seconds it took."""
+    start = time.perf_counter()
+    size = 32
+    cameras = [Camera(look_at((3.0 * math.cos(a), 3.0 * math.sin(a), 1.0), (0.0, 0.0, 0.0)),
+                      intrinsics_from_fov_x(0.9, size, size), size, size) for a in (0.0, 2.0, 4.0)]
+    images = torch.full((len(cameras), size, size, 3), 128, dtype=torch.uint8)
+    steps = 4
+    cfg = TrainConfig(iterations=steps, sh_interval=1, init_points=256, log_every=1,
+                      rasterizer="cuda" if device == "cuda" else "reference",
+                      densify=DensifyConfig(grad_threshold=0.0, start=0, every=1, stop=steps, reset_opacity_every=2,
+                                            max_gaussians=300))
+    trainer = Trainer(Dataset(cameras, images, [str(i) for i in range(len(cameras))]), cfg, device)
+    while trainer.step < steps:
+        trainer.train_step()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+

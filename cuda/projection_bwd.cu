@@ -51,8 +51,7 @@ cudaError_t launch_projection_bwd(const GaussianArgs& g, const CameraArgs& cam, 
   if (g.n == 0) return cudaSuccess;
   const float margin_x = (float)(FOV_CLAMP_MARGIN * cam.width);
   const float margin_y = (float)(FOV_CLAMP_MARGIN * cam.height);
-  const size_t smem = sizeof(float) * PROJ_THREADS * ((g.sh_coeffs * 3) | 1);
-  projection_bwd_kernel<<<(g.n + PROJ_THREADS - 1) / PROJ_THREADS, PROJ_THREADS, smem, stream>>>(
+  projection_bwd_kernel<<<projection_blocks(g.n), PROJ_THREADS, sh_rows_bytes(g.sh_coeffs), stream>>>(
       g, cam, margin_x, margin_y, radii, grad_means2d, grad_conics, grad_colors, grad_means, grad_quats,
       grad_scales, grad_sh);
   return cudaGetLastError();

@@ -74,8 +74,6 @@ __global__ void __launch_bounds__(PROJ_THREADS)
   sh_color(g.sh_degree, dir, s_sh + threadIdx.x * stride, color);
 }
 
-static int projection_blocks(int n) { return (n + PROJ_THREADS - 1) / PROJ_THREADS; }
-
 cudaError_t launch_projection_fwd(const GaussianArgs& g, const CameraArgs& cam, float* means2d, float* conics,
                                   float* depths, int32_t* radii, int64_t* tile_counts, uint32_t* depth_range,
                                   cudaStream_t stream) {
@@ -91,8 +89,8 @@ cudaError_t launch_projection_fwd(const GaussianArgs& g, const CameraArgs& cam, 
 cudaError_t launch_sh_colors(const GaussianArgs& g, const CameraArgs& cam, const int32_t* radii, float* colors,
                              cudaStream_t stream) {
   if (g.n == 0) return cudaSuccess;
-  const size_t smem = sizeof(float) * PROJ_THREADS * ((g.sh_coeffs * 3) | 1);
-  sh_colors_kernel<<<projection_blocks(g.n), PROJ_THREADS, smem, stream>>>(g, cam, radii, colors);
+  sh_colors_kernel<<<projection_blocks(g.n), PROJ_THREADS, sh_rows_bytes(g.sh_coeffs), stream>>>(g, cam, radii,
+                                                                                                  colors);
   return cudaGetLastError();
 }
 

@@ -18,8 +18,10 @@ def test_report_over_seeds(tmp_path, monkeypatch, capsys):
     rows = {"splatwright": row(33.41, 16.0), "splatwright, seed 1": row(35.35, 17.0),
             "splatwright, seed 2": row(35.43, 18.0, worst_view=7), "splatwright, resumed at 6000": row(33.40, 16.5),
             "gsplat 1.5.3 simple_trainer": row(35.61, 160.0)}
-    bench_train.report(rows, TrainConfig(iterations=12000), "quality", "interior")
+    bench_train.report(rows, TrainConfig(iterations=12000), "quality", "interior",
+                       {"splatwright": 0.52, "gsplat": 1.25})
     text = capsys.readouterr().out
+    assert "warm-up in this process (its kernels loaded and run once: splatwright 0.52 s, gsplat 1.25 s;" in text
     assert "| splatwright, seed 2 | 12000 | 18.0 | 35.43 | 0.9700 | 31.43 (view 7) |" in text
     assert "ours over 3 seeds: PSNR min 33.41, mean 34.73, max 35.43 dB; time mean 17.0 s" in text
     assert "ours/gsplat 1.5.3 simple_trainer: time 0.10, PSNR -2.20 dB" in text  # the first seed's row
@@ -31,7 +33,8 @@ def test_report_over_seeds(tmp_path, monkeypatch, capsys):
 def test_one_seed_has_no_seed_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Test GPU")
     monkeypatch.setattr(bench_train, "RESULTS", tmp_path)
-    bench_train.report({"splatwright": row(34.0, 15.0)}, TrainConfig(iterations=8000), "fast", "lego")
+    bench_train.report({"splatwright": row(34.0, 15.0)}, TrainConfig(iterations=8000), "fast", "lego",
+                       {"splatwright": 0.5})
     assert "seeds" not in capsys.readouterr().out
 
 

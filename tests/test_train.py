@@ -14,9 +14,9 @@ from backend.gaussians import Gaussians
 from backend.optim import Adam
 from backend.ply import read_ply
 from blender_addon.core.points import POINTS_FILE, write_points
-from backend.strategy import edit_rows
+from backend.strategy import DefaultStrategy, edit_rows
 from backend.metrics import photometric_loss
-from backend.train import Trainer, evaluate, load_checkpoint, mean_scores
+from backend.train import Trainer, evaluate, load_checkpoint, mean_scores, warm_up
 from conftest import ROOT, orbit_cameras, random_gaussians, write_scene
 
 
@@ -123,6 +123,20 @@ def test_gaussian_cap_is_respected(tiny_scene):
     while trainer.step < 60:
         trainer.train_step()
         assert len(trainer.g) <= 520
+
+
+def test_the_warm_up_runs_every_kind_of_step(monkeypatch):
+    """What a process would otherwise do at its first training's first densification and opacity reset."""
+    calls = {"_densify": 0, "_reset_opacity": 0}
+    for name in calls:
+        original = getattr(DefaultStrategy, name)
+
+        def counted(self, *args, name=name, original=original):
+            calls[name] += 1
+            return original(self, *args)
+        monkeypatch.setattr(DefaultStrategy, name, counted)
+    assert warm_up("cpu") > 0
+    assert calls["_densify"] >= 2 and calls["_reset_opacity"] >= 1
 
 
 def run_cli(*args, timeout=300):

@@ -72,7 +72,13 @@ class _Project(torch.autograd.Function):
 def or_zeros(grad, shape, device) -> torch.Tensor:
     """A backward's incoming gradient, contiguous, or float32 zeros of `shape` where autograd passed none (the
     Functions here leave unused outputs' gradients unmade)."""
-    return torch.zeros(shape, device=device) if grad is None else grad.contiguous()
+    return constant(shape, 0.0, device) if grad is None else grad.contiguous()
+
+
+@functools.lru_cache(maxsize=8)  # a training run's steps ask for the same few, so none is made or filled a step
+def constant(shape: tuple, value: float, device: torch.device) -> torch.Tensor:
+    """A float32 tensor filled with `value`, shared: the kernels only read it."""
+    return torch.full(shape, value, device=device)
 
 
 def rasterize_forward(means2d, conics, colors, opacities, depths, radii, tile_counts, background, width: int,
@@ -86,10 +92,10 @@ def rasterize_forward(means2d, conics, colors, opacities, depths, radii, tile_co
 
 
 def rasterize_backward(saved, width: int, height: int, g_image, g_alpha):
-    """Gradients w.r.t. means2d, conics, colors and opacities; `saved`: rasterize_forward's second result."""
+    """Gradients w.r.t. means2d, conics, colors and opacities; `saved`: rasterize_forward's second result; the
+    image's and alpha's gradients contiguous."""
     *bins_and_states, final_t, n_contrib = saved  # bins, batch states, splats, background
-    return extension().rasterize_backward(*bins_and_states, width, height, final_t, n_contrib, g_image.contiguous(),
-                                          g_alpha.contiguous())
+    return extension().rasterize_backward(*bins_and_states, width, height, final_t, n_contrib, g_image, g_alpha)
 
 
 class _Rasterize(torch.autograd.Function):
@@ -109,9 +115,8 @@ class _Rasterize(torch.autograd.Function):
         width, height = ctx.size
         saved = ctx.saved_tensors
         device = saved[-1].device
-        g_alpha = unit_gradients(height, width, device)[1] if g_alpha is None else g_alpha
-        g_means2d, g_conics, g_colors, g_opacities = rasterize_backward(
-            saved, width, height, or_zeros(g_image, (height, width, 3), device), g_alpha)
+        g_image, g_alpha = or_zeros(g_image, (height, width, 3), device), or_zeros(g_alpha, (height, width), device)
+        g_means2d, g_conics, g_colors, g_opacities = rasterize_backward(saved, width, height, g_image, g_alpha)
         return g_means2d, g_conics, g_colors, g_opacities, None, None, None, None, None, None
 
 
@@ -148,12 +153,6 @@ class ViewGradients(NamedTuple):
     radii: torch.Tensor  # (N,) int32, 0 where not drawn
 
 
-@functools.lru_cache(maxsize=1)  # a training run's views share one size
-def unit_gradients(height: int, width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The loss's gradient with respect to itself (1) and the alpha image's (zeros, the loss not reading it)."""
-    return torch.ones((), device=device), torch.zeros((height, width), device=device)
-
-
 def gradient_step(g: Gaussians, viewmat, K, width: int, height: int, sh_degree: int, background, target,
                   ssim_weight: float) -> ViewGradients:
     """One view's photometric loss (metrics.photometric_loss) of a static model and its gradients, added to each
@@ -163,7 +162,8 @@ def gradient_step(g: Gaussians, viewmat, K, width: int, height: int, sh_degree: 
     autograd's (tests/test_cuda_training.py), for a third less host time a step, which is what bounds a step on
     a fast GPU. `target`: the view as the loss takes it (uint8 or float32, (H, W, 3))."""
     ext = extension()
-    one, zero_alpha_grad = unit_gradients(height, width, g.means.device)
+    one = constant((), 1.0, g.means.device)  # the loss's gradient with respect to itself
+    zero_alpha_grad = constant((height, width), 0.0, g.means.device)  # the loss does not read alpha
     with torch.no_grad():
         scales, opacities = torch.exp(g.log_scales), torch.sigmoid(g.opacity_logits)
         sh = torch.cat([g.sh_dc, g.sh_rest], dim=1)
