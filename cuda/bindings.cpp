@@ -60,22 +60,30 @@ std::vector<void*> scratch(std::initializer_list<size_t> sizes, const torch::Ten
   return buffers;
 }
 
+// The SH coefficients come in two parts, sh_head (N, K1, 3) and sh_tail (N, K2, 3), each Gaussian's K1 + K2
+// coefficients in that order: a model's sh_dc and sh_rest as they are, or a whole (N, K, 3) and an empty tail.
 sw::GaussianArgs gaussian_args(const torch::Tensor& means, const torch::Tensor& quats, const torch::Tensor& scales,
-                               const torch::Tensor& sh, const float* opacities, int64_t sh_degree) {
+                               const torch::Tensor& sh_head, const torch::Tensor& sh_tail, const float* opacities,
+                               int64_t sh_degree) {
   check_input(means, "means");
   check_input(quats, "quats");
   check_input(scales, "scales");
-  check_input(sh, "sh");
+  check_input(sh_head, "sh_head");
+  check_input(sh_tail, "sh_tail");
   const int64_t n = means.size(0);
   TORCH_CHECK(means.dim() == 2 && means.size(1) == 3, "means must be (N, 3)");
   TORCH_CHECK(quats.dim() == 2 && quats.size(0) == n && quats.size(1) == 4, "quats must be (N, 4)");
   TORCH_CHECK(scales.dim() == 2 && scales.size(0) == n && scales.size(1) == 3, "scales must be (N, 3)");
-  TORCH_CHECK(sh.dim() == 3 && sh.size(0) == n && sh.size(2) == 3, "sh must be (N, K, 3)");
+  for (const torch::Tensor* part : {&sh_head, &sh_tail})
+    TORCH_CHECK(part->dim() == 3 && part->size(0) == n && part->size(2) == 3, "sh_head and sh_tail must be (N, K, 3)");
+  TORCH_CHECK(sh_head.size(1) >= 1, "sh_head must hold at least the first coefficient");
+  const int64_t coeffs = sh_head.size(1) + sh_tail.size(1);
   TORCH_CHECK(sh_degree >= 0 && sh_degree <= 3, "sh_degree must be 0..3");
-  TORCH_CHECK(sh.size(1) >= (sh_degree + 1) * (sh_degree + 1), "sh has too few coefficients for the degree");
-  TORCH_CHECK(sh.size(1) <= sw::MAX_SH_COEFFS, "sh has more than ", sw::MAX_SH_COEFFS, " coefficients");
+  TORCH_CHECK(coeffs >= (sh_degree + 1) * (sh_degree + 1), "sh has too few coefficients for the degree");
+  TORCH_CHECK(coeffs <= sw::MAX_SH_COEFFS, "sh has more than ", sw::MAX_SH_COEFFS, " coefficients");
   TORCH_CHECK(n <= std::numeric_limits<int>::max(), "too many Gaussians");
-  return {fptr(means), fptr(quats), fptr(scales), fptr(sh), opacities, (int)n, (int)sh.size(1), (int)sh_degree};
+  return {fptr(means), fptr(quats), fptr(scales), fptr(sh_head), fptr(sh_tail), opacities, (int)n,
+          (int)sh_head.size(1), (int)coeffs, (int)sh_degree};
 }
 
 sw::CameraArgs camera_args(const torch::Tensor& viewmat, const torch::Tensor& K, int64_t width, int64_t height) {
@@ -128,12 +136,12 @@ struct TileCounts {
 // colours are launched after the entry count's copy, so that the GPU computes them while bin_tiles waits for it.
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, TileCounts> project_forward(
     const torch::Tensor& means, const torch::Tensor& quats, const torch::Tensor& scales,
-    const torch::Tensor& opacities, const torch::Tensor& sh, const torch::Tensor& viewmat, const torch::Tensor& K,
-    int64_t width, int64_t height, int64_t sh_degree) {
+    const torch::Tensor& opacities, const torch::Tensor& sh_head, const torch::Tensor& sh_tail,
+    const torch::Tensor& viewmat, const torch::Tensor& K, int64_t width, int64_t height, int64_t sh_degree) {
   const c10::cuda::CUDAGuard guard(means.device());
   check_input(opacities, "opacities");
   TORCH_CHECK(opacities.numel() == means.size(0), "opacities must be (N,)");
-  const sw::GaussianArgs g = gaussian_args(means, quats, scales, sh, fptr(opacities), sh_degree);
+  const sw::GaussianArgs g = gaussian_args(means, quats, scales, sh_head, sh_tail, fptr(opacities), sh_degree);
   const sw::CameraArgs cam = camera_args(viewmat, K, width, height);
   const auto f32 = means.options(), i64 = f32.dtype(torch::kInt64);
   const int64_t n = g.n;
@@ -158,26 +166,29 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
   return {means2d, conics, depths, radii, colors, counts};
 }
 
-// Returns grads w.r.t. means, quats, scales, sh.
+// Returns grads w.r.t. means, quats, scales, sh_head and sh_tail.
 std::vector<torch::Tensor> project_backward(const torch::Tensor& means, const torch::Tensor& quats,
-                                            const torch::Tensor& scales, const torch::Tensor& sh,
-                                            const torch::Tensor& viewmat, const torch::Tensor& K, int64_t width,
+                                            const torch::Tensor& scales, const torch::Tensor& sh_head,
+                                            const torch::Tensor& sh_tail, const torch::Tensor& viewmat, const torch::Tensor& K, int64_t width,
                                             int64_t height, int64_t sh_degree, const torch::Tensor& radii,
                                             const torch::Tensor& grad_means2d, const torch::Tensor& grad_conics,
                                             const torch::Tensor& grad_colors) {
   const c10::cuda::CUDAGuard guard(means.device());
-  const sw::GaussianArgs g = gaussian_args(means, quats, scales, sh, nullptr, sh_degree);
+  const sw::GaussianArgs g = gaussian_args(means, quats, scales, sh_head, sh_tail, nullptr, sh_degree);
   const sw::CameraArgs cam = camera_args(viewmat, K, width, height);
   check_input(radii, "radii", torch::kInt32);
   check_input(grad_means2d, "grad_means2d");
   check_input(grad_conics, "grad_conics");
   check_input(grad_colors, "grad_colors");
   torch::Tensor gm = new_output(means.sizes(), means.options()), gq = new_output(quats.sizes(), quats.options());
-  torch::Tensor gs = new_output(scales.sizes(), scales.options()), gsh = new_output(sh.sizes(), sh.options());
+  torch::Tensor gs = new_output(scales.sizes(), scales.options());
+  torch::Tensor g_head = new_output(sh_head.sizes(), sh_head.options());
+  torch::Tensor g_tail = new_output(sh_tail.sizes(), sh_tail.options());
   check(sw::launch_projection_bwd(g, cam, iptr(radii), fptr(grad_means2d), fptr(grad_conics), fptr(grad_colors),
-                                  fptr(gm), fptr(gq), fptr(gs), fptr(gsh), c10::cuda::getCurrentCUDAStream()),
+                                  fptr(gm), fptr(gq), fptr(gs), fptr(g_head), fptr(g_tail),
+                                  c10::cuda::getCurrentCUDAStream()),
         "projection backward");
-  return {gm, gq, gs, gsh};
+  return {gm, gq, gs, g_head, g_tail};
 }
 
 sw::MotionArgs motion_args(const std::vector<torch::Tensor>& motion, double time) {

@@ -399,6 +399,24 @@ __device__ __forceinline__ void load_rows(float* smem, const float* global, int 
 __device__ __forceinline__ void store_rows(float* global, float* smem, int rows, int row_len, int stride) {
   copy_rows<false>(smem, global, rows, row_len, stride);
 }
+
+// The SH rows of Gaussians first .. first + rows - 1 from their two parts in global memory (head_coeffs and
+// tail_coeffs coefficients a row, as GaussianArgs holds them) into shared memory, one row of stride floats each,
+// the head's coefficients first; the tail only where the first `used` coefficients reach into it.
+__device__ __forceinline__ void load_sh_rows(float* smem, const float* head, const float* tail, int head_coeffs,
+                                             int tail_coeffs, int used, int first, int rows, int stride) {
+  load_rows(smem, head + (size_t)first * head_coeffs * 3, rows, head_coeffs * 3, stride);
+  if (used > head_coeffs)
+    load_rows(smem + head_coeffs * 3, tail + (size_t)first * tail_coeffs * 3, rows, tail_coeffs * 3, stride);
+}
+
+// The other way, whole rows: shared memory's rows back to the two parts.
+__device__ __forceinline__ void store_sh_rows(float* head, float* tail, float* smem, int head_coeffs,
+                                              int tail_coeffs, int first, int rows, int stride) {
+  store_rows(head + (size_t)first * head_coeffs * 3, smem, rows, head_coeffs * 3, stride);
+  if (tail_coeffs > 0)
+    store_rows(tail + (size_t)first * tail_coeffs * 3, smem + head_coeffs * 3, rows, tail_coeffs * 3, stride);
+}
 #endif
 
 }  // namespace splatwright

@@ -10,12 +10,14 @@ __global__ void __launch_bounds__(PROJ_THREADS)
                           const int32_t* __restrict__ radii, const float* __restrict__ grad_means2d,
                           const float* __restrict__ grad_conics, const float* __restrict__ grad_colors,
                           float* __restrict__ grad_means, float* __restrict__ grad_quats,
-                          float* __restrict__ grad_scales, float* __restrict__ grad_sh) {
+                          float* __restrict__ grad_scales, float* __restrict__ grad_sh_head,
+                          float* __restrict__ grad_sh_tail) {
   extern __shared__ float s_sh[];  // (PROJ_THREADS, stride): SH rows in, their gradients out (in place)
   const int first = blockIdx.x * PROJ_THREADS;
   const int rows = min(PROJ_THREADS, g.n - first);
-  const int row_len = g.sh_coeffs * 3, stride = row_len | 1;
-  load_rows(s_sh, g.sh + (size_t)first * row_len, rows, row_len, stride);
+  const int row_len = g.sh_coeffs * 3, stride = row_len | 1, tail_coeffs = g.sh_coeffs - g.sh_head_coeffs;
+  load_sh_rows(s_sh, g.sh_head, g.sh_tail, g.sh_head_coeffs, tail_coeffs, (g.sh_degree + 1) * (g.sh_degree + 1),
+               first, rows, stride);
   __syncthreads();
 
   const int i = first + threadIdx.x;
@@ -41,19 +43,19 @@ __global__ void __launch_bounds__(PROJ_THREADS)
     }
   }
   __syncthreads();
-  store_rows(grad_sh + (size_t)first * row_len, s_sh, rows, row_len, stride);
+  store_sh_rows(grad_sh_head, grad_sh_tail, s_sh, g.sh_head_coeffs, tail_coeffs, first, rows, stride);
 }
 
 cudaError_t launch_projection_bwd(const GaussianArgs& g, const CameraArgs& cam, const int32_t* radii,
                                   const float* grad_means2d, const float* grad_conics, const float* grad_colors,
-                                  float* grad_means, float* grad_quats, float* grad_scales, float* grad_sh,
-                                  cudaStream_t stream) {
+                                  float* grad_means, float* grad_quats, float* grad_scales, float* grad_sh_head,
+                                  float* grad_sh_tail, cudaStream_t stream) {
   if (g.n == 0) return cudaSuccess;
   const float margin_x = (float)(FOV_CLAMP_MARGIN * cam.width);
   const float margin_y = (float)(FOV_CLAMP_MARGIN * cam.height);
   projection_bwd_kernel<<<projection_blocks(g.n), PROJ_THREADS, sh_rows_bytes(g.sh_coeffs), stream>>>(
       g, cam, margin_x, margin_y, radii, grad_means2d, grad_conics, grad_colors, grad_means, grad_quats,
-      grad_scales, grad_sh);
+      grad_scales, grad_sh_head, grad_sh_tail);
   return cudaGetLastError();
 }
 

@@ -56,8 +56,9 @@ __global__ void __launch_bounds__(PROJ_THREADS)
                      float* __restrict__ colors) {
   extern __shared__ float s_sh[];  // (PROJ_THREADS, stride): this block's SH rows
   const int first = blockIdx.x * PROJ_THREADS;
-  const int row_len = g.sh_coeffs * 3, stride = row_len | 1;
-  load_rows(s_sh, g.sh + (size_t)first * row_len, min(PROJ_THREADS, g.n - first), row_len, stride);
+  const int stride = (g.sh_coeffs * 3) | 1, used = (g.sh_degree + 1) * (g.sh_degree + 1);
+  load_sh_rows(s_sh, g.sh_head, g.sh_tail, g.sh_head_coeffs, g.sh_coeffs - g.sh_head_coeffs, used, first,
+               min(PROJ_THREADS, g.n - first), stride);
   __syncthreads();
 
   const int i = first + threadIdx.x;

@@ -18,9 +18,12 @@ struct GaussianArgs {
   const float* means;   // (n, 3) world space
   const float* quats;   // (n, 4) w, x, y, z; need not be unit length
   const float* scales;  // (n, 3)
-  const float* sh;      // (n, sh_coeffs, 3)
+  // Each Gaussian's SH coefficients in two parts, so that a model's sh_dc and sh_rest are read where they are:
+  const float* sh_head;  // (n, sh_head_coeffs, 3) the first coefficients (sh_dc, or all of them)
+  const float* sh_tail;  // (n, sh_coeffs - sh_head_coeffs, 3) the others (sh_rest, or none)
   const float* opacities;  // (n,) in [0, 1], for the footprint radius; null in the backward (it reads radii)
   int n;
+  int sh_head_coeffs;
   int sh_coeffs;        // coefficients stored per Gaussian, (sh_degree + 1)^2 .. MAX_SH_COEFFS
   int sh_degree;        // 0..3
 };
@@ -44,12 +47,13 @@ cudaError_t launch_projection_fwd(const GaussianArgs& g, const CameraArgs& cam, 
 cudaError_t launch_sh_colors(const GaussianArgs& g, const CameraArgs& cam, const int32_t* radii, float* colors,
                              cudaStream_t stream);
 
-// Gradients of a loss w.r.t. means, quats, scales and sh, given those w.r.t. means2d, conics and colors.
-// Every output element is written (zeros for culled Gaussians and unused SH coefficients).
+// Gradients of a loss w.r.t. means, quats, scales and the two parts of the SH coefficients, given those w.r.t.
+// means2d, conics and colors. Every output element is written (zeros for culled Gaussians and unused SH
+// coefficients).
 cudaError_t launch_projection_bwd(const GaussianArgs& g, const CameraArgs& cam, const int32_t* radii,
                                   const float* grad_means2d, const float* grad_conics, const float* grad_colors,
-                                  float* grad_means, float* grad_quats, float* grad_scales, float* grad_sh,
-                                  cudaStream_t stream);
+                                  float* grad_means, float* grad_quats, float* grad_scales, float* grad_sh_head,
+                                  float* grad_sh_tail, cudaStream_t stream);
 
 // A 4D model's Gaussians at `time` (motion.cu; backend/dynamic.py's reference): means, quats and opacity
 // logits at that time from the static part and the motion, one thread per Gaussian.

@@ -234,10 +234,12 @@ def test_gpu_training_fits_and_resumes_exactly(tiny_scene, tmp_path):
         assert torch.equal(getattr(resumed.g, name), t), name
 
 
-@pytest.mark.parametrize("width,height,sh_degree", [(256, 192, 3), (203, 141, 1)])
+@pytest.mark.parametrize("width,height,sh_degree", [(256, 192, 3), (203, 141, 1), (64, 48, 0)])
 def test_gradients_without_autograd_equal_autograds(width, height, sh_degree):
     """gradient_step gives the loss, image, screen-space gradient and every parameter's gradient of
-    photometric_loss(render(...)).backward() exactly, and adds to gradients already there (views batched)."""
+    photometric_loss(render(...)).backward() exactly, and adds to gradients already there (views batched). Its
+    kernels read the SH coefficients in two parts (sh_dc, and sh_rest only where the degree reaches it), autograd's
+    whole rows."""
     cams = orbit_cameras(2, width, height)
     gen = torch.Generator().manual_seed(4)
     targets = [torch.randint(0, 256, (height, width, 3), dtype=torch.uint8, generator=gen).to(DEV) for _ in cams]

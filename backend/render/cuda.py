@@ -41,8 +41,14 @@ def project_and_bin(means, quats, scales, opacities, sh, viewmat, K, width: int,
     """The tile bins a render of these Gaussians composites, without autograd; inputs as project_forward takes
     them (contiguous float32 CUDA tensors, opacities (N,))."""
     means2d, conics, depths, radii, _, tile_counts = extension().project_forward(
-        means, quats, scales, opacities, sh, viewmat, K, width, height, sh_degree)
+        means, quats, scales, opacities, sh, no_tail(sh), viewmat, K, width, height, sh_degree)
     return bin_tiles(means2d, conics, opacities, radii, depths, tile_counts, width, height)
+
+
+def no_tail(sh: torch.Tensor) -> torch.Tensor:
+    """The empty second part of SH coefficients that come whole: the projection kernels take each Gaussian's
+    coefficients in two parts (a model's sh_dc and sh_rest, read where they are, in gradient_step)."""
+    return sh.new_empty((sh.shape[0], 0, 3))
 
 
 class _Project(torch.autograd.Function):
@@ -50,7 +56,7 @@ class _Project(torch.autograd.Function):
     def forward(ctx, means, quats, scales, sh, opacities, viewmat, K, width, height, sh_degree):
         # opacities only bound the footprint radius: no gradient flows through them here
         means2d, conics, depths, radii, colors, tile_counts = extension().project_forward(
-            means, quats, scales, opacities, sh, viewmat, K, width, height, sh_degree)
+            means, quats, scales, opacities, sh, no_tail(sh), viewmat, K, width, height, sh_degree)
         ctx.save_for_backward(means, quats, scales, sh, viewmat, K, radii)
         ctx.args = (width, height, sh_degree)
         ctx.mark_non_differentiable(depths, radii)
@@ -62,8 +68,8 @@ class _Project(torch.autograd.Function):
         means, quats, scales, sh, viewmat, K, radii = ctx.saved_tensors
         width, height, sh_degree = ctx.args
         n = len(means)
-        g_means, g_quats, g_scales, g_sh = extension().project_backward(
-            means, quats, scales, sh, viewmat, K, width, height, sh_degree, radii,
+        g_means, g_quats, g_scales, g_sh, _ = extension().project_backward(
+            means, quats, scales, sh, no_tail(sh), viewmat, K, width, height, sh_degree, radii,
             or_zeros(g_means2d, (n, 2), means.device), or_zeros(g_conics, (n, 3), means.device),
             or_zeros(g_colors, (n, 3), means.device))
         return g_means, g_quats, g_scales, g_sh, None, None, None, None, None, None
@@ -157,7 +163,8 @@ def gradient_step(g: Gaussians, viewmat, K, width: int, height: int, sh_degree: 
                   ssim_weight: float) -> ViewGradients:
     """One view's photometric loss (metrics.photometric_loss) of a static model and its gradients, added to each
     parameter's .grad, without autograd: the loss's and the rasterizer's kernels forward and backward, then the
-    chain rule of the activations (scales = exp(log_scales), opacities = sigmoid(logits), sh = [sh_dc, sh_rest]).
+    chain rule of the activations (scales = exp(log_scales), opacities = sigmoid(logits)); the kernels read sh_dc
+    and sh_rest where they are and write their gradients apart.
     The same kernels in the same order as loss.backward() through rasterize, so the gradients are bit-equal to
     autograd's (tests/test_cuda_training.py), for a third less host time a step, which is what bounds a step on
     a fast GPU. `target`: the view as the loss takes it (uint8 or float32, (H, W, 3))."""
@@ -166,19 +173,19 @@ def gradient_step(g: Gaussians, viewmat, K, width: int, height: int, sh_degree: 
     zero_alpha_grad = constant((height, width), 0.0, g.means.device)  # the loss does not read alpha
     with torch.no_grad():
         scales, opacities = torch.exp(g.log_scales), torch.sigmoid(g.opacity_logits)
-        sh = torch.cat([g.sh_dc, g.sh_rest], dim=1)
         means2d, conics, depths, radii, colors, tile_counts = ext.project_forward(
-            g.means, g.quats, scales, opacities, sh, viewmat, K, width, height, sh_degree)
+            g.means, g.quats, scales, opacities, g.sh_dc, g.sh_rest, viewmat, K, width, height, sh_degree)
         (image, _, _), saved = rasterize_forward(means2d, conics, colors, opacities, depths, radii, tile_counts,
                                                  background, width, height, record_states=True)
         loss, partials = ext.loss_forward(image, target, ssim_weight)
         g_image = ext.loss_backward(image, target, partials, ssim_weight, one)
         g_means2d, g_conics, g_colors, g_opacities = rasterize_backward(saved, width, height, g_image, zero_alpha_grad)
-        g_means, g_quats, g_scales, g_sh = ext.project_backward(
-            g.means, g.quats, scales, sh, viewmat, K, width, height, sh_degree, radii, g_means2d, g_conics, g_colors)
+        g_means, g_quats, g_scales, g_sh_dc, g_sh_rest = ext.project_backward(
+            g.means, g.quats, scales, g.sh_dc, g.sh_rest, viewmat, K, width, height, sh_degree, radii, g_means2d,
+            g_conics, g_colors)
         for param, grad in ((g.means, g_means), (g.quats, g_quats), (g.log_scales, g_scales.mul_(scales)),
                             (g.opacity_logits, torch.ops.aten.sigmoid_backward(g_opacities, opacities)),
-                            (g.sh_dc, g_sh[:, :1].contiguous()), (g.sh_rest, g_sh[:, 1:].contiguous())):
+                            (g.sh_dc, g_sh_dc), (g.sh_rest, g_sh_rest)):
             if param.grad is None:
                 param.grad = grad
             else:
