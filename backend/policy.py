@@ -32,10 +32,15 @@ def resolve_device(name: str) -> tuple[str, str]:
 # (2026-12-02: lego 0.8 dB, the interior 0.6 dB, the 1920x1080 room 1.0 dB below quality; shorter schedules
 # without opacity resets collapse on lego: bench/results/train-step-20261202.md). Quality densifies to 8000 with
 # resets every 2500: a third reset late in densification clears floaters before cameras inside a room (the
-# interior over seeds 0-2: mean 35.11 -> 35.63 dB, fewer Gaussians, the same time; lego -0.3 dB).
+# interior over seeds 0-2: mean 35.11 -> 35.63 dB, fewer Gaussians, the same time; lego -0.3 dB). Both start
+# from 50k random Gaussians, not 3DGS's 100k: fewer floaters to prune, and the early steps cost less (2026-12-03,
+# H200: lego fast 33.20 -> 33.41 dB, quality 34.10 -> 34.18; the interior fast 35.82 -> 36.26; the 1920x1080 room
+# quality 37.22 -> 37.77 dB in 44.3 -> 35.6 s; bench/results/train-init-points-20261203.md).
 PRESETS = {
-    "quality": TrainConfig(iterations=12_000, densify=DensifyConfig(stop=8000, reset_opacity_every=2500)),
-    "fast": TrainConfig(iterations=8000, densify=DensifyConfig(stop=5000, reset_opacity_every=2000)),
+    "quality": TrainConfig(iterations=12_000, init_points=50_000,
+                           densify=DensifyConfig(stop=8000, reset_opacity_every=2500)),
+    "fast": TrainConfig(iterations=8000, init_points=50_000,
+                        densify=DensifyConfig(stop=5000, reset_opacity_every=2000)),
     # Captures over time: every view is one time of one camera, so a 4D model sees each camera-time once per
     # epoch; the longer schedule lets motion and windows settle after densification.
     "dynamic": TrainConfig(iterations=15_000, densify=DensifyConfig(stop=7500, reset_opacity_every=3000)),
