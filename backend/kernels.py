@@ -6,6 +6,7 @@ $SPLATWRIGHT_EXT_CACHE/ext-<hash>. Architectures come from TORCH_CUDA_ARCH_LIST,
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import threading
@@ -60,12 +61,33 @@ def extension():
             directory = build_dir()
             directory.mkdir(parents=True, exist_ok=True)
             try:
-                _ext = load(name="splatwright_cuda", sources=[str(CUDA_DIR / s) for s in SOURCES],
-                            extra_cflags=CXX_FLAGS, extra_cuda_cflags=CUDA_FLAGS,
-                            extra_include_paths=[str(CUDA_DIR)], build_directory=str(directory), verbose=False)
+                with building(directory):
+                    _ext = load(name="splatwright_cuda", sources=[str(CUDA_DIR / s) for s in SOURCES],
+                                extra_cflags=CXX_FLAGS, extra_cuda_cflags=CUDA_FLAGS,
+                                extra_include_paths=[str(CUDA_DIR)], build_directory=str(directory), verbose=False)
             except Exception as exc:  # the message holds the compiler's output
                 raise SplatwrightError(f"building the CUDA kernels in {directory} failed:\n{exc}") from exc
     return _ext
+
+
+@contextlib.contextmanager
+def building(directory: Path):
+    """Holds the build directory for this process (other processes wait), and removes the lock file torch's
+    build leaves behind when a process is killed while building: torch would wait for it forever. The hold is
+    an flock, which the system releases when its process dies; where there is none (Windows), only torch's own
+    lock is taken."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(directory / "build.flock", "w") as hold:
+        fcntl.flock(hold, fcntl.LOCK_EX)
+        try:
+            (directory / "lock").unlink(missing_ok=True)  # no other process of ours is in a build: stale
+            yield
+        finally:
+            fcntl.flock(hold, fcntl.LOCK_UN)
 
 
 def is_available() -> tuple[bool, str]:

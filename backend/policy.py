@@ -29,7 +29,7 @@ def resolve_device(name: str) -> tuple[str, str]:
 # more on lego and 1.0 dB more on the interior than 12k steps densifying to half of them, in 2.6x the time;
 # 12k beats gsplat's simple_trainer at 30k on both (and a longer run is one Steps setting away). Fast: densify
 # to 5000 with opacity resets every 2000 keeps within 1.5 dB of quality where 5000 steps fell 2.7-3.8 dB short
-# (2026-12-02: lego 0.8 dB, the interior 0.6 dB, the 1920x1080 room 1.0 dB below quality; shorter schedules
+# (2026-12-03, from 50k: lego 0.8 dB, the interior 1.3 dB, the 1920x1080 room 1.1 dB below quality; shorter schedules
 # without opacity resets collapse on lego: bench/results/train-step-20261202.md). Quality densifies to 8000 with
 # resets every 2500: a third reset late in densification clears floaters before cameras inside a room (the
 # interior over seeds 0-2: mean 35.11 -> 35.63 dB, fewer Gaussians, the same time; lego -0.3 dB). Both start

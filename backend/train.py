@@ -287,24 +287,24 @@ def load_checkpoint(path: str | Path) -> dict:
 
 
 def warm_up(device: str = "cuda") -> float:
-    """A few steps of every kind (densification, opacity reset, the Gaussian cap) on a tiny scene, so that what a
-    process does once before its first training (building or loading the CUDA extension, loading each kernel,
-    the allocator's first blocks: half a second on an H200 once built) is done before a user's training starts.
-    Returns the seconds it took."""
+    """A static model's training steps of each kind (SH degrees 0-3, densification, opacity reset, the Gaussian
+    cap) on a tiny scene, so that what a process does once before its first training (building or loading the
+    CUDA extension, each kernel's first launch, the allocator's first blocks: 4-5 s on an H200 once built, most
+    of it the extension's load) is done before a user's training starts. Returns the seconds it took."""
     start = time.perf_counter()
     size = 32
     cameras = [Camera(look_at((3.0 * math.cos(a), 3.0 * math.sin(a), 1.0), (0.0, 0.0, 0.0)),
                       intrinsics_from_fov_x(0.9, size, size), size, size) for a in (0.0, 2.0, 4.0)]
     images = torch.full((len(cameras), size, size, 3), 128, dtype=torch.uint8)
     steps = 4
+    on_gpu = torch.device(device).type == "cuda"
     cfg = TrainConfig(iterations=steps, sh_interval=1, init_points=256, log_every=1,
-                      rasterizer="cuda" if device == "cuda" else "reference",
+                      rasterizer="cuda" if on_gpu else "reference",
                       densify=DensifyConfig(grad_threshold=0.0, start=0, every=1, stop=steps, reset_opacity_every=2,
                                             max_gaussians=300))
     trainer = Trainer(Dataset(cameras, images, [str(i) for i in range(len(cameras))]), cfg, device)
     while trainer.step < steps:
         trainer.train_step()
-    if device == "cuda":
-        torch.cuda.synchronize()
+    if on_gpu:
+        torch.cuda.synchronize(device)
     return time.perf_counter() - start
-

@@ -74,8 +74,10 @@ sw::GaussianArgs gaussian_args(const torch::Tensor& means, const torch::Tensor& 
   TORCH_CHECK(means.dim() == 2 && means.size(1) == 3, "means must be (N, 3)");
   TORCH_CHECK(quats.dim() == 2 && quats.size(0) == n && quats.size(1) == 4, "quats must be (N, 4)");
   TORCH_CHECK(scales.dim() == 2 && scales.size(0) == n && scales.size(1) == 3, "scales must be (N, 3)");
-  for (const torch::Tensor* part : {&sh_head, &sh_tail})
+  for (const torch::Tensor* part : {&sh_head, &sh_tail}) {
     TORCH_CHECK(part->dim() == 3 && part->size(0) == n && part->size(2) == 3, "sh_head and sh_tail must be (N, K, 3)");
+    TORCH_CHECK(part->device() == means.device(), "sh_head and sh_tail must be on the means' device");
+  }
   TORCH_CHECK(sh_head.size(1) >= 1, "sh_head must hold at least the first coefficient");
   const int64_t coeffs = sh_head.size(1) + sh_tail.size(1);
   TORCH_CHECK(sh_degree >= 0 && sh_degree <= 3, "sh_degree must be 0..3");
@@ -169,8 +171,9 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
 // Returns grads w.r.t. means, quats, scales, sh_head and sh_tail.
 std::vector<torch::Tensor> project_backward(const torch::Tensor& means, const torch::Tensor& quats,
                                             const torch::Tensor& scales, const torch::Tensor& sh_head,
-                                            const torch::Tensor& sh_tail, const torch::Tensor& viewmat, const torch::Tensor& K, int64_t width,
-                                            int64_t height, int64_t sh_degree, const torch::Tensor& radii,
+                                            const torch::Tensor& sh_tail, const torch::Tensor& viewmat,
+                                            const torch::Tensor& K, int64_t width, int64_t height,
+                                            int64_t sh_degree, const torch::Tensor& radii,
                                             const torch::Tensor& grad_means2d, const torch::Tensor& grad_conics,
                                             const torch::Tensor& grad_colors) {
   const c10::cuda::CUDAGuard guard(means.device());

@@ -326,9 +326,10 @@ constexpr int PROJ_THREADS = 128;
 constexpr int LOADS_IN_FLIGHT = 8;  // 16-byte loads each thread issues before storing any of them
 
 // The launch shape of the projection's kernels, a thread per Gaussian: the blocks, and the shared memory that
-// holds a block's SH rows.
+// holds a block's SH rows, each sh_row_stride floats (odd, against bank conflicts).
+SW_HD int sh_row_stride(int sh_coeffs) { return (sh_coeffs * 3) | 1; }
 inline int projection_blocks(int n) { return (n + PROJ_THREADS - 1) / PROJ_THREADS; }
-inline size_t sh_rows_bytes(int sh_coeffs) { return sizeof(float) * PROJ_THREADS * ((sh_coeffs * 3) | 1); }
+inline size_t sh_rows_bytes(int sh_coeffs) { return sizeof(float) * PROJ_THREADS * sh_row_stride(sh_coeffs); }
 
 #if defined(__CUDACC__)
 // Copies the block's rows between global memory, where they lie contiguous (row_len floats each), and shared

@@ -23,7 +23,7 @@ struct GaussianArgs {
   const float* sh_tail;  // (n, sh_coeffs - sh_head_coeffs, 3) the others (sh_rest, or none)
   const float* opacities;  // (n,) in [0, 1], for the footprint radius; null in the backward (it reads radii)
   int n;
-  int sh_head_coeffs;
+  int sh_head_coeffs;   // 1 .. sh_coeffs
   int sh_coeffs;        // coefficients stored per Gaussian, (sh_degree + 1)^2 .. MAX_SH_COEFFS
   int sh_degree;        // 0..3
 };

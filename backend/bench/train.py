@@ -241,7 +241,7 @@ def report(rows: dict, cfg: TrainConfig, preset: str, scene: str, warm_ups: dict
     lines.append("\nTrain s starts after each trainer's one-time warm-up in this process (its kernels loaded and run "
                  "once: " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in warm_ups.items()) +
                  f"; ours is backend.train.warm_up, which the backend runs when it starts, the peer's "
-                 f"{PEER_WARM_UP_STEPS} steps of its loop).")
+                 f"{PEER_WARM_UP_STEPS} steps of its loop with its initialisation and a test-set score).")
     ours = rows["splatwright"]
     seeded = [r for name, r in rows.items() if name == "splatwright" or name.startswith("splatwright, seed")]
     if len(seeded) > 1:
@@ -264,4 +264,5 @@ def report(rows: dict, cfg: TrainConfig, preset: str, scene: str, warm_ups: dict
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = f"train-{scene}-{preset}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
     (RESULTS / f"{stem}.md").write_text(text + "\n")
-    (RESULTS / f"{stem}.json").write_text(json.dumps({"header": header, "rows": rows, "warm_up_seconds": warm_ups}, indent=2))
+    (RESULTS / f"{stem}.json").write_text(json.dumps({"header": header, "rows": rows, "warm_up_seconds": warm_ups},
+                                                     indent=2))

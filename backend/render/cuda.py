@@ -38,8 +38,8 @@ def bin_tiles(means2d, conics, opacities, radii, depths, tile_counts, width: int
 
 def project_and_bin(means, quats, scales, opacities, sh, viewmat, K, width: int, height: int,
                     sh_degree: int) -> TileBins:
-    """The tile bins a render of these Gaussians composites, without autograd; inputs as project_forward takes
-    them (contiguous float32 CUDA tensors, opacities (N,))."""
+    """The tile bins a render of these Gaussians composites, without autograd; contiguous float32 CUDA tensors,
+    opacities (N,) and the SH coefficients whole (N, K, 3)."""
     means2d, conics, depths, radii, _, tile_counts = extension().project_forward(
         means, quats, scales, opacities, sh, no_tail(sh), viewmat, K, width, height, sh_degree)
     return bin_tiles(means2d, conics, opacities, radii, depths, tile_counts, width, height)
@@ -76,14 +76,16 @@ class _Project(torch.autograd.Function):
 
 
 def or_zeros(grad, shape, device) -> torch.Tensor:
-    """A backward's incoming gradient, contiguous, or float32 zeros of `shape` where autograd passed none (the
-    Functions here leave unused outputs' gradients unmade)."""
+    """A backward's incoming gradient, contiguous, or shared read-only float32 zeros of `shape` (constant) where
+    autograd passed none (the Functions here leave unused outputs' gradients unmade)."""
     return constant(shape, 0.0, device) if grad is None else grad.contiguous()
 
 
-@functools.lru_cache(maxsize=8)  # a training run's steps ask for the same few, so none is made or filled a step
+# A training run asks for the same two or three (the loss's unit gradient, the zero alpha gradient of its view
+# size), so none is made or filled a step; a few more sizes stay cached at most.
+@functools.lru_cache(maxsize=4)
 def constant(shape: tuple, value: float, device: torch.device) -> torch.Tensor:
-    """A float32 tensor filled with `value`, shared: the kernels only read it."""
+    """A float32 tensor filled with `value`, shared: only the kernels read it, and nothing writes it."""
     return torch.full(shape, value, device=device)
 
 
