@@ -30,6 +30,19 @@ def test_report_over_seeds(tmp_path, monkeypatch, capsys):
     assert [p.suffix for p in sorted(tmp_path.iterdir())] == [".json", ".md"]
 
 
+def test_report_over_repeats(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Test GPU")
+    monkeypatch.setattr(bench_train, "RESULTS", tmp_path)
+    rows = {"splatwright": row(33.41, 6.5), "splatwright, repeat 2": row(33.41, 6.8),
+            "splatwright, repeat 3": row(33.41, 6.4)}
+    bench_train.report(rows, TrainConfig(iterations=8000), "fast", "lego", {"splatwright": 4.0})
+    assert "ours over 3 runs of seed 0: train s min 6.40, median 6.50, max 6.80; the same model each time" in (
+        capsys.readouterr().out)
+    rows["splatwright, repeat 3"] = row(33.40, 6.4)
+    bench_train.report(rows, TrainConfig(iterations=8000), "fast", "lego", {"splatwright": 4.0})
+    assert "the models differ: the run did not repeat" in capsys.readouterr().out
+
+
 def test_one_seed_has_no_seed_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Test GPU")
     monkeypatch.setattr(bench_train, "RESULTS", tmp_path)

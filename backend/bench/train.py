@@ -44,11 +44,15 @@ def main(argv: list[str]) -> int:
                    help="train ours once per seed (view order, splitting, and a random initialisation where the "
                         "scene has no points), the peer with the first; a preset's figure on a scene is a "
                         "distribution, and one run may be its tail")
+    p.add_argument("--repeats", type=int, default=1, metavar="N",
+                   help="train ours N times with the first seed: the run repeats exactly, its time varies")
     p.add_argument("--resume-check", action="store_true",
                    help="also train ours stopped halfway, checkpointed and resumed, and compare the two")
     args = p.parse_args(argv)
     if len(set(args.seeds)) < len(args.seeds):
-        p.error(f"--seeds {' '.join(map(str, args.seeds))}: each seed once")
+        p.error(f"--seeds {' '.join(map(str, args.seeds))}: each seed once (--repeats N trains one seed N times)")
+    if args.repeats < 1:
+        p.error(f"--repeats {args.repeats}: at least 1")
     if not torch.cuda.is_available():
         print("bench train needs a CUDA GPU", file=sys.stderr)
         return 1
@@ -71,6 +75,8 @@ def main(argv: list[str]) -> int:
     init = initial(cfg)
     warm_ups = {"splatwright": warm_up()}  # as the backend does when it starts
     rows = {"splatwright": run_ours(train_set, test_set, cfg, init)}
+    for k in range(2, args.repeats + 1):
+        rows[f"splatwright, repeat {k}"] = run_ours(train_set, test_set, cfg, init)
     for seed in args.seeds[1:]:
         seeded = replace(cfg, seed=seed)
         rows[f"splatwright, seed {seed}"] = run_ours(train_set, test_set, seeded, initial(seeded))
@@ -249,6 +255,13 @@ def report(rows: dict, cfg: TrainConfig, preset: str, scene: str, warm_ups: dict
         lines.append(f"\nours over {len(seeded)} seeds: PSNR min {min(psnrs):.2f}, mean {sum(psnrs) / len(psnrs):.2f}, "
                      f"max {max(psnrs):.2f} dB; time mean {sum(r['seconds'] for r in seeded) / len(seeded):.1f} s "
                      f"(the ratios below are the first seed's)")
+    repeats = [r for name, r in rows.items() if name == "splatwright" or name.startswith("splatwright, repeat")]
+    if len(repeats) > 1:
+        times = sorted(r["seconds"] for r in repeats)
+        same = all(r["psnr"] == ours["psnr"] and r["gaussians"] == ours["gaussians"] for r in repeats)
+        lines.append(f"\nours over {len(repeats)} runs of seed {cfg.seed}: train s min {times[0]:.2f}, median "
+                     f"{times[len(times) // 2]:.2f}, max {times[-1]:.2f}; "
+                     + ("the same model each time" if same else "the models differ: the run did not repeat"))
     for name, r in rows.items():
         if name.startswith("gsplat"):
             lines.append(f"\nours/{name}: time {ours['seconds'] / r['seconds']:.2f}, "
