@@ -81,7 +81,7 @@ sw::GaussianArgs gaussian_args(const torch::Tensor& means, const torch::Tensor& 
   TORCH_CHECK(sh_head.size(1) >= 1, "sh_head must hold at least the first coefficient");
   const int64_t coeffs = sh_head.size(1) + sh_tail.size(1);
   TORCH_CHECK(sh_degree >= 0 && sh_degree <= 3, "sh_degree must be 0..3");
-  TORCH_CHECK(coeffs >= (sh_degree + 1) * (sh_degree + 1), "sh has too few coefficients for the degree");
+  TORCH_CHECK(coeffs >= sw::degree_coeffs((int)sh_degree), "sh has too few coefficients for the degree");
   TORCH_CHECK(coeffs <= sw::MAX_SH_COEFFS, "sh has more than ", sw::MAX_SH_COEFFS, " coefficients");
   TORCH_CHECK(n <= std::numeric_limits<int>::max(), "too many Gaussians");
   return {fptr(means), fptr(quats), fptr(scales), fptr(sh_head), fptr(sh_tail), opacities, (int)n,

@@ -328,6 +328,8 @@ constexpr int LOADS_IN_FLIGHT = 8;  // 16-byte loads each thread issues before s
 // The launch shape of the projection's kernels, a thread per Gaussian: the blocks, and the shared memory that
 // holds a block's SH rows, each sh_row_stride floats (odd, against bank conflicts).
 SW_HD int sh_row_stride(int sh_coeffs) { return (sh_coeffs * 3) | 1; }
+// The SH coefficients a degree reads.
+SW_HD int degree_coeffs(int sh_degree) { return (sh_degree + 1) * (sh_degree + 1); }
 inline int projection_blocks(int n) { return (n + PROJ_THREADS - 1) / PROJ_THREADS; }
 inline size_t sh_rows_bytes(int sh_coeffs) { return sizeof(float) * PROJ_THREADS * sh_row_stride(sh_coeffs); }
 
@@ -403,11 +405,11 @@ __device__ __forceinline__ void store_rows(float* global, float* smem, int rows,
 
 // The SH rows of Gaussians first .. first + rows - 1 from their two parts in global memory (head_coeffs and
 // tail_coeffs coefficients a row, as GaussianArgs holds them) into shared memory, one row of stride floats each,
-// the head's coefficients first; the tail only where the first `used` coefficients reach into it.
+// the head's coefficients first; the tail only where the coefficients sh_degree reads reach into it.
 __device__ __forceinline__ void load_sh_rows(float* smem, const float* head, const float* tail, int head_coeffs,
-                                             int tail_coeffs, int used, int first, int rows, int stride) {
+                                             int tail_coeffs, int sh_degree, int first, int rows, int stride) {
   load_rows(smem, head + (size_t)first * head_coeffs * 3, rows, head_coeffs * 3, stride);
-  if (used > head_coeffs)
+  if (degree_coeffs(sh_degree) > head_coeffs)
     load_rows(smem + head_coeffs * 3, tail + (size_t)first * tail_coeffs * 3, rows, tail_coeffs * 3, stride);
 }
 

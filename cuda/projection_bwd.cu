@@ -15,9 +15,9 @@ __global__ void __launch_bounds__(PROJ_THREADS)
   extern __shared__ float s_sh[];  // (PROJ_THREADS, stride): SH rows in, their gradients out (in place)
   const int first = blockIdx.x * PROJ_THREADS;
   const int rows = min(PROJ_THREADS, g.n - first);
-  const int row_len = g.sh_coeffs * 3, stride = sh_row_stride(g.sh_coeffs), tail_coeffs = g.sh_coeffs - g.sh_head_coeffs;
-  load_sh_rows(s_sh, g.sh_head, g.sh_tail, g.sh_head_coeffs, tail_coeffs, (g.sh_degree + 1) * (g.sh_degree + 1),
-               first, rows, stride);
+  const int row_len = g.sh_coeffs * 3, stride = sh_row_stride(g.sh_coeffs);
+  const int tail_coeffs = g.sh_coeffs - g.sh_head_coeffs;
+  load_sh_rows(s_sh, g.sh_head, g.sh_tail, g.sh_head_coeffs, tail_coeffs, g.sh_degree, first, rows, stride);
   __syncthreads();
 
   const int i = first + threadIdx.x;

@@ -56,8 +56,8 @@ __global__ void __launch_bounds__(PROJ_THREADS)
                      float* __restrict__ colors) {
   extern __shared__ float s_sh[];  // (PROJ_THREADS, stride): this block's SH rows
   const int first = blockIdx.x * PROJ_THREADS;
-  const int stride = sh_row_stride(g.sh_coeffs), used = (g.sh_degree + 1) * (g.sh_degree + 1);
-  load_sh_rows(s_sh, g.sh_head, g.sh_tail, g.sh_head_coeffs, g.sh_coeffs - g.sh_head_coeffs, used, first,
+  const int stride = sh_row_stride(g.sh_coeffs);
+  load_sh_rows(s_sh, g.sh_head, g.sh_tail, g.sh_head_coeffs, g.sh_coeffs - g.sh_head_coeffs, g.sh_degree, first,
                min(PROJ_THREADS, g.n - first), stride);
   __syncthreads();
 

@@ -81,7 +81,7 @@ SW_HD float view_dir(const Camera& cam, const float* mean, float* dir) {
 SW_HD void sh_color(int degree, const float* dir, const float* sh, float* color) {
   float b[16];
   sh_basis(degree, dir[0], dir[1], dir[2], b);
-  const int k_used = (degree + 1) * (degree + 1);
+  const int k_used = degree_coeffs(degree);
   for (int ch = 0; ch < 3; ++ch) {
     float acc = 0.f;
 #pragma unroll
@@ -99,7 +99,7 @@ SW_HD void sh_color_bwd(int degree, int coeffs, const float* mean, const Camera&
   const float len = view_dir(cam, mean, dir);
   float b[16];
   sh_basis(degree, dir[0], dir[1], dir[2], b);
-  const int k_used = (degree + 1) * (degree + 1);
+  const int k_used = degree_coeffs(degree);
   float g_raw[3];
   for (int ch = 0; ch < 3; ++ch) {
     float acc = 0.f;
