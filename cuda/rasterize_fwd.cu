@@ -196,30 +196,80 @@ __global__ void __launch_bounds__(BLOCK_SIZE, FWD_BLOCKS_PER_SM)
   write_pixel(r, w, p, out);
 }
 
-// A block per tile; the split tiles' chunks composed in order. A later chunk's recorded state scales by the
-// transmittance where the chunk starts (and is rewritten so, for the backward); where a pixel stops within a
-// later chunk (its walk stopped there, or the scaled T falls below T_STOP), the batch it stops in is walked
-// again from the pixel's composed state, so that it stops where one walk of the whole list would.
+// Walks batch `batch` of the tile's list again for the lanes of the warp whose `again` names it, from their
+// composed state, until each stops or the batch ends; lanes whose `again` names other batches take their turn
+// after. Warp by warp, without shared memory: each lane loads one splat of 32 at a time, and the splats that may
+// touch the warp's pixels (warp_mask, as the forward lists them) are passed round the warp in order.
+__device__ __forceinline__ void walk_again(const RasterArgs& r, const float* __restrict__ depths, const TileWalk& w,
+                                           int again, Pixel& p) {
+  constexpr unsigned FULL_MASK = 0xffffffffu;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (unsigned pending = __ballot_sync(FULL_MASK, again >= 0); pending;) {
+    const int batch = __shfl_sync(FULL_MASK, again, __ffs(pending) - 1);
+    const bool mine = again == batch;
+    pending &= ~__ballot_sync(FULL_MASK, mine);
+    const int first = w.start + batch * BLOCK_SIZE, count = min(BLOCK_SIZE, w.end - first);
+    for (int e0 = 0; e0 < count && __any_sync(FULL_MASK, mine && !p.done); e0 += 32) {
+      float2 xy = make_float2(0.f, 0.f);
+      float4 co = make_float4(0.f, 0.f, 0.f, 0.f), cd = co;
+      bool touches = false;
+      if (e0 + lane < count) {
+        const int g = r.gauss_ids[first + e0 + lane];
+        xy = reinterpret_cast<const float2*>(r.means2d)[g];
+        co = make_float4(r.conics[3 * g], r.conics[3 * g + 1], r.conics[3 * g + 2], r.opacities[g]);
+        cd = make_float4(r.colors[3 * g], r.colors[3 * g + 1], r.colors[3 * g + 2], depths[g]);
+        touches = warp_mask(xy, co, w.x0, w.y0) >> warp & 1u;
+      }
+      for (unsigned todo = __ballot_sync(FULL_MASK, touches); todo; todo &= todo - 1) {
+        const int k = __ffs(todo) - 1;
+        const float2 k_xy = make_float2(__shfl_sync(FULL_MASK, xy.x, k), __shfl_sync(FULL_MASK, xy.y, k));
+        const float4 k_co = make_float4(__shfl_sync(FULL_MASK, co.x, k), __shfl_sync(FULL_MASK, co.y, k),
+                                        __shfl_sync(FULL_MASK, co.z, k), __shfl_sync(FULL_MASK, co.w, k));
+        const float4 k_cd = make_float4(__shfl_sync(FULL_MASK, cd.x, k), __shfl_sync(FULL_MASK, cd.y, k),
+                                        __shfl_sync(FULL_MASK, cd.z, k), __shfl_sync(FULL_MASK, cd.w, k));
+        SplatSample sample;
+        if (!mine || p.done || !sample_splat(k_xy, k_co, p.cx, p.cy, sample)) continue;
+        const float next_T = p.T * (1.f - sample.alpha);
+        if (next_T < T_STOP) {  // stop before the splat that would take T below T_STOP
+          p.done = true;
+          continue;
+        }
+        const float weight = sample.alpha * p.T;
+        p.red += weight * k_cd.x;
+        p.green += weight * k_cd.y;
+        p.blue += weight * k_cd.z;
+        p.depth += weight * k_cd.w;
+        p.T = next_T;
+        p.last = batch * BLOCK_SIZE + e0 + k + 1;
+      }
+    }
+  }
+}
+
+// A block per tile; the split tiles' chunks composed in order, pixel by pixel. A later chunk's recorded state
+// scales by the transmittance where the chunk starts (and is rewritten so, for the backward); where a pixel stops
+// within a later chunk (its walk stopped there, or the scaled T falls below T_STOP), the batch it stops in is
+// walked again from the pixel's composed state (walk_again), so that it stops where one walk of the whole list
+// would. The first version walked those batches with the whole block, staged in shared memory, one after another:
+// on lego's views the pixels of a busy tile stop in many batches, and it took 0.15-0.17 ms.
 __global__ void __launch_bounds__(BLOCK_SIZE)
     compose_chunks_kernel(RasterArgs r, TileBatches batches, ForwardChunks chunks, const float* __restrict__ depths,
                           RasterOutputs out) {
-  __shared__ StagedBatch s;
   Pixel p;
   const TileWalk w = tile_walk(r, blockIdx.x, p);
   if (w.n_batches <= chunks.batches) return;
   const int state0 = batches.offsets[w.tile];
   Pixel at_chunk = p;  // the pixel's state where the current chunk starts
-  for (int batch = 0; batch < w.n_batches; ++batch) {
-    if (__syncthreads_count(p.done) == BLOCK_SIZE) break;
-    if (batch % chunks.batches == 0) at_chunk = p;
-    bool again = false;
+  int batch = 0;
+  while (__any_sync(0xffffffffu, !p.done && batch < w.n_batches)) {
+    int again = -1;
     bool stopped = false;
-    if (!p.done) {
+    for (; !p.done && batch < w.n_batches; ++batch) {
+      if (batch % chunks.batches == 0) at_chunk = p;
       const float4 state = batches.states[state0 + batch][threadIdx.x];
       const ChunkPartial partial = chunks.partials[state0 + batch][threadIdx.x];
       stopped = partial.last < 0;
       const int last = stopped ? -partial.last - 1 : partial.last;
-      const float T = at_chunk.T * state.x;
       if (batch < chunks.batches) {  // the first chunk started where the tile does: its states are the pixel's
         p.T = state.x;
         p.red = state.y;
@@ -228,29 +278,27 @@ __global__ void __launch_bounds__(BLOCK_SIZE)
         p.depth = partial.depth;
         p.last = last;
         p.done = stopped;
-      } else if (stopped || T < T_STOP) {
-        again = true;
-      } else {
-        p.T = T;
-        p.red = at_chunk.red + at_chunk.T * state.y;
-        p.green = at_chunk.green + at_chunk.T * state.z;
-        p.blue = at_chunk.blue + at_chunk.T * state.w;
-        p.depth = at_chunk.depth + at_chunk.T * partial.depth;
-        if (last > 0) p.last = last;
-        batches.states[state0 + batch][threadIdx.x] = composited(p);
+        continue;
       }
+      const float T = at_chunk.T * state.x;
+      if (stopped || T < T_STOP) {
+        again = batch++;
+        break;
+      }
+      p.T = T;
+      p.red = at_chunk.red + at_chunk.T * state.y;
+      p.green = at_chunk.green + at_chunk.T * state.z;
+      p.blue = at_chunk.blue + at_chunk.T * state.w;
+      p.depth = at_chunk.depth + at_chunk.T * partial.depth;
+      if (last > 0) p.last = last;
+      batches.states[state0 + batch][threadIdx.x] = composited(p);
     }
-    if (__syncthreads_or(again)) {
-      const bool done = p.done;
-      p.done = !again;  // only the pixels that stop in this batch walk it
-      composite_batch(r, depths, w, batch, s, p);
-      if (!again) {
-        p.done = done;
-      } else if (stopped) {
-        p.done = true;  // at the latest where its chunk's walk stopped (against rounding)
-      } else if (!p.done) {
-        batches.states[state0 + batch][threadIdx.x] = composited(p);
-      }
+    walk_again(r, depths, w, again, p);
+    if (again < 0) continue;
+    if (stopped) {
+      p.done = true;  // at the latest where its chunk's walk stopped (against rounding)
+    } else if (!p.done) {
+      batches.states[state0 + again][threadIdx.x] = composited(p);
     }
   }
   batches.states[state0 + w.n_batches - 1][threadIdx.x] = composited(p);
