@@ -345,28 +345,13 @@ std::vector<torch::Tensor> rasterize_forward(const torch::Tensor& ranges, const 
       raster_args(ranges, gauss_ids, means2d, conics, colors, opacities, background, width, height);
   check_input(depths, "depths");
   const auto f32 = means2d.options();
-  const int max_batches = (int)batch_tiles.size(0);
-  torch::Tensor states = torch::empty({record_states ? max_batches : 0, sw::BLOCK_SIZE, 4}, f32);
+  torch::Tensor states = torch::empty({record_states ? batch_tiles.size(0) : 0, sw::BLOCK_SIZE, 4}, f32);
   const sw::TileBatches batches = tile_batches(batch_offsets, batch_tiles, states, width, height);
-  sw::ForwardChunks chunks{0, nullptr, nullptr, 0};
-  torch::Tensor chunk_owner;
-  if (record_states) {  // what the backward starts from lets a long tile's walk be cut into chunks
-    int n_sms = 0;
-    check(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, means2d.device().index()), "device query");
-    chunks.batches = sw::forward_chunk_batches((int)gauss_ids.size(0), sw::tile_count((int)width, (int)height), n_sms);
-    chunks.capacity = sw::forward_chunk_capacity(max_batches, chunks.batches);
-    const std::vector<void*> buffers =
-        scratch({sizeof(sw::ChunkPartial) * sw::BLOCK_SIZE * max_batches, sizeof(int32_t) * (chunks.capacity + 1)},
-                means2d, chunk_owner);
-    chunks.partials = static_cast<sw::ChunkPartial(*)[sw::BLOCK_SIZE]>(buffers[0]);
-    chunks.starts = static_cast<int32_t*>(buffers[1]);
-  }
   torch::Tensor image = new_output({height, width, 3}, f32), alpha = new_output({height, width}, f32);
   torch::Tensor depth = new_output({height, width}, f32), final_T = new_output({height, width}, f32);
   torch::Tensor n_contrib = new_output({height, width}, f32.dtype(torch::kInt32));
-  const sw::RasterOutputs out{fptr(image), fptr(alpha), fptr(depth), fptr(final_T), iptr(n_contrib)};
-  check(sw::launch_rasterize_fwd(r, batches, max_batches, chunks, fptr(depths), out,
-                                 c10::cuda::getCurrentCUDAStream()),
+  check(sw::launch_rasterize_fwd(r, batches, fptr(depths), fptr(image), fptr(alpha), fptr(depth), fptr(final_T),
+                                 iptr(n_contrib), c10::cuda::getCurrentCUDAStream()),
         "rasterize forward");
   return {image, alpha, depth, final_T, n_contrib, states};
 }

@@ -145,36 +145,12 @@ struct RasterArgs {
   int height;
 };
 
-// What a training forward (batch states recorded) needs to cut a tile whose list is longer than `batches` batches
-// into chunks of that many, each walked by a block of its own, and compose them (rasterize_fwd.cu).
-struct __align__(8) ChunkPartial {
-  float depth;  // composited within the chunk
-  int32_t last; // the tile's entries up to the last contributor (0: none in the chunk); -(last + 1) once stopped
-};
-struct ForwardChunks {
-  int batches;                          // 0: no tile is cut (nothing recorded)
-  ChunkPartial (*partials)[BLOCK_SIZE]; // per batch and pixel, after the batch, beside its state
-  int32_t* starts;                      // capacity slots: the first batch of each chunk but the tiles' first
-                                        // ones; then the count of them
-  int capacity;                         // forward_chunk_capacity(max_tile_batches, batches)
-};
-// Chunk length for a view: enough chunks to fill each of the GPU's n_sms SMs once, at least 2 batches.
-int forward_chunk_batches(int n_entries, int n_tiles, int n_sms);
-int forward_chunk_capacity(int max_batches, int chunk_batches);
-
-struct RasterOutputs {
-  float* image;        // (h, w, 3) over the background
-  float* alpha;        // (h, w) 1 - T_final
-  float* depth;        // (h, w) sum w_i z_i
-  float* final_T;      // (h, w)
-  int32_t* n_contrib;  // (h, w) how many of the tile's entries the pixel walked through up to its last contributor
-};
-
-// Front-to-back compositing, one block per tile (or chunk of one); every pixel of `out` written. With
-// batches.states set it also records the batch states (for the backward), and cuts long tiles as `chunks` says.
-cudaError_t launch_rasterize_fwd(const RasterArgs& r, const TileBatches& batches, int max_batches,
-                                 const ForwardChunks& chunks, const float* depths, const RasterOutputs& out,
-                                 cudaStream_t stream);
+// Front-to-back compositing, one block per tile. Outputs per pixel: image (h, w, 3) over the background,
+// alpha = 1 - T_final, depth = sum w_i z_i, T_final, and n_contrib = how many of the tile's entries the
+// pixel walked through up to its last contributor.
+// With batches.states set it also records the batch states (for the backward).
+cudaError_t launch_rasterize_fwd(const RasterArgs& r, const TileBatches& batches, const float* depths, float* image,
+                                 float* alpha, float* depth, float* final_T, int32_t* n_contrib, cudaStream_t stream);
 
 // Reverse tile walk over the forward's batches (states recorded), deterministic: gradients w.r.t. means2d,
 // conics, colors and opacities (every element written) from those w.r.t. image and alpha. positions maps sorted
