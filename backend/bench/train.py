@@ -234,6 +234,11 @@ def run_gsplat(train_set: Dataset, test_set: Dataset, steps: int, background, se
     return {"steps": steps, "seconds": seconds, **scores, "gaussians": len(params["means"]), "peak_bytes": peak}
 
 
+def ours_runs(rows: dict, kind: str) -> list[dict]:
+    """Our first run's row and those of the other runs of a kind ("seed", "repeat"), in order."""
+    return [r for name, r in rows.items() if name == "splatwright" or name.startswith(f"splatwright, {kind} ")]
+
+
 def report(rows: dict, cfg: TrainConfig, preset: str, scene: str, warm_ups: dict, sfm: bool = False) -> None:
     commit = git_commit()
     header = (f"{scene}, preset {preset} ({cfg.iterations} steps, seed {cfg.seed}), {torch.cuda.get_device_name()}, "
@@ -249,13 +254,13 @@ def report(rows: dict, cfg: TrainConfig, preset: str, scene: str, warm_ups: dict
                  f"; ours is backend.train.warm_up, which the backend runs when it starts, the peer's "
                  f"{PEER_WARM_UP_STEPS} steps of its loop with its initialisation and a test-set score).")
     ours = rows["splatwright"]
-    seeded = [r for name, r in rows.items() if name == "splatwright" or name.startswith("splatwright, seed")]
+    seeded = ours_runs(rows, "seed")
     if len(seeded) > 1:
         psnrs = [r["psnr"] for r in seeded]
         lines.append(f"\nours over {len(seeded)} seeds: PSNR min {min(psnrs):.2f}, mean {sum(psnrs) / len(psnrs):.2f}, "
                      f"max {max(psnrs):.2f} dB; time mean {sum(r['seconds'] for r in seeded) / len(seeded):.1f} s "
                      f"(the ratios below are the first seed's)")
-    repeats = [r for name, r in rows.items() if name == "splatwright" or name.startswith("splatwright, repeat")]
+    repeats = ours_runs(rows, "repeat")
     if len(repeats) > 1:
         times = sorted(r["seconds"] for r in repeats)
         same = all(r["psnr"] == ours["psnr"] and r["gaussians"] == ours["gaussians"] for r in repeats)
