@@ -412,11 +412,11 @@ std::vector<torch::Tensor> loss_forward(const torch::Tensor& image, const torch:
   TORCH_CHECK(target.sizes() == image.sizes(), "target must have the image's shape");
   const int height = (int)image.size(0), width = (int)image.size(1);
   const auto f32 = image.options();
-  torch::Tensor workspace = torch::empty({(int64_t)sw::loss_workspace_floats(width, height)}, f32);
+  torch::Tensor block_sums = torch::empty({(int64_t)sw::loss_block_sums_floats(width, height)}, f32);
   torch::Tensor partials = torch::empty({(int64_t)sw::loss_partials_floats(width, height)}, f32);
   torch::Tensor loss = torch::empty({}, f32);
   check(with_target(target, [&](auto target_ptr) {
-          return sw::launch_loss_fwd(fptr(image), target_ptr, width, height, (float)ssim_weight, fptr(workspace),
+          return sw::launch_loss_fwd(fptr(image), target_ptr, width, height, (float)ssim_weight, fptr(block_sums),
                                      fptr(partials), fptr(loss), c10::cuda::getCurrentCUDAStream());
         }),
         "loss forward");
@@ -433,11 +433,10 @@ torch::Tensor loss_backward(const torch::Tensor& image, const torch::Tensor& tar
   TORCH_CHECK(target.sizes() == image.sizes(), "target must have the image's shape");
   const int height = (int)image.size(0), width = (int)image.size(1);
   TORCH_CHECK(partials.numel() == (int64_t)sw::loss_partials_floats(width, height), "partials has the wrong size");
-  torch::Tensor workspace = torch::empty({(int64_t)sw::loss_partials_floats(width, height)}, image.options());
   torch::Tensor grad_image = new_output(image.sizes(), image.options());
   check(with_target(target, [&](auto target_ptr) {
           return sw::launch_loss_bwd(fptr(image), target_ptr, fptr(partials), width, height, (float)ssim_weight,
-                                     fptr(grad_loss), fptr(workspace), fptr(grad_image),
+                                     fptr(grad_loss), fptr(grad_image),
                                      c10::cuda::getCurrentCUDAStream());
         }),
         "loss backward");

@@ -165,21 +165,19 @@ cudaError_t launch_rasterize_bwd(const RasterArgs& r, const TileBatches& batches
 
 // Training (training.cu). The photometric loss (1 - w) mean|x - y| + w (1 - mean SSIM) of an image against a
 // target, both (height, width, 3): the forward writes the scalar loss and the SSIM map's partial derivatives
-// (loss_partials_floats), which the backward turns into dL/d(image) given dL/d(loss) in device memory. Both
-// use a scratch workspace of loss_workspace_floats. The target is float in [0, 1], or uint8 (a dataset's stored
-// views), read as v / 255.
-size_t loss_workspace_floats(int width, int height);
+// (loss_partials_floats), with loss_block_sums_floats of scratch for its blocks' sums; the backward turns them
+// into dL/d(image) given dL/d(loss) in device memory. The target is float in [0, 1], or uint8 (a dataset's
+// stored views), read as v / 255.
+size_t loss_block_sums_floats(int width, int height);
 size_t loss_partials_floats(int width, int height);
 cudaError_t launch_loss_fwd(const float* image, const float* target, int width, int height, float ssim_weight,
-                            float* workspace, float* partials, float* loss, cudaStream_t stream);
+                            float* block_sums, float* partials, float* loss, cudaStream_t stream);
 cudaError_t launch_loss_fwd(const float* image, const uint8_t* target, int width, int height, float ssim_weight,
-                            float* workspace, float* partials, float* loss, cudaStream_t stream);
+                            float* block_sums, float* partials, float* loss, cudaStream_t stream);
 cudaError_t launch_loss_bwd(const float* image, const float* target, const float* partials, int width, int height,
-                            float ssim_weight, const float* grad_loss, float* workspace, float* grad_image,
-                            cudaStream_t stream);
+                            float ssim_weight, const float* grad_loss, float* grad_image, cudaStream_t stream);
 cudaError_t launch_loss_bwd(const float* image, const uint8_t* target, const float* partials, int width, int height,
-                            float ssim_weight, const float* grad_loss, float* workspace, float* grad_image,
-                            cudaStream_t stream);
+                            float ssim_weight, const float* grad_loss, float* grad_image, cudaStream_t stream);
 
 // One Adam step on each of `count` tensors of n values: m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
 // p -= step_size m / (sqrt(v) inv_sqrt_bias2 + eps), with step_size = lr / (1 - b1^t), inv_sqrt_bias2 = 1 / sqrt(1 - b2^t).

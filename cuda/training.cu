@@ -10,7 +10,6 @@ constexpr int SSIM_RADIUS = 5;  // 11x11 Gaussian window, sigma 1.5, zero paddin
 constexpr float SSIM_SIGMA = 1.5f;
 constexpr float SSIM_C1 = 0.01f * 0.01f;
 constexpr float SSIM_C2 = 0.03f * 0.03f;
-constexpr int LOSS_BLOCK_X = 16, LOSS_BLOCK_Y = 16;
 constexpr int N_STATS = 15;     // per channel: mu_x, mu_y, E[x^2], E[y^2], E[xy]
 constexpr int N_PARTIALS = 9;   // per channel: dS/dmu_x, dS/dE[x^2], dS/dE[xy]
 
@@ -30,78 +29,89 @@ __device__ __forceinline__ float target_value(const uint8_t* __restrict__ t, int
   return __fdiv_rn((float)t[i], 255.f);
 }
 
-// acc[s] = sum_k w_k src[p + k][s] over the window along a row (VERTICAL false) or a column (true), with zero
-// padding; src holds N values per pixel.
-template <int N, bool VERTICAL>
-__device__ __forceinline__ void blur_pixel(const float* __restrict__ src, int width, int height, int col, int row,
-                                           const float* w, float* acc) {
+// A block of the loss kernels takes LOSS_TILE x LOSS_TILE pixels, one thread each, and stages in shared memory
+// what the 11x11 window reaches from them: a HALO x HALO square, blurred along its rows first (the HALO rows'
+// LOSS_TILE middle columns), then along the columns. Positions outside the image are skipped, as zero padding
+// would leave the sums: the same sums in the same order as a row pass and a column pass over the whole image.
+constexpr int LOSS_TILE = 16, LOSS_THREADS = LOSS_TILE * LOSS_TILE;
+constexpr int HALO = LOSS_TILE + 2 * SSIM_RADIUS;
+
+// Stages N values per pixel of the block's HALO x HALO square from `read(pixel index, value index)` into
+// `staged`; positions outside the image are left unset (the passes never read them).
+template <int N, typename Read>
+__device__ __forceinline__ void stage_halo(int width, int height, float (*staged)[HALO][N], Read read) {
+  const int x0 = blockIdx.x * LOSS_TILE - SSIM_RADIUS, y0 = blockIdx.y * LOSS_TILE - SSIM_RADIUS;
+  for (int i = threadIdx.y * LOSS_TILE + threadIdx.x; i < HALO * HALO * N; i += LOSS_THREADS) {
+    const int hr = i / (HALO * N), hc = i / N % HALO, s = i % N;  // consecutive threads, consecutive values
+    const int r = y0 + hr, c = x0 + hc;
+    if (r >= 0 && r < height && c >= 0 && c < width) staged[hr][hc][s] = read(r * width + c, s);
+  }
+}
+
+// The row pass over the staged square: rows[hr][tc][s] = sum_k w_k f(values at (hr, tc + k)), for each of the
+// HALO rows inside the image and the block's LOSS_TILE columns; `blur(hr, tc, col, acc)` adds one row's taps.
+template <int N, typename Blur>
+__device__ __forceinline__ void row_pass(int width, int height, float (*rows)[LOSS_TILE][N], Blur blur) {
+  const int y0 = blockIdx.y * LOSS_TILE - SSIM_RADIUS;
+  for (int i = threadIdx.y * LOSS_TILE + threadIdx.x; i < HALO * LOSS_TILE; i += LOSS_THREADS) {
+    const int hr = i / LOSS_TILE, tc = i % LOSS_TILE, r = y0 + hr, col = blockIdx.x * LOSS_TILE + tc;
+    if (r < 0 || r >= height || col >= width) continue;
+    float acc[N] = {};
+    blur(hr, tc, col, acc);
+    for (int s = 0; s < N; ++s) rows[hr][tc][s] = acc[s];
+  }
+}
+
+// The column pass for this thread's pixel (col, row): acc[s] = sum_k w_k rows[row + k][s].
+template <int N>
+__device__ __forceinline__ void column_pass(const float (*rows)[LOSS_TILE][N], int height, int row, const float* w,
+                                            float* acc) {
   for (int s = 0; s < N; ++s) acc[s] = 0.f;
   for (int k = -SSIM_RADIUS; k <= SSIM_RADIUS; ++k) {
-    const int c = VERTICAL ? col : col + k, r = VERTICAL ? row + k : row;
-    if (c < 0 || c >= width || r < 0 || r >= height) continue;
+    if (row + k < 0 || row + k >= height) continue;
     const float wk = w[k + SSIM_RADIUS];
-    const float* in = src + (size_t)N * (r * width + c);
+    const float* in = rows[threadIdx.y + SSIM_RADIUS + k][threadIdx.x];
     for (int s = 0; s < N; ++s) acc[s] += wk * in[s];
   }
 }
 
-// blur_pixel of this thread's pixel (col, row); false, with nothing done, for a thread outside the image.
-template <int N, bool VERTICAL>
-__device__ __forceinline__ bool blur_own_pixel(const float* __restrict__ src, int width, int height, int& col,
-                                               int& row, float* acc) {
-  float w[2 * SSIM_RADIUS + 1];
-  window_weights(w);
-  col = blockIdx.x * blockDim.x + threadIdx.x;
-  row = blockIdx.y * blockDim.y + threadIdx.y;
-  if (col >= width || row >= height) return false;
-  blur_pixel<N, VERTICAL>(src, width, height, col, row, w, acc);
-  return true;
-}
-
-// Horizontal pass of the SSIM statistics: rows[p][c*5 + s] = sum_k w_k f_s(x, y)[p + (k, 0)], channel c.
+// The SSIM statistics (per channel: mu_x, mu_y, E[x^2], E[y^2], E[xy]) blurred over the window, the SSIM map S
+// and its partial derivatives w.r.t. the statistics that depend on x. Each block writes its sums of S and
+// |x - y| to block_sums[2b], [2b + 1] (reduced later in a fixed order, so the loss is deterministic).
 // Target (here and below): float or uint8, read through target_value.
 template <typename Target>
-__global__ void ssim_stats_rows_kernel(const float* __restrict__ x, const Target* __restrict__ y, int width,
-                                       int height, float* __restrict__ rows) {
+__global__ void __launch_bounds__(LOSS_THREADS)
+    ssim_map_kernel(const float* __restrict__ x, const Target* __restrict__ y, int width, int height,
+                    float* __restrict__ partials, float* __restrict__ block_sums) {
+  __shared__ float s_x[HALO][HALO][3], s_y[HALO][HALO][3];
+  __shared__ float s_rows[HALO][LOSS_TILE][N_STATS];
+  __shared__ float2 sums[LOSS_THREADS];
   float w[2 * SSIM_RADIUS + 1];
   window_weights(w);
-  const int col = blockIdx.x * blockDim.x + threadIdx.x, row = blockIdx.y * blockDim.y + threadIdx.y;
-  if (col >= width || row >= height) return;
-  float acc[N_STATS] = {};
-  for (int k = -SSIM_RADIUS; k <= SSIM_RADIUS; ++k) {
-    const int c = col + k;
-    if (c < 0 || c >= width) continue;
-    const float wk = w[k + SSIM_RADIUS];
-    const int base = 3 * (row * width + c);
-    for (int ch = 0; ch < 3; ++ch) {
-      const float a = x[base + ch], b = target_value(y, base + ch);
-      acc[ch * 5 + 0] += wk * a;
-      acc[ch * 5 + 1] += wk * b;
-      acc[ch * 5 + 2] += wk * a * a;
-      acc[ch * 5 + 3] += wk * b * b;
-      acc[ch * 5 + 4] += wk * a * b;
+  stage_halo<3>(width, height, s_x, [&](int p, int ch) { return x[3 * p + ch]; });
+  stage_halo<3>(width, height, s_y, [&](int p, int ch) { return target_value(y, 3 * p + ch); });
+  __syncthreads();
+  row_pass<N_STATS>(width, height, s_rows, [&](int hr, int tc, int col, float* acc) {
+    for (int k = -SSIM_RADIUS; k <= SSIM_RADIUS; ++k) {
+      if (col + k < 0 || col + k >= width) continue;
+      const float wk = w[k + SSIM_RADIUS];
+      for (int ch = 0; ch < 3; ++ch) {
+        const float a = s_x[hr][tc + SSIM_RADIUS + k][ch], b = s_y[hr][tc + SSIM_RADIUS + k][ch];
+        acc[ch * 5 + 0] += wk * a;
+        acc[ch * 5 + 1] += wk * b;
+        acc[ch * 5 + 2] += wk * a * a;
+        acc[ch * 5 + 3] += wk * b * b;
+        acc[ch * 5 + 4] += wk * a * b;
+      }
     }
-  }
-  float* out = rows + (size_t)N_STATS * (row * width + col);
-  for (int s = 0; s < N_STATS; ++s) out[s] = acc[s];
-}
-
-// Vertical pass, then the SSIM map S and its partial derivatives w.r.t. the statistics that depend on x.
-// Each block writes its sums of S and |x - y| to block_sums[2b], [2b + 1] (reduced later in a fixed order,
-// so the loss is deterministic).
-template <typename Target>
-__global__ void ssim_map_kernel(const float* __restrict__ x, const Target* __restrict__ y,
-                                const float* __restrict__ rows, int width, int height, float* __restrict__ partials,
-                                float* __restrict__ block_sums) {
-  float w[2 * SSIM_RADIUS + 1];
-  window_weights(w);
-  const int col = blockIdx.x * blockDim.x + threadIdx.x, row = blockIdx.y * blockDim.y + threadIdx.y;
+  });
+  __syncthreads();
+  const int col = blockIdx.x * LOSS_TILE + threadIdx.x, row = blockIdx.y * LOSS_TILE + threadIdx.y;
   float ssim_sum = 0.f, l1_sum = 0.f;
   if (col < width && row < height) {
     float acc[N_STATS];
-    blur_pixel<N_STATS, true>(rows, width, height, col, row, w, acc);
-    const int p = row * width + col;
-    float* out = partials + (size_t)N_PARTIALS * p;
+    column_pass<N_STATS>(s_rows, height, row, w, acc);
+    float* out = partials + (size_t)N_PARTIALS * (row * width + col);
     for (int ch = 0; ch < 3; ++ch) {
       const float mx = acc[ch * 5 + 0], my = acc[ch * 5 + 1];
       const float sxx = acc[ch * 5 + 2] - mx * mx, syy = acc[ch * 5 + 3] - my * my, sxy = acc[ch * 5 + 4] - mx * my;
@@ -113,15 +123,16 @@ __global__ void ssim_map_kernel(const float* __restrict__ x, const Target* __res
       out[ch * 3 + 0] = (2.f * my * (a2 - a1) - 2.f * mx * s * (b2 - b1)) * inv;  // dS/dmu_x
       out[ch * 3 + 1] = -s / b2;                                                  // dS/dE[x^2]
       out[ch * 3 + 2] = 2.f * a1 * inv;                                           // dS/dE[xy]
-      l1_sum += fabsf(x[3 * p + ch] - target_value(y, 3 * p + ch));
+      const float* own_x = s_x[threadIdx.y + SSIM_RADIUS][threadIdx.x + SSIM_RADIUS];
+      const float* own_y = s_y[threadIdx.y + SSIM_RADIUS][threadIdx.x + SSIM_RADIUS];
+      l1_sum += fabsf(own_x[ch] - own_y[ch]);
     }
   }
   // Block reduction in shared memory, fixed order.
-  __shared__ float2 sums[LOSS_BLOCK_X * LOSS_BLOCK_Y];
-  const int t = threadIdx.y * blockDim.x + threadIdx.x;
+  const int t = threadIdx.y * LOSS_TILE + threadIdx.x;
   sums[t] = make_float2(ssim_sum, l1_sum);
   __syncthreads();
-  for (int stride = blockDim.x * blockDim.y / 2; stride > 0; stride /= 2) {
+  for (int stride = LOSS_THREADS / 2; stride > 0; stride /= 2) {
     if (t < stride) sums[t] = make_float2(sums[t].x + sums[t + stride].x, sums[t].y + sums[t + stride].y);
     __syncthreads();
   }
@@ -155,26 +166,33 @@ __global__ void loss_finalize_kernel(const float* __restrict__ block_sums, int n
     *loss = (float)((1.0 - ssim_weight) * l1_part[0] * inv_count + ssim_weight * (1.0 - ssim_part[0] * inv_count));
 }
 
-// Horizontal pass of the partial-derivative maps (the window is symmetric, so the adjoint of the blur is
-// the same blur with zero padding).
-__global__ void ssim_grad_rows_kernel(const float* __restrict__ partials, int width, int height,
-                                      float* __restrict__ rows) {
-  int col, row;
-  float acc[N_PARTIALS];
-  if (!blur_own_pixel<N_PARTIALS, false>(partials, width, height, col, row, acc)) return;
-  float* out = rows + (size_t)N_PARTIALS * (row * width + col);
-  for (int s = 0; s < N_PARTIALS; ++s) out[s] = acc[s];
-}
-
-// Vertical pass and the chain rule: dL/dx = g (1 - w) sign(x - y) / M - g w (B_mu + 2 x B_xx + y B_xy) / M,
-// with B the blurred partials and g the incoming gradient of the loss.
+// The partial-derivative maps blurred over the window (it is symmetric, so the adjoint of the blur is the same
+// blur with zero padding), then the chain rule: dL/dx = g (1 - w) sign(x - y) / M - g w (B_mu + 2 x B_xx +
+// y B_xy) / M, with B the blurred partials and g the incoming gradient of the loss.
 template <typename Target>
-__global__ void loss_grad_kernel(const float* __restrict__ x, const Target* __restrict__ y,
-                                 const float* __restrict__ rows, int width, int height, float inv_count,
-                                 float ssim_weight, const float* __restrict__ grad_loss, float* __restrict__ grad_x) {
-  int col, row;
+__global__ void __launch_bounds__(LOSS_THREADS)
+    loss_grad_kernel(const float* __restrict__ x, const Target* __restrict__ y, const float* __restrict__ partials,
+                     int width, int height, float inv_count, float ssim_weight, const float* __restrict__ grad_loss,
+                     float* __restrict__ grad_x) {
+  __shared__ float s_partials[HALO][HALO][N_PARTIALS];
+  __shared__ float s_rows[HALO][LOSS_TILE][N_PARTIALS];
+  float w[2 * SSIM_RADIUS + 1];
+  window_weights(w);
+  stage_halo<N_PARTIALS>(width, height, s_partials, [&](int p, int s) { return partials[N_PARTIALS * p + s]; });
+  __syncthreads();
+  row_pass<N_PARTIALS>(width, height, s_rows, [&](int hr, int tc, int col, float* acc) {
+    for (int k = -SSIM_RADIUS; k <= SSIM_RADIUS; ++k) {
+      if (col + k < 0 || col + k >= width) continue;
+      const float wk = w[k + SSIM_RADIUS];
+      const float* in = s_partials[hr][tc + SSIM_RADIUS + k];
+      for (int s = 0; s < N_PARTIALS; ++s) acc[s] += wk * in[s];
+    }
+  });
+  __syncthreads();
+  const int col = blockIdx.x * LOSS_TILE + threadIdx.x, row = blockIdx.y * LOSS_TILE + threadIdx.y;
+  if (col >= width || row >= height) return;
   float acc[N_PARTIALS];
-  if (!blur_own_pixel<N_PARTIALS, true>(rows, width, height, col, row, acc)) return;
+  column_pass<N_PARTIALS>(s_rows, height, row, w, acc);
   const float g = *grad_loss * inv_count;
   const int p = row * width + col;
   for (int ch = 0; ch < 3; ++ch) {
@@ -225,18 +243,15 @@ __global__ void grad_stats_kernel(const float2* __restrict__ grad_means2d, const
 }
 
 dim3 loss_grid(int width, int height) {
-  return dim3((width + LOSS_BLOCK_X - 1) / LOSS_BLOCK_X, (height + LOSS_BLOCK_Y - 1) / LOSS_BLOCK_Y);
+  return dim3((width + LOSS_TILE - 1) / LOSS_TILE, (height + LOSS_TILE - 1) / LOSS_TILE);
 }
 
 // The launchers' one body for either target type.
 template <typename Target>
 cudaError_t loss_fwd(const float* image, const Target* target, int width, int height, float ssim_weight,
-                     float* workspace, float* partials, float* loss, cudaStream_t stream) {
-  const dim3 block(LOSS_BLOCK_X, LOSS_BLOCK_Y), grid = loss_grid(width, height);
-  float* rows = workspace;
-  float* block_sums = workspace + (size_t)N_STATS * width * height;  // (ssim, l1) per block
-  ssim_stats_rows_kernel<Target><<<grid, block, 0, stream>>>(image, target, width, height, rows);
-  ssim_map_kernel<Target><<<grid, block, 0, stream>>>(image, target, rows, width, height, partials, block_sums);
+                     float* block_sums, float* partials, float* loss, cudaStream_t stream) {
+  const dim3 block(LOSS_TILE, LOSS_TILE), grid = loss_grid(width, height);
+  ssim_map_kernel<Target><<<grid, block, 0, stream>>>(image, target, width, height, partials, block_sums);
   loss_finalize_kernel<<<1, 256, 0, stream>>>(block_sums, grid.x * grid.y, 1.f / (3.f * width * height),
                                               ssim_weight, loss);
   return cudaGetLastError();
@@ -244,11 +259,9 @@ cudaError_t loss_fwd(const float* image, const Target* target, int width, int he
 
 template <typename Target>
 cudaError_t loss_bwd(const float* image, const Target* target, const float* partials, int width, int height,
-                     float ssim_weight, const float* grad_loss, float* workspace, float* grad_image,
-                     cudaStream_t stream) {
-  const dim3 block(LOSS_BLOCK_X, LOSS_BLOCK_Y), grid = loss_grid(width, height);
-  ssim_grad_rows_kernel<<<grid, block, 0, stream>>>(partials, width, height, workspace);
-  loss_grad_kernel<Target><<<grid, block, 0, stream>>>(image, target, workspace, width, height,
+                     float ssim_weight, const float* grad_loss, float* grad_image, cudaStream_t stream) {
+  const dim3 block(LOSS_TILE, LOSS_TILE), grid = loss_grid(width, height);
+  loss_grad_kernel<Target><<<grid, block, 0, stream>>>(image, target, partials, width, height,
                                                        1.f / (3.f * width * height), ssim_weight, grad_loss,
                                                        grad_image);
   return cudaGetLastError();
@@ -256,33 +269,31 @@ cudaError_t loss_bwd(const float* image, const Target* target, const float* part
 
 }  // namespace
 
-size_t loss_workspace_floats(int width, int height) {
+size_t loss_block_sums_floats(int width, int height) {
   const dim3 grid = loss_grid(width, height);
-  return (size_t)N_STATS * width * height + 2 * (size_t)grid.x * grid.y;
+  return 2 * (size_t)grid.x * grid.y;
 }
 
 size_t loss_partials_floats(int width, int height) { return (size_t)N_PARTIALS * width * height; }
 
 cudaError_t launch_loss_fwd(const float* image, const float* target, int width, int height, float ssim_weight,
-                            float* workspace, float* partials, float* loss, cudaStream_t stream) {
-  return loss_fwd(image, target, width, height, ssim_weight, workspace, partials, loss, stream);
+                            float* block_sums, float* partials, float* loss, cudaStream_t stream) {
+  return loss_fwd(image, target, width, height, ssim_weight, block_sums, partials, loss, stream);
 }
 
 cudaError_t launch_loss_fwd(const float* image, const uint8_t* target, int width, int height, float ssim_weight,
-                            float* workspace, float* partials, float* loss, cudaStream_t stream) {
-  return loss_fwd(image, target, width, height, ssim_weight, workspace, partials, loss, stream);
+                            float* block_sums, float* partials, float* loss, cudaStream_t stream) {
+  return loss_fwd(image, target, width, height, ssim_weight, block_sums, partials, loss, stream);
 }
 
 cudaError_t launch_loss_bwd(const float* image, const float* target, const float* partials, int width, int height,
-                            float ssim_weight, const float* grad_loss, float* workspace, float* grad_image,
-                            cudaStream_t stream) {
-  return loss_bwd(image, target, partials, width, height, ssim_weight, grad_loss, workspace, grad_image, stream);
+                            float ssim_weight, const float* grad_loss, float* grad_image, cudaStream_t stream) {
+  return loss_bwd(image, target, partials, width, height, ssim_weight, grad_loss, grad_image, stream);
 }
 
 cudaError_t launch_loss_bwd(const float* image, const uint8_t* target, const float* partials, int width, int height,
-                            float ssim_weight, const float* grad_loss, float* workspace, float* grad_image,
-                            cudaStream_t stream) {
-  return loss_bwd(image, target, partials, width, height, ssim_weight, grad_loss, workspace, grad_image, stream);
+                            float ssim_weight, const float* grad_loss, float* grad_image, cudaStream_t stream) {
+  return loss_bwd(image, target, partials, width, height, ssim_weight, grad_loss, grad_image, stream);
 }
 
 cudaError_t launch_adam(const AdamTensor* tensors, int count, cudaStream_t stream) {
