@@ -26,21 +26,25 @@ def resolve_device(name: str) -> tuple[str, str]:
 
 
 # Measured on an H200 (bench/results/train-*-schedules-*): the original 3DGS schedule's 30k steps reach 1.1 dB
-# more on lego and 1.0 dB more on the interior than 12k steps densifying to half of them, in 2.6x the time;
-# 12k beats gsplat's simple_trainer at 30k on both (and a longer run is one Steps setting away). Fast: densify
-# to 5000 with opacity resets every 2000 keeps within 1.5 dB of quality where 5000 steps fell 2.7-3.8 dB short
-# (2026-12-03, from 50k: lego 0.8 dB, the interior 1.3 dB, the 1920x1080 room 1.1 dB below quality; shorter schedules
-# without opacity resets collapse on lego: bench/results/train-step-20261202.md). Quality densifies to 8000 with
-# resets every 2500: a third reset late in densification clears floaters before cameras inside a room (the
-# interior over seeds 0-2: mean 35.11 -> 35.63 dB, fewer Gaussians, the same time; lego -0.3 dB). Both start
-# from 50k random Gaussians, not 3DGS's 100k: fewer floaters to prune, and the early steps cost less (2026-12-03,
-# H200: lego fast 33.20 -> 33.41 dB, quality 34.10 -> 34.18; the interior fast 35.82 -> 36.26; the 1920x1080 room
-# quality 37.22 -> 37.77 dB in 44.3 -> 35.6 s; bench/results/train-init-points-20261203.md).
+# more on lego and 1.0 dB more on the interior than 12k steps densifying to two thirds of them, in 2.6x the time;
+# 12k beats gsplat's simple_trainer at 30k on both (and a longer run is one Steps setting away). Quality densifies
+# to 8000 with opacity resets every 2500: a third reset late in densification clears floaters before cameras
+# inside a room (the interior over seeds 0-2: mean 35.11 -> 35.63 dB, fewer Gaussians, the same time; lego
+# -0.3 dB). Fast: 6500 steps densifying to 4500 with resets every 1500, positions moving at 2.5x the standard
+# rate, which buys back most of what the shorter schedule loses (bench/results/train-fast-schedules-*: lego
+# 33.19 dB where the standard rate gave 32.98 at 7000 steps; shorter schedules without opacity resets collapse
+# on lego: train-step-20261202.md). Both start from 50k random Gaussians, not 3DGS's 100k: fewer floaters to
+# prune, and the early steps cost less (train-init-points-20261203.md).
+# Each schedule stretches to a number of steps per training view (train.fit_to_views): 160 views of a
+# 1920x1080 room hold more than a fixed count fits (2026-12-03: fast at 6500 steps 1.9 dB below quality there,
+# at 8000 0.9-1.4 dB; quality at 12000 steps 0.5 dB below gsplat's simple_trainer at 30k, at 16000 even). Lego's
+# 100 views and the interior's 80 keep the fixed counts.
 PRESETS = {
-    "quality": TrainConfig(iterations=12_000, init_points=50_000,
+    "quality": TrainConfig(iterations=12_000, init_points=50_000, min_steps_per_view=110,
                            densify=DensifyConfig(stop=8000, reset_opacity_every=2500)),
-    "fast": TrainConfig(iterations=8000, init_points=50_000,
-                        densify=DensifyConfig(stop=5000, reset_opacity_every=2000)),
+    "fast": TrainConfig(iterations=6500, init_points=50_000, min_steps_per_view=50,
+                        lr=LearningRates(means=4e-4),
+                        densify=DensifyConfig(stop=4500, reset_opacity_every=1500)),
     # Captures over time: every view is one time of one camera, so a 4D model sees each camera-time once per
     # epoch; the longer schedule lets motion and windows settle after densification.
     "dynamic": TrainConfig(iterations=15_000, densify=DensifyConfig(stop=7500, reset_opacity_every=3000)),
@@ -69,7 +73,8 @@ def make_config(device: str, rasterizer: str, settings: dict | None = None, **ch
     s = training_settings(**{**(settings or {}), **chosen})
     if device == "cuda":
         cfg = PRESETS[s["preset"]]
-        cfg = replace(cfg, iterations=s["iterations"] or cfg.iterations)
+        if s["iterations"]:  # a chosen step count is run as it is
+            cfg = replace(cfg, iterations=s["iterations"], min_steps_per_view=0)
     else:
         cfg = cpu_config(s["iterations"] or CPU_ITERATIONS)
     densify = cfg.densify

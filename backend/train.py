@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -58,6 +58,8 @@ class TrainConfig:
     log_every: int = 50  # steps between loss read-backs (each is a host synchronisation)
     batch_views: int = 1  # views per step, shared out among a distributed group's processes
     dynamic: bool = False  # train a 4D model (backend.dynamic) even when the views have no times
+    # The schedule stretches to at least this many steps a training view (fit_to_views); 0: as it is.
+    min_steps_per_view: int = 0
     lr: LearningRates = field(default_factory=LearningRates)
     densify: DensifyConfig = field(default_factory=DensifyConfig)
 
@@ -68,6 +70,19 @@ class TrainConfig:
         d["densify"] = DensifyConfig(**d.get("densify", {}))
         d["background"] = tuple(d.get("background", (1.0, 1.0, 1.0)))
         return cls(**d)
+
+
+def fit_to_views(cfg: TrainConfig, n_views: int) -> TrainConfig:
+    """The schedule as it runs on n_views training views: where min_steps_per_view asks for more steps than
+    cfg.iterations, the steps, the end of densification and the opacity reset period all stretch by the same
+    factor. More views (and larger ones) hold more to fit than a fixed step count reaches."""
+    steps = max(cfg.iterations, cfg.min_steps_per_view * n_views)
+    factor = steps / cfg.iterations
+    densify = cfg.densify
+    if factor > 1:
+        densify = replace(densify, stop=round(densify.stop * factor),
+                          reset_opacity_every=round(densify.reset_opacity_every * factor))
+    return replace(cfg, iterations=steps, densify=densify, min_steps_per_view=0)
 
 
 def evaluate(g: Gaussians, data: Dataset, sh_degree: int, background, rasterizer: str) -> dict:
@@ -103,6 +118,7 @@ class Trainer:
         if cfg.batch_views < group.world:
             raise SplatwrightError(f"{group.world} processes need at least as many views per step, "
                                    f"not {cfg.batch_views}")
+        cfg = fit_to_views(cfg, len(data.cameras))
         self.cfg, self.group = cfg, group
         self.device = torch.device(device)
         self.data = data.to(self.device)

@@ -21,8 +21,10 @@ DEVICE_DEFAULTS = {
           "render_engine": "CYCLES", "samples": 16, "custom_steps": True, "iterations": 300},
 }
 
-# The steps of the backend's schedules when the panel leaves the count to them (backend/policy.py).
-PRESET_STEPS = {"quality": 12_000, "fast": 8000, "dynamic": 15_000}
+# The steps of the backend's schedules when the panel leaves the count to them, and the steps per training view
+# they stretch to on many views (backend/policy.py).
+PRESET_STEPS = {"quality": 12_000, "fast": 6500, "dynamic": 15_000}
+PRESET_STEPS_PER_VIEW = {"quality": 110, "fast": 50, "dynamic": 0}
 CPU_STEPS = 3000
 
 # Seconds per training step: a fixed part plus a part per pixel of the step's view (rough: the splats' sizes
@@ -56,11 +58,13 @@ def defaults_for(device: str | None) -> dict:
     return dict(DEVICE_DEFAULTS[device_of(device)])
 
 
-def schedule_steps(device: str | None, preset: str, steps: int | None) -> int:
-    """The steps a training run makes: the chosen count, else the schedule's on this device."""
+def schedule_steps(device: str | None, preset: str, steps: int | None, views: int) -> int:
+    """The steps a training run on `views` views makes: the chosen count, else the schedule's on this device."""
     if steps:
         return steps
-    return PRESET_STEPS[preset] if device_of(device) == GPU else CPU_STEPS
+    if device_of(device) != GPU:
+        return CPU_STEPS
+    return max(PRESET_STEPS[preset], PRESET_STEPS_PER_VIEW[preset] * views)
 
 
 def training_seconds(device: str | None, steps: int, width: int, height: int) -> float:

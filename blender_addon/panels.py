@@ -159,7 +159,7 @@ def draw_estimate(layout, scene) -> None:
     b = live.backend
     device = b.capabilities.get("device") if b.connection == "connected" else None
     if device:
-        steps = schedule_steps(device, s.preset.lower(), s.iterations if s.custom_steps else None)
+        steps = schedule_steps(device, s.preset.lower(), s.iterations if s.custom_steps else None, views)
         seconds = training_seconds(device, steps, width, height)
         col.label(text=f"Training: about {duration(seconds)} ({steps} steps)", icon="TIME")
         if device_of(device) == CPU:

@@ -344,10 +344,12 @@ def test_device_defaults_cover_the_same_settings_and_are_copies():
 
 def test_schedule_steps_are_the_backends():
     policy = pytest.importorskip("backend.policy")
+    train = pytest.importorskip("backend.train")
     for preset, cfg in policy.PRESETS.items():
-        assert defaults.schedule_steps("cuda", preset, None) == cfg.iterations
-    assert defaults.schedule_steps("cpu", "quality", None) == policy.CPU_ITERATIONS
-    assert defaults.schedule_steps("cuda", "quality", 123) == 123
+        for views in (1, 100, 160, 400):  # a few views keep the preset's count, many stretch it
+            assert defaults.schedule_steps("cuda", preset, None, views) == train.fit_to_views(cfg, views).iterations
+    assert defaults.schedule_steps("cpu", "quality", None, 400) == policy.CPU_ITERATIONS
+    assert defaults.schedule_steps("cuda", "quality", 123, 400) == 123
 
 
 def test_cpu_preview_training_estimate_is_under_a_few_minutes():

@@ -16,7 +16,7 @@ from backend.ply import read_ply
 from blender_addon.core.points import POINTS_FILE, write_points
 from backend.strategy import DefaultStrategy, edit_rows
 from backend.metrics import photometric_loss
-from backend.train import Trainer, evaluate, load_checkpoint, mean_scores, warm_up
+from backend.train import Trainer, evaluate, fit_to_views, load_checkpoint, mean_scores, warm_up
 from conftest import ROOT, orbit_cameras, random_gaussians, write_scene
 
 
@@ -123,6 +123,20 @@ def test_gaussian_cap_is_respected(tiny_scene):
     while trainer.step < 60:
         trainer.train_step()
         assert len(trainer.g) <= 520
+
+
+def test_a_schedule_stretches_to_its_steps_per_view(tiny_scene):
+    """Many views stretch the steps, the end of densification and the reset period alike; few keep them; the
+    trainer runs and checkpoints the stretched schedule, which a resume does not stretch again."""
+    cfg = replace(small_config(60), min_steps_per_view=15)
+    cfg = replace(cfg, densify=replace(cfg.densify, stop=40, reset_opacity_every=20))
+    stretched = fit_to_views(cfg, 8)  # 120 steps: twice the 60
+    assert (stretched.iterations, stretched.densify.stop, stretched.densify.reset_opacity_every) == (120, 80, 40)
+    assert stretched.densify.start == cfg.densify.start and stretched.min_steps_per_view == 0
+    assert fit_to_views(cfg, 3) == replace(cfg, min_steps_per_view=0)
+    trainer = Trainer(load_split(tiny_scene, "train"), cfg)
+    assert trainer.cfg == stretched
+    assert fit_to_views(trainer.cfg, 100) == stretched
 
 
 def test_the_warm_up_runs_every_kind_of_step(monkeypatch):

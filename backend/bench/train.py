@@ -22,7 +22,7 @@ from ..gaussians import Gaussians
 from ..metrics import photometric_loss
 from ..progress import Progress
 from ..render import camera_tensors
-from ..train import Trainer, TrainConfig, evaluate, load_checkpoint, score, warm_up
+from ..train import Trainer, TrainConfig, evaluate, fit_to_views, load_checkpoint, score, warm_up
 from . import RESULTS, git_commit
 
 
@@ -58,11 +58,12 @@ def main(argv: list[str]) -> int:
         return 1
     cfg = replace(PRESETS[args.preset], rasterizer="cuda")
     if args.iters:
-        cfg = replace(cfg, iterations=args.iters)
+        cfg = replace(cfg, iterations=args.iters, min_steps_per_view=0)  # run as chosen
     if args.background:
         cfg = replace(cfg, background=args.background)
     cfg = replace(cfg, seed=args.seeds[0])
     train_set = load_split(args.data, "train", cfg.background).to("cuda")
+    cfg = fit_to_views(cfg, len(train_set.cameras))  # the schedule as it runs on these views
     test_set = load_split(args.data, "test", cfg.background).to("cuda")
     points = scene_point_cloud(args.data)  # a scene with SfM or surface points starts both trainers on them
 
@@ -115,18 +116,19 @@ def run_ours(train_set: Dataset, test_set: Dataset, cfg: TrainConfig, init: Gaus
     """Train with our trainer; with `resume_at`, stop there, checkpoint, and finish in a new Trainer loaded
     from the checkpoint (the time covers both halves, not the checkpoint's save and load)."""
     trainer = Trainer(train_set, cfg, "cuda", init.detached())
-    bar = Progress(cfg.iterations, "splatwright")
+    steps = trainer.cfg.iterations  # cfg's schedule fitted to the views
+    bar = Progress(steps, "splatwright")
 
     def loop(until: int):
         while trainer.step < until:
             trainer.train_step()
             bar.update(trainer.step, loss=trainer.last["loss"], gaussians=len(trainer.g))
-    seconds, peak = _measure(lambda: loop(resume_at or cfg.iterations))
+    seconds, peak = _measure(lambda: loop(resume_at or steps))
     if resume_at:
         with tempfile.TemporaryDirectory() as folder:
             trainer.save_checkpoint(Path(folder) / "checkpoint.pt")
             trainer = Trainer.from_checkpoint(train_set, load_checkpoint(Path(folder) / "checkpoint.pt"), "cuda", cfg)
-        more_seconds, more_peak = _measure(lambda: loop(cfg.iterations))
+        more_seconds, more_peak = _measure(lambda: loop(steps))
         seconds, peak = seconds + more_seconds, max(peak, more_peak)
     bar.close()
     scores = evaluate(trainer.g, test_set, trainer.sh_degree, cfg.background, "cuda")
