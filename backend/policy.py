@@ -42,8 +42,8 @@ def resolve_device(name: str) -> tuple[str, str]:
 PRESETS = {
     "quality": TrainConfig(iterations=12_000, init_points=50_000, min_steps_per_view=110,
                            densify=DensifyConfig(stop=8000, reset_opacity_every=2500)),
-    "fast": TrainConfig(iterations=6500, init_points=50_000, min_steps_per_view=50,
-                        lr=LearningRates(means=4e-4),
+    "fast": TrainConfig(iterations=6500, init_points=50_000, min_steps_per_view=65,
+                        lr=LearningRates(means=3.2e-4),
                         densify=DensifyConfig(stop=4500, reset_opacity_every=1500)),
     # Captures over time: every view is one time of one camera, so a 4D model sees each camera-time once per
     # epoch; the longer schedule lets motion and windows settle after densification.

@@ -24,7 +24,7 @@ DEVICE_DEFAULTS = {
 # The steps of the backend's schedules when the panel leaves the count to them, and the steps per training view
 # they stretch to on many views (backend/policy.py).
 PRESET_STEPS = {"quality": 12_000, "fast": 6500, "dynamic": 15_000}
-PRESET_STEPS_PER_VIEW = {"quality": 110, "fast": 50, "dynamic": 0}
+PRESET_STEPS_PER_VIEW = {"quality": 110, "fast": 65, "dynamic": 0}
 CPU_STEPS = 3000
 
 # Seconds per training step: a fixed part plus a part per pixel of the step's view (rough: the splats' sizes

@@ -297,7 +297,8 @@ def test_gaussians_crossing_the_near_plane():
 
 
 # 700 Gaussians make 3 batches of the tile's list, 2000 make 8; at the lowest opacities T never stops, at the
-# others it stops part-way along the list.
+# others it stops part-way along the list. So many splats over one tile leave more pixels whose stop is too
+# close to call in float32 (2 of the 1920 in some seeds): up to 5 are left out.
 @pytest.mark.parametrize("n, opacity_range", [(700, (0.005, 0.02)), (700, (0.1, 0.4)), (2000, (0.005, 0.02)),
                                               (2000, (0.01, 0.03))])
 def test_more_gaussians_in_a_tile_than_one_batch(n, opacity_range):
@@ -313,7 +314,7 @@ def test_more_gaussians_in_a_tile_than_one_batch(n, opacity_range):
     scene["means"] = to_world(cam, scene["viewmat"])
     lo, hi = opacity_range
     scene["opacities"] = lo + (hi - lo) * torch.rand(n, generator=gen)
-    outs, _ = check_against_reference(scene, 48, 40, seed=seed)
+    outs, _ = check_against_reference(scene, 48, 40, seed=seed, max_ambiguous=5 / (48 * 40))
     assert (outs["cuda"].radii > 0).sum() > 256
 
 
