@@ -31,7 +31,7 @@ from ..policy import PRESETS
 from ..progress import Progress
 from ..render import render
 from ..sh import SH_C0
-from ..train import Trainer, evaluate
+from ..train import Trainer, evaluate, fit_to_views
 from . import RESULTS, ROOT, git_commit, model_extent, write_results
 
 DONUT = ROOT.parent / "shared" / "data" / "splats" / "donut_sh0.ply"
@@ -60,9 +60,9 @@ def main(argv: list[str]) -> int:
         return 1
 
     model, source = load_model(args.model, args.points)
-    cfg = replace(PRESETS[args.preset], rasterizer="cuda")
-    steps = min(args.steps, cfg.iterations)
     cameras = orbit_cameras(model, args.views, args.width, args.height)
+    cfg = fit_to_views(replace(PRESETS[args.preset], rasterizer="cuda"), len(cameras))  # as it runs on them
+    steps = min(args.steps, cfg.iterations)
     start = time.perf_counter()
     images = render_views(model, cameras, cfg.background)
     render_seconds = time.perf_counter() - start
