@@ -76,12 +76,12 @@ def fit_to_views(cfg: TrainConfig, n_views: int) -> TrainConfig:
     """The schedule as it runs on n_views training views: where min_steps_per_view asks for more steps than
     cfg.iterations, the steps, the end of densification and the opacity reset period all stretch by the same
     factor. More views (and larger ones) hold more to fit than a fixed step count reaches."""
-    steps = max(cfg.iterations, cfg.min_steps_per_view * n_views)
+    steps = cfg.min_steps_per_view * n_views
+    if steps <= cfg.iterations:
+        return replace(cfg, min_steps_per_view=0)
     factor = steps / cfg.iterations
-    densify = cfg.densify
-    if factor > 1:
-        densify = replace(densify, stop=round(densify.stop * factor),
-                          reset_opacity_every=round(densify.reset_opacity_every * factor))
+    densify = replace(cfg.densify, stop=round(cfg.densify.stop * factor),
+                      reset_opacity_every=round(cfg.densify.reset_opacity_every * factor))
     return replace(cfg, iterations=steps, densify=densify, min_steps_per_view=0)
 
 
