@@ -31,8 +31,9 @@ CPU_STEPS = 3000
 # matter too). CPU: the reference rasterizer (backend/policy.py's cpu_config) on 2 idle cores, 300 steps of
 # the CPU previews: Blender's startup cube at 153x86 px in 33 s, the demo scene at 151x151 px in 45 s
 # (`python -m backend bench defaults`; other work on the same cores makes it several times slower).
-# GPU: the CUDA rasterizer on an H200 (lego, 800x800: 21.5 s for 12k steps, 12.0 s for 7000).
-STEP_SECONDS = {CPU: (0.05, 4.5e-6), GPU: (0.0005, 2.0e-9)}
+# GPU: the CUDA rasterizer on an H200 (quality preset: lego's 400x400 views 10.5 s for 12000 steps, the interior's
+# 640x360 9.4 s for 12000, a 1920x1080 room 47 s for 17600; bench/results/train-presets-per-view-20261203.md).
+STEP_SECONDS = {CPU: (0.05, 4.5e-6), GPU: (0.0007, 1.0e-9)}
 
 
 def device_of(device: str | None) -> str:
