@@ -75,7 +75,8 @@ class TrainConfig:
 def fit_to_views(cfg: TrainConfig, n_views: int) -> TrainConfig:
     """The schedule as it runs on n_views training views: where min_steps_per_view asks for more steps than
     cfg.iterations, the steps, the end of densification and the opacity reset period all stretch by the same
-    factor. More views (and larger ones) hold more to fit than a fixed step count reaches."""
+    factor (more views hold more to fit than a fixed step count reaches). The result's min_steps_per_view is
+    0, so a fitted schedule fits as it is (a resumed run, a bench that fits before the trainer does)."""
     steps = cfg.min_steps_per_view * n_views
     if steps <= cfg.iterations:
         return replace(cfg, min_steps_per_view=0)
@@ -118,7 +119,9 @@ class Trainer:
         if cfg.batch_views < group.world:
             raise SplatwrightError(f"{group.world} processes need at least as many views per step, "
                                    f"not {cfg.batch_views}")
-        cfg = fit_to_views(cfg, len(data.cameras))
+        # Views over time are cameras at times, many more than the cameras: their schedule is not stretched.
+        over_time = cfg.dynamic or data.times is not None
+        cfg = fit_to_views(cfg, 0 if over_time else len(data.cameras))
         self.cfg, self.group = cfg, group
         self.device = torch.device(device)
         self.data = data.to(self.device)

@@ -55,6 +55,11 @@ def split_of(index: int, test_every: int) -> str:
     return "test" if test_every > 0 and index % test_every == test_every - 1 else "train"
 
 
+def training_count(count: int, test_every: int) -> int:
+    """How many of `count` views split_of leaves for training."""
+    return count - (count // test_every if test_every > 0 else 0)
+
+
 class DatasetWriter:
     """transforms_train.json / transforms_test.json (and any other split's) with per-frame intrinsics (as
     instant-ngp writes them), next to train/ and test/ folders of PNGs (or of images with another `extension`,

@@ -60,7 +60,8 @@ def defaults_for(device: str | None) -> dict:
 
 
 def schedule_steps(device: str | None, preset: str, steps: int | None, views: int) -> int:
-    """The steps a training run on `views` views makes: the chosen count, else the schedule's on this device."""
+    """The steps a training run on `views` training views (0 for a capture over time) makes: the chosen count,
+    else the schedule's on this device."""
     if steps:
         return steps
     if device_of(device) != GPU:

@@ -7,6 +7,7 @@ import bpy
 
 from . import live, properties
 from .colmap_import import SPLATWRIGHT_OT_import_colmap, SPLATWRIGHT_OT_send_photos, imported_model, photo_counts
+from .dataset import training_count
 from .defaults import CPU, device_of, schedule_steps, training_seconds
 from .io_formats import SPLATWRIGHT_OT_export_splats, SPLATWRIGHT_OT_import_splats
 from .messages import wrap
@@ -150,16 +151,25 @@ def draw_estimate(layout, scene) -> None:
     that the CPU trains a preview."""
     s = scene.splatwright
     width, height = capture_size(scene)
-    views = {"ORBIT": lambda: s.orbit_count, "ANIMATION": lambda: len(animation_frames(scene)),
-             "CAMERAS": lambda: len(capture_cameras(scene)),  # Animation from the Rig: the orbit's without cameras
-             "RIG_ANIMATION": lambda: (len(capture_cameras(scene)) or s.orbit_count) * len(animation_frames(scene)),
-             }[s.source]()
+    # (views at each frame, frames): Animation from the Rig takes the orbit's cameras where there are none
+    per_frame, frames = {"ORBIT": lambda: (s.orbit_count, 1), "ANIMATION": lambda: (1, len(animation_frames(scene))),
+                         "CAMERAS": lambda: (len(capture_cameras(scene)), 1),
+                         "RIG_ANIMATION": lambda: (len(capture_cameras(scene)) or s.orbit_count,
+                                                   len(animation_frames(scene))),
+                         }[s.source]()
+    views = per_frame * frames
+    # The training views the backend fits its schedule to (capture.py holds out a rig's cameras at every frame,
+    # an animation's frames); a capture over time is not fitted (train.fit_to_views)
+    over_time = s.moving_scene and s.source in ("ANIMATION", "RIG_ANIMATION")
+    training_views = 0 if over_time else (training_count(views, s.test_every) if per_frame == 1
+                                          else training_count(per_frame, s.test_every) * frames)
     col = layout.column(align=True)
     col.label(text=f"{views} views of {width}x{height} px", icon="RENDER_RESULT")
     b = live.backend
     device = b.capabilities.get("device") if b.connection == "connected" else None
     if device:
-        steps = schedule_steps(device, s.preset.lower(), s.iterations if s.custom_steps else None, views)
+        steps = schedule_steps(device, s.preset.lower(), s.iterations if s.custom_steps else None,
+                               training_views)
         seconds = training_seconds(device, steps, width, height)
         col.label(text=f"Training: about {duration(seconds)} ({steps} steps)", icon="TIME")
         if device_of(device) == CPU:

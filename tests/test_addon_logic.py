@@ -98,6 +98,10 @@ def test_fitting_distance_keeps_the_bounds_in_view():
 def test_split_of_holds_out_every_nth_view():
     assert [dataset.split_of(i, 4) for i in range(8)] == ["train"] * 3 + ["test"] + ["train"] * 3 + ["test"]
     assert {dataset.split_of(i, 0) for i in range(10)} == {"train"}
+    for count in range(20):
+        for every in (0, 1, 3, 8):
+            kept = sum(dataset.split_of(i, every) == "train" for i in range(count))
+            assert dataset.training_count(count, every) == kept, (count, every)
 
 
 def test_capture_percentage_keeps_the_longest_side_within_the_limit():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from backend.policy import cpu_config
-from backend.data import load_split
+from backend.data import Dataset, load_split
 from blender_addon.core.errors import SplatwrightError
 from backend.gaussians import Gaussians
 from backend.optim import Adam
@@ -127,16 +127,20 @@ def test_gaussian_cap_is_respected(tiny_scene):
 
 def test_a_schedule_stretches_to_its_steps_per_view(tiny_scene):
     """Many views stretch the steps, the end of densification and the reset period alike; few keep them; the
-    trainer runs and checkpoints the stretched schedule, which a resume does not stretch again."""
+    trainer runs and checkpoints the stretched schedule, which a resume does not stretch again; views over time
+    keep the schedule."""
     cfg = replace(small_config(60), min_steps_per_view=15)
     cfg = replace(cfg, densify=replace(cfg.densify, stop=40, reset_opacity_every=20))
     stretched = fit_to_views(cfg, 8)  # 120 steps: twice the 60
     assert (stretched.iterations, stretched.densify.stop, stretched.densify.reset_opacity_every) == (120, 80, 40)
     assert stretched.densify.start == cfg.densify.start and stretched.min_steps_per_view == 0
     assert fit_to_views(cfg, 3) == replace(cfg, min_steps_per_view=0)
-    trainer = Trainer(load_split(tiny_scene, "train"), cfg)
+    data = load_split(tiny_scene, "train")
+    trainer = Trainer(data, cfg)
     assert trainer.cfg == stretched
     assert fit_to_views(trainer.cfg, 100) == stretched
+    over_time = Dataset(data.cameras, data.images, data.names, [i / 7 for i in range(8)])  # cameras at times
+    assert Trainer(over_time, cfg).cfg == replace(cfg, min_steps_per_view=0)
 
 
 def test_the_warm_up_runs_every_kind_of_step(monkeypatch):

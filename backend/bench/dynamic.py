@@ -107,10 +107,11 @@ def train_model(name: str, train: Dataset, cfg: TrainConfig, points, evals: dict
     start, then score it on each of `evals` and time its renders."""
     init = None if points is None else Gaussians.from_point_cloud(points[1], points[2], cfg.sh_degree, "cuda")
     trainer = Trainer(train, cfg, "cuda", init)
-    bar = Progress(cfg.iterations, name)
+    steps = trainer.cfg.iterations  # cfg's schedule fitted to the views
+    bar = Progress(steps, name)
 
     def loop():
-        while trainer.step < cfg.iterations:
+        while trainer.step < steps:
             trainer.train_step()
             bar.update(trainer.step, loss=trainer.last["loss"], gaussians=len(trainer.g))
     seconds, peak = _measure(loop)
@@ -130,7 +131,7 @@ def per_frame_models(frames: list[tuple[float, Dataset, Dataset]], cfg: TrainCon
                         fps_camera, fps_frames)
             for k, (t, train, test) in enumerate(frames)]
     seconds = sum(r["seconds"] for r in rows)
-    return {"steps": cfg.iterations, "models": len(rows), "seconds": seconds,
+    return {"steps": rows[0]["steps"], "models": len(rows), "seconds": seconds,
             "seconds_all_frames": seconds / len(rows) * all_frames,
             "test": {key: float(np.mean([r["test"][key] for r in rows])) for key in ("psnr", "ssim")},
             "gaussians": round(float(np.mean([r["gaussians"] for r in rows]))),
@@ -181,7 +182,7 @@ def main(argv: list[str]) -> int:
     cfg = replace(PRESETS["dynamic"], rasterizer="cuda")
     frame_cfg = replace(PRESETS[args.frame_preset], rasterizer="cuda")
     if args.steps:
-        cfg, frame_cfg = replace(cfg, iterations=args.steps), replace(frame_cfg, iterations=args.steps)
+        cfg, frame_cfg = (replace(c, iterations=args.steps, min_steps_per_view=0) for c in (cfg, frame_cfg))
     train = load_split(args.data, "train", cfg.background)
     test = load_split(args.data, "test", cfg.background)
     val = load_split(args.data, "val", cfg.background)
