@@ -158,11 +158,15 @@ def draw_estimate(layout, scene) -> None:
                                                    len(animation_frames(scene))),
                          }[s.source]()
     views = per_frame * frames
-    # The training views the backend fits its schedule to (capture.py holds out a rig's cameras at every frame,
-    # an animation's frames); a capture over time is not fitted (train.fit_to_views)
-    over_time = s.moving_scene and s.source in ("ANIMATION", "RIG_ANIMATION")
-    training_views = 0 if over_time else (training_count(views, s.test_every) if per_frame == 1
-                                          else training_count(per_frame, s.test_every) * frames)
+    # The views the backend fits its schedule to (train.fit_to_views): capture.py holds out every test_every-th
+    # frame of an animation, else every test_every-th camera (at each frame of a rig's animation); a capture over
+    # time is not fitted.
+    if s.moving_scene and s.source in ("ANIMATION", "RIG_ANIMATION"):
+        training_views = 0
+    elif s.source == "ANIMATION":
+        training_views = training_count(frames, s.test_every)
+    else:
+        training_views = training_count(per_frame, s.test_every) * frames
     col = layout.column(align=True)
     col.label(text=f"{views} views of {width}x{height} px", icon="RENDER_RESULT")
     b = live.backend
