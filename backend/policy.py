@@ -9,7 +9,7 @@ from dataclasses import replace
 import torch
 
 from blender_addon.core.errors import SplatwrightError
-from blender_addon.core.settings import PRESETS as PRESET_NAMES, training_settings
+from blender_addon.core.settings import CPU_STEPS, PRESETS as PRESET_NAMES, SCHEDULE_STEPS, training_settings
 from .strategy import DensifyConfig
 from .train import LearningRates, TrainConfig
 
@@ -41,15 +41,21 @@ def resolve_device(name: str) -> tuple[str, str]:
 # at 30k, at 17600 0.5 dB above it in 0.23x its time; fast, with positions at 2.5x, at 6500 steps 2.9 dB below
 # the stretched quality, at 10400 1.0). Lego's 100 views and the interior's 80 keep the fixed counts; views over
 # time (a 4D capture: cameras at times) are not stretched.
+
+
+def schedule(preset: str, **settings) -> TrainConfig:
+    """A preset's configuration: its steps (core/settings.py's SCHEDULE_STEPS) and `settings`."""
+    steps, steps_per_view = SCHEDULE_STEPS[preset]
+    return TrainConfig(iterations=steps, min_steps_per_view=steps_per_view, **settings)
+
+
 PRESETS = {
-    "quality": TrainConfig(iterations=12_000, init_points=50_000, min_steps_per_view=110,
-                           densify=DensifyConfig(stop=8000, reset_opacity_every=2500)),
-    "fast": TrainConfig(iterations=6500, init_points=50_000, min_steps_per_view=65,
-                        lr=LearningRates(means=3.2e-4),
-                        densify=DensifyConfig(stop=4500, reset_opacity_every=1500)),
+    "quality": schedule("quality", init_points=50_000, densify=DensifyConfig(stop=8000, reset_opacity_every=2500)),
+    "fast": schedule("fast", init_points=50_000, lr=LearningRates(means=3.2e-4),
+                     densify=DensifyConfig(stop=4500, reset_opacity_every=1500)),
     # Captures over time: every view is one time of one camera, so a 4D model sees each camera-time once per
     # epoch; the longer schedule lets motion and windows settle after densification.
-    "dynamic": TrainConfig(iterations=15_000, densify=DensifyConfig(stop=7500, reset_opacity_every=3000)),
+    "dynamic": schedule("dynamic", densify=DensifyConfig(stop=7500, reset_opacity_every=3000)),
 }
 assert tuple(PRESETS) == PRESET_NAMES
 
@@ -65,9 +71,6 @@ def cpu_config(iterations: int) -> TrainConfig:
                               max_gaussians=20_000))
 
 
-CPU_ITERATIONS = 3000  # default step count on the CPU reference path
-
-
 def make_config(device: str, rasterizer: str, settings: dict | None = None, **chosen) -> TrainConfig:
     """The training configuration for a device: a preset's schedule on the GPU, the short CPU schedule on the
     reference path, with the settings on top (a settings dict, or settings by name; None keeps the
@@ -78,7 +81,7 @@ def make_config(device: str, rasterizer: str, settings: dict | None = None, **ch
         if s["iterations"]:  # a chosen step count is run as it is
             cfg = replace(cfg, iterations=s["iterations"], min_steps_per_view=0)
     else:
-        cfg = cpu_config(s["iterations"] or CPU_ITERATIONS)
+        cfg = cpu_config(s["iterations"] or CPU_STEPS)
     densify = cfg.densify
     if s["max_gaussians"] is not None:
         densify = replace(densify, max_gaussians=s["max_gaussians"])

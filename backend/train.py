@@ -10,6 +10,7 @@ import torch
 
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.files import replacing
+from blender_addon.core.settings import stretched_steps
 from blender_addon.core.cameras import Camera, intrinsics_from_fov_x, look_at
 from .data import Dataset, as_float, camera_extent, quantise, scene_bounds
 from .distributed import SINGLE, Group
@@ -77,8 +78,8 @@ def fit_to_views(cfg: TrainConfig, n_views: int) -> TrainConfig:
     cfg.iterations, the steps, the end of densification and the opacity reset period all stretch by the same
     factor (more views hold more to fit than a fixed step count reaches). The result's min_steps_per_view is
     0, so a fitted schedule fits as it is (a resumed run, a bench that fits before the trainer does)."""
-    steps = cfg.min_steps_per_view * n_views
-    if steps <= cfg.iterations:
+    steps = stretched_steps(cfg.iterations, cfg.min_steps_per_view, n_views)
+    if steps == cfg.iterations:
         return replace(cfg, min_steps_per_view=0)
     factor = steps / cfg.iterations
     densify = replace(cfg.densify, stop=round(cfg.densify.stop * factor),

@@ -10,6 +10,8 @@ import platform
 import shutil
 from pathlib import Path
 
+from .core.settings import CPU_STEPS, SCHEDULE_STEPS, stretched_steps
+
 GPU, CPU = "cuda", "cpu"  # the backend's devices, as its capabilities name them
 NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")  # there where Linux has NVIDIA's driver loaded
 
@@ -20,12 +22,6 @@ DEVICE_DEFAULTS = {
     CPU: {"orbit_count": 16, "resolution_percentage": 100, "max_side": 160, "point_count": 2000,
           "render_engine": "CYCLES", "samples": 16, "custom_steps": True, "iterations": 300},
 }
-
-# The steps of the backend's schedules when the panel leaves the count to them, and the steps per training view
-# they stretch to on many views (backend/policy.py).
-PRESET_STEPS = {"quality": 12_000, "fast": 6500, "dynamic": 15_000}
-PRESET_STEPS_PER_VIEW = {"quality": 110, "fast": 65, "dynamic": 0}
-CPU_STEPS = 3000
 
 # Seconds per training step: a fixed part plus a part per pixel of the step's view (rough: the splats' sizes
 # matter too). CPU: the reference rasterizer (backend/policy.py's cpu_config) on 2 idle cores, 300 steps of
@@ -66,7 +62,7 @@ def schedule_steps(device: str | None, preset: str, steps: int | None, views: in
         return steps
     if device_of(device) != GPU:
         return CPU_STEPS
-    return max(PRESET_STEPS[preset], PRESET_STEPS_PER_VIEW[preset] * views)
+    return stretched_steps(*SCHEDULE_STEPS[preset], views)
 
 
 def training_seconds(device: str | None, steps: int, width: int, height: int) -> float:

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from .schema import Fields, Float, Int, Maybe, Numbers, Str, optional
 
-PRESETS = ("quality", "fast", "dynamic")  # GPU schedules; the CPU reference path runs a short schedule of its own
+# The GPU schedules (backend/policy.py builds them from these): their steps, and the steps a training view they
+# stretch to on many views (0: none). The CPU reference path runs a short schedule of CPU_STEPS.
+SCHEDULE_STEPS = {"quality": (12_000, 110), "fast": (6500, 65), "dynamic": (15_000, 0)}
+PRESETS = tuple(SCHEDULE_STEPS)
+CPU_STEPS = 3000
 BACKGROUND = Numbers((3,), 0.0, 1.0)
 
 TRAINING = Fields(
@@ -30,3 +34,8 @@ TRAINING = Fields(
 def training_settings(**chosen) -> dict:
     """The whole settings dict: `chosen` checked against the table, every other setting at its default."""
     return TRAINING.check(TRAINING.encode(chosen))
+
+
+def stretched_steps(steps: int, steps_per_view: int, views: int) -> int:
+    """The steps of a schedule of `steps` that stretches to `steps_per_view` on `views` training views."""
+    return max(steps, steps_per_view * views)
