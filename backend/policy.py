@@ -11,7 +11,7 @@ import torch
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.settings import CPU_STEPS, PRESETS as PRESET_NAMES, SCHEDULE_STEPS, training_settings
 from .strategy import DensifyConfig
-from .train import LearningRates, TrainConfig
+from .train import LearningRates, TrainConfig, with_steps
 
 CHECKPOINT = "checkpoint.pt"  # a training run's checkpoint file, in its output or session folder
 
@@ -78,8 +78,8 @@ def make_config(device: str, rasterizer: str, settings: dict | None = None, **ch
     s = training_settings(**{**(settings or {}), **chosen})
     if device == "cuda":
         cfg = PRESETS[s["preset"]]
-        if s["iterations"]:  # a chosen step count is run as it is
-            cfg = replace(cfg, iterations=s["iterations"], min_steps_per_view=0)
+        if s["iterations"]:
+            cfg = with_steps(cfg, s["iterations"])
     else:
         cfg = cpu_config(s["iterations"] or CPU_STEPS)
     densify = cfg.densify

@@ -87,6 +87,11 @@ def fit_to_views(cfg: TrainConfig, n_views: int) -> TrainConfig:
     return replace(cfg, iterations=steps, densify=densify, min_steps_per_view=0)
 
 
+def with_steps(cfg: TrainConfig, steps: int) -> TrainConfig:
+    """cfg's schedule run for exactly `steps` steps on any number of views: a chosen count is not stretched."""
+    return replace(cfg, iterations=steps, min_steps_per_view=0)
+
+
 def evaluate(g: Gaussians, data: Dataset, sh_degree: int, background, rasterizer: str) -> dict:
     """mean_scores of our renders over a dataset's views, each at its time."""
     return mean_scores((render(g.at(data.time(i)), cam, sh_degree, background, rasterizer).image

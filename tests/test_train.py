@@ -16,7 +16,7 @@ from backend.ply import read_ply
 from blender_addon.core.points import POINTS_FILE, write_points
 from backend.strategy import DefaultStrategy, edit_rows
 from backend.metrics import photometric_loss
-from backend.train import Trainer, evaluate, fit_to_views, load_checkpoint, mean_scores, warm_up
+from backend.train import Trainer, evaluate, fit_to_views, load_checkpoint, mean_scores, warm_up, with_steps
 from conftest import ROOT, orbit_cameras, random_gaussians, write_scene
 
 
@@ -135,6 +135,7 @@ def test_a_schedule_stretches_to_its_steps_per_view(tiny_scene):
     assert (stretched.iterations, stretched.densify.stop, stretched.densify.reset_opacity_every) == (120, 80, 40)
     assert stretched.densify.start == cfg.densify.start and stretched.min_steps_per_view == 0
     assert fit_to_views(cfg, 3) == replace(cfg, min_steps_per_view=0)
+    assert fit_to_views(with_steps(cfg, 30), 8).iterations == 30  # a chosen count runs as it is
     data = load_split(tiny_scene, "train")
     trainer = Trainer(data, cfg)
     assert trainer.cfg == stretched

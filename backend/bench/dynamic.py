@@ -30,7 +30,7 @@ from ..gaussians import Gaussians
 from ..policy import PRESETS
 from ..progress import Progress
 from ..render import camera_tensors, render
-from ..train import TrainConfig, Trainer, evaluate
+from ..train import TrainConfig, Trainer, evaluate, with_steps
 from . import RESULTS, git_commit, write_results
 from .train import _measure
 
@@ -182,7 +182,7 @@ def main(argv: list[str]) -> int:
     cfg = replace(PRESETS["dynamic"], rasterizer="cuda")
     frame_cfg = replace(PRESETS[args.frame_preset], rasterizer="cuda")
     if args.steps:
-        cfg, frame_cfg = (replace(c, iterations=args.steps, min_steps_per_view=0) for c in (cfg, frame_cfg))
+        cfg, frame_cfg = with_steps(cfg, args.steps), with_steps(frame_cfg, args.steps)
     train = load_split(args.data, "train", cfg.background)
     test = load_split(args.data, "test", cfg.background)
     val = load_split(args.data, "val", cfg.background)

@@ -22,7 +22,7 @@ from ..gaussians import Gaussians
 from ..metrics import photometric_loss
 from ..progress import Progress
 from ..render import camera_tensors
-from ..train import Trainer, TrainConfig, evaluate, fit_to_views, load_checkpoint, score, warm_up
+from ..train import Trainer, TrainConfig, evaluate, fit_to_views, load_checkpoint, score, warm_up, with_steps
 from . import RESULTS, git_commit
 
 
@@ -58,7 +58,7 @@ def main(argv: list[str]) -> int:
         return 1
     cfg = replace(PRESETS[args.preset], rasterizer="cuda")
     if args.iters:
-        cfg = replace(cfg, iterations=args.iters, min_steps_per_view=0)  # run as chosen
+        cfg = with_steps(cfg, args.iters)
     if args.background:
         cfg = replace(cfg, background=args.background)
     cfg = replace(cfg, seed=args.seeds[0])
