@@ -394,6 +394,124 @@ std::vector<torch::Tensor> rasterize_backward(const torch::Tensor& ranges, const
   return {gm, gc, gcol, gop};
 }
 
+// The rasterization of projected splats: bins them (bin_tiles) and composites them. Returns the image (H, W, 3),
+// alpha (H, W) and depth (H, W), and what rasterize_projected_backward takes: bin_tiles' six outputs, the batch
+// states (empty unless record_states), means2d, conics, colors, opacities, background, final T and n_contrib.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, std::vector<torch::Tensor>> rasterize_projected(
+    const torch::Tensor& means2d, const torch::Tensor& conics, const torch::Tensor& colors,
+    const torch::Tensor& opacities, const torch::Tensor& depths, const torch::Tensor& radii, const TileCounts& counts,
+    const torch::Tensor& background, int64_t width, int64_t height, bool record_states) {
+  std::vector<torch::Tensor> saved = bin_tiles(means2d, conics, opacities, radii, depths, counts, width, height);
+  const std::vector<torch::Tensor> out = rasterize_forward(saved[0], saved[1], saved[2], saved[3], means2d, conics,
+                                                           colors, opacities, depths, background, width, height,
+                                                           record_states);
+  saved.insert(saved.end(), {out[5], means2d, conics, colors, opacities, background, out[3], out[4]});
+  return {out[0], out[1], out[2], saved};
+}
+
+// Returns grads w.r.t. means2d, conics, colors and opacities; `saved`: rasterize_projected's last result.
+std::vector<torch::Tensor> rasterize_projected_backward(const std::vector<torch::Tensor>& saved, int64_t width,
+                                                        int64_t height, const torch::Tensor& grad_image,
+                                                        const torch::Tensor& grad_alpha) {
+  TORCH_CHECK(saved.size() == 14, "rasterize_projected_backward takes the 14 tensors rasterize_projected saved");
+  return rasterize_backward(saved[0], saved[1], saved[2], saved[3], saved[4], saved[5], saved[6], saved[7], saved[8],
+                            saved[9], saved[10], saved[11], width, height, saved[12], saved[13], grad_image,
+                            grad_alpha);
+}
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The rasterizer's autograd is two Functions, so that means2d is a real intermediate whose gradient densification
+// reads: the projection (means, quats, scales, sh -> means2d, conics, depths, radii, colors) and the rasterization
+// (means2d, conics, colors, opacities -> image, alpha, depth). Both are C++ so that the backward runs on autograd's
+// thread without the GIL or the interpreter: a small model's render is bound by host time.
+
+// `opacities` (detached) only bound the footprint radius; `counts` receives the binning's TileCounts, which
+// the rasterization takes and which is not a tensor.
+struct Projection : torch::autograd::Function<Projection> {
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& means, const torch::Tensor& quats,
+                               const torch::Tensor& scales, const torch::Tensor& sh, const torch::Tensor& opacities,
+                               const torch::Tensor& viewmat, const torch::Tensor& K, int64_t width, int64_t height,
+                               int64_t sh_degree, TileCounts* counts) {
+    auto [means2d, conics, depths, radii, colors, tile_counts] = project_forward(
+        means, quats, scales, opacities, sh, no_tail(sh), viewmat, K, width, height, sh_degree);
+    *counts = tile_counts;
+    ctx->save_for_backward({means, quats, scales, sh, viewmat, K, radii});
+    ctx->saved_data["width"] = width;
+    ctx->saved_data["height"] = height;
+    ctx->saved_data["sh_degree"] = sh_degree;
+    ctx->mark_non_differentiable({depths, radii});
+    ctx->set_materialize_grads(false);  // no zeros made for depths and radii, which get no gradient
+    return {means2d, conics, depths, radii, colors};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor &means = saved[0], &sh = saved[3];
+    const auto or_zeros = [&](const torch::Tensor& grad, int64_t columns) {
+      return grad.defined() ? grad.contiguous() : torch::zeros({means.size(0), columns}, means.options());
+    };
+    const std::vector<torch::Tensor> g = project_backward(
+        means, saved[1], saved[2], sh, no_tail(sh), saved[4], saved[5], ctx->saved_data["width"].toInt(),
+        ctx->saved_data["height"].toInt(), ctx->saved_data["sh_degree"].toInt(), saved[6], or_zeros(grads[0], 2),
+        or_zeros(grads[1], 3), or_zeros(grads[4], 3));
+    return {g[0], g[1], g[2], g[3], {}, {}, {}, {}, {}, {}, {}};
+  }
+
+  // The empty second part of SH coefficients that come whole (project_forward's sh_tail).
+  static torch::Tensor no_tail(const torch::Tensor& sh) { return sh.new_empty({sh.size(0), 0, 3}); }
+};
+
+struct Rasterization : torch::autograd::Function<Rasterization> {
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& means2d, const torch::Tensor& conics,
+                               const torch::Tensor& colors, const torch::Tensor& opacities,
+                               const torch::Tensor& depths, const torch::Tensor& radii, const TileCounts& counts,
+                               const torch::Tensor& background, int64_t width, int64_t height, bool record_states) {
+    auto [image, alpha, depth, saved] = rasterize_projected(means2d, conics, colors, opacities, depths, radii, counts,
+                                                            background, width, height, record_states);
+    ctx->save_for_backward(saved);
+    ctx->saved_data["width"] = width;
+    ctx->saved_data["height"] = height;
+    ctx->mark_non_differentiable({depth});
+    ctx->set_materialize_grads(false);  // no zeros made for the depth, nor for alpha where no loss reads it
+    return {image, alpha, depth};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const int64_t width = ctx->saved_data["width"].toInt(), height = ctx->saved_data["height"].toInt();
+    const variable_list saved = ctx->get_saved_variables();
+    const auto f32 = saved[7].options();  // means2d's
+    const torch::Tensor grad_image = grads[0].defined() ? grads[0].contiguous() : torch::zeros({height, width, 3}, f32);
+    const torch::Tensor grad_alpha = grads[1].defined() ? grads[1].contiguous() : torch::zeros({height, width}, f32);
+    const std::vector<torch::Tensor> g = rasterize_projected_backward(saved, width, height, grad_image, grad_alpha);
+    return {g[0], g[1], g[2], g[3], {}, {}, {}, {}, {}, {}, {}};
+  }
+};
+
+// The rasterizer with autograd, on float32 contiguous CUDA tensors (backend/render/cuda.py's rasterize checks and
+// converts them): opacities (N,) or (N, 1), sh (N, K, 3) whole. Returns image (H, W, 3), alpha (H, W), depth
+// (H, W), means2d (N, 2), whose .grad the backward fills where it requires grad, and radii (N,) int32.
+std::vector<torch::Tensor> rasterize(const torch::Tensor& means, const torch::Tensor& quats,
+                                     const torch::Tensor& scales, const torch::Tensor& opacities,
+                                     const torch::Tensor& sh, const torch::Tensor& viewmat, const torch::Tensor& K,
+                                     const torch::Tensor& background, int64_t width, int64_t height,
+                                     int64_t sh_degree) {
+  const torch::Tensor flat_opacities = opacities.dim() == 1 ? opacities : opacities.reshape({-1});
+  TileCounts counts;
+  const variable_list projected = Projection::apply(means, quats, scales, sh, flat_opacities.detach(), viewmat, K,
+                                                    width, height, sh_degree, &counts);
+  const torch::Tensor &means2d = projected[0], &conics = projected[1], &depths = projected[2];
+  const torch::Tensor &radii = projected[3], &colors = projected[4];
+  if (means2d.requires_grad()) means2d.retain_grad();
+  // what the backward starts each batch from, recorded only where a backward can run
+  const bool record_states = torch::GradMode::is_enabled() && (means2d.requires_grad() || conics.requires_grad() ||
+                                                               colors.requires_grad() || flat_opacities.requires_grad());
+  const variable_list image = Rasterization::apply(means2d, conics, colors, flat_opacities, depths, radii, counts,
+                                                   background, width, height, record_states);
+  return {image[0], image[1], image[2], means2d, radii};
+}
+
 // The loss target: float32 in [0, 1], or uint8 (a dataset's stored views, which the kernels read as v / 255).
 // Checks it and calls launch(pointer) with a const float* or a const uint8_t*.
 template <typename Launch>
@@ -519,8 +637,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("motion_forward", &motion_forward, without_gil);
   m.def("motion_backward", &motion_backward, without_gil);
   m.def("bin_tiles", &bin_tiles, without_gil);
-  m.def("rasterize_forward", &rasterize_forward, without_gil);
-  m.def("rasterize_backward", &rasterize_backward, without_gil);
+  m.def("rasterize_projected", &rasterize_projected, without_gil);
+  m.def("rasterize_projected_backward", &rasterize_projected_backward, without_gil);
+  m.def("rasterize", &rasterize, without_gil);
   m.def("loss_forward", &loss_forward, without_gil);
   m.def("loss_backward", &loss_backward, without_gil);
   m.def("adam_step", &adam_step, without_gil);

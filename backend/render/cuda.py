@@ -1,10 +1,10 @@
 """CUDA rasterizer: the kernels in cuda/ behind the reference rasterizer's interface.
 
-Autograd is split in two Functions so that means2d is a real intermediate: projection (means, quats, scales,
-sh -> means2d, conics, colors) and rasterization (means2d, conics, colors, opacities -> image, alpha, depth).
-The output's means2d therefore receives dL/d(means2d) in .grad, which densification reads. The depth image
-carries no gradient. The projection also counts the tiles each footprint meets and starts the binning's entry
-count on its way to the host (the extension's TileCounts), which the rasterization's binning waits for.
+rasterize runs the extension's autograd Functions (cuda/bindings.cpp: the projection, then the rasterization), so
+the output's means2d receives dL/d(means2d) in .grad, which densification reads; the depth image carries no
+gradient. The projection also counts the tiles each footprint meets and starts the binning's entry count on its
+way to the host (the extension's TileCounts), which the rasterization's binning waits for. gradient_step runs the
+same kernels without autograd.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from .reference import RasterOutput
 
 
 class TileBins(NamedTuple):
-    """The extension's bin_tiles outputs, in its order (which rasterize_backward takes them in); int32 but
+    """The extension's bin_tiles outputs, in its order (which rasterize_projected saves them in); int32 but
     entry_ends. The forward reads the first four, the backward all six."""
     ranges: torch.Tensor  # (n_tiles, 2) [start, end) of each tile's entries in gauss_ids
     gauss_ids: torch.Tensor  # (n_entries,) Gaussian of each entry, sorted by (tile, depth)
@@ -51,81 +51,12 @@ def no_tail(sh: torch.Tensor) -> torch.Tensor:
     return sh.new_empty((sh.shape[0], 0, 3))
 
 
-class _Project(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, means, quats, scales, sh, opacities, viewmat, K, width, height, sh_degree):
-        # opacities only bound the footprint radius: no gradient flows through them here
-        means2d, conics, depths, radii, colors, tile_counts = extension().project_forward(
-            means, quats, scales, opacities, sh, no_tail(sh), viewmat, K, width, height, sh_degree)
-        ctx.save_for_backward(means, quats, scales, sh, viewmat, K, radii)
-        ctx.args = (width, height, sh_degree)
-        ctx.mark_non_differentiable(depths, radii)
-        ctx.set_materialize_grads(False)  # no zeros made for depths and radii, which get no gradient
-        return means2d, conics, depths, radii, colors, tile_counts
-
-    @staticmethod
-    def backward(ctx, g_means2d, g_conics, g_depths, g_radii, g_colors, g_tile_counts):
-        means, quats, scales, sh, viewmat, K, radii = ctx.saved_tensors
-        width, height, sh_degree = ctx.args
-        n = len(means)
-        g_means, g_quats, g_scales, g_sh, _ = extension().project_backward(
-            means, quats, scales, sh, no_tail(sh), viewmat, K, width, height, sh_degree, radii,
-            or_zeros(g_means2d, (n, 2), means.device), or_zeros(g_conics, (n, 3), means.device),
-            or_zeros(g_colors, (n, 3), means.device))
-        return g_means, g_quats, g_scales, g_sh, None, None, None, None, None, None
-
-
-def or_zeros(grad, shape, device) -> torch.Tensor:
-    """A backward's incoming gradient, contiguous, or shared read-only float32 zeros of `shape` (constant) where
-    autograd passed none (the Functions here leave unused outputs' gradients unmade)."""
-    return constant(shape, 0.0, device) if grad is None else grad.contiguous()
-
-
-# A training run asks for the same two or three (the loss's unit gradient, the zero alpha gradient of its view
-# size), so none is made or filled a step; a few more sizes stay cached at most.
+# A training run asks for the same two (the loss's unit gradient, the zero alpha gradient of its view size), so
+# none is made or filled a step; a few more sizes stay cached at most.
 @functools.lru_cache(maxsize=4)
 def constant(shape: tuple, value: float, device: torch.device) -> torch.Tensor:
     """A float32 tensor filled with `value`, shared: only the kernels read it, and nothing writes it."""
     return torch.full(shape, value, device=device)
-
-
-def rasterize_forward(means2d, conics, colors, opacities, depths, radii, tile_counts, background, width: int,
-                      height: int, record_states: bool) -> tuple[tuple, tuple]:
-    """(image, alpha, depth) and what rasterize_backward takes besides them (with `record_states`)."""
-    bins = bin_tiles(means2d, conics, opacities, radii, depths, tile_counts, width, height)
-    image, alpha, depth, final_t, n_contrib, batch_states = extension().rasterize_forward(
-        bins.ranges, bins.gauss_ids, bins.batch_offsets, bins.batch_tiles, means2d, conics, colors, opacities, depths,
-        background, width, height, record_states)
-    return (image, alpha, depth), (*bins, batch_states, means2d, conics, colors, opacities, background, final_t, n_contrib)
-
-
-def rasterize_backward(saved, width: int, height: int, g_image, g_alpha):
-    """Gradients w.r.t. means2d, conics, colors and opacities; `saved`: rasterize_forward's second result; the
-    image's and alpha's gradients contiguous."""
-    *bins_and_states, final_t, n_contrib = saved  # bins, batch states, splats, background
-    return extension().rasterize_backward(*bins_and_states, width, height, final_t, n_contrib, g_image, g_alpha)
-
-
-class _Rasterize(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, means2d, conics, colors, opacities, depths, radii, tile_counts, background, width, height):
-        record_states = any(ctx.needs_input_grad[:4])  # what the backward starts each batch from
-        (image, alpha, depth), saved = rasterize_forward(means2d, conics, colors, opacities, depths, radii,
-                                                         tile_counts, background, width, height, record_states)
-        ctx.save_for_backward(*saved)
-        ctx.size = (width, height)
-        ctx.mark_non_differentiable(depth)
-        ctx.set_materialize_grads(False)  # no zeros made for the depth, nor for alpha where no loss reads it
-        return image, alpha, depth
-
-    @staticmethod
-    def backward(ctx, g_image, g_alpha, g_depth):
-        width, height = ctx.size
-        saved = ctx.saved_tensors
-        device = saved[-1].device
-        g_image, g_alpha = or_zeros(g_image, (height, width, 3), device), or_zeros(g_alpha, (height, width), device)
-        g_means2d, g_conics, g_colors, g_opacities = rasterize_backward(saved, width, height, g_image, g_alpha)
-        return g_means2d, g_conics, g_colors, g_opacities, None, None, None, None, None, None
 
 
 def rasterize(means, quats, scales, opacities, sh, viewmat, K, width: int, height: int,
@@ -144,12 +75,8 @@ def rasterize(means, quats, scales, opacities, sh, viewmat, K, width: int, heigh
     means, quats, scales, opacities, sh = (prep(t) for t in (means, quats, scales, opacities, sh))
     viewmat, K = prep(viewmat).detach(), prep(K).detach()
     background = torch.broadcast_to(prep(background).detach(), (3,)).contiguous()
-    means2d, conics, depths, radii, colors, tile_counts = _Project.apply(
-        means, quats, scales, sh, opacities.detach().reshape(-1), viewmat, K, int(width), int(height), int(sh_degree))
-    if means2d.requires_grad:
-        means2d.retain_grad()
-    image, alpha, depth = _Rasterize.apply(means2d, conics, colors, opacities.reshape(-1), depths, radii, tile_counts,
-                                           background, int(width), int(height))
+    image, alpha, depth, means2d, radii = extension().rasterize(
+        means, quats, scales, opacities, sh, viewmat, K, background, int(width), int(height), int(sh_degree))
     return RasterOutput(image, alpha, depth, means2d, radii)
 
 
@@ -177,11 +104,12 @@ def gradient_step(g: Gaussians, viewmat, K, width: int, height: int, sh_degree: 
         scales, opacities = torch.exp(g.log_scales), torch.sigmoid(g.opacity_logits)
         means2d, conics, depths, radii, colors, tile_counts = ext.project_forward(
             g.means, g.quats, scales, opacities, g.sh_dc, g.sh_rest, viewmat, K, width, height, sh_degree)
-        (image, _, _), saved = rasterize_forward(means2d, conics, colors, opacities, depths, radii, tile_counts,
-                                                 background, width, height, record_states=True)
+        image, _, _, saved = ext.rasterize_projected(means2d, conics, colors, opacities, depths, radii, tile_counts,
+                                                     background, width, height, True)
         loss, partials = ext.loss_forward(image, target, ssim_weight)
         g_image = ext.loss_backward(image, target, partials, ssim_weight, one)
-        g_means2d, g_conics, g_colors, g_opacities = rasterize_backward(saved, width, height, g_image, zero_alpha_grad)
+        g_means2d, g_conics, g_colors, g_opacities = ext.rasterize_projected_backward(saved, width, height, g_image,
+                                                                                      zero_alpha_grad)
         g_means, g_quats, g_scales, g_sh_dc, g_sh_rest = ext.project_backward(
             g.means, g.quats, scales, g.sh_dc, g.sh_rest, viewmat, K, width, height, sh_degree, radii, g_means2d,
             g_conics, g_colors)
