@@ -510,8 +510,9 @@ std::vector<torch::Tensor> rasterize(const torch::Tensor& means, const torch::Te
   const torch::Tensor &radii = projected[3], &colors = projected[4];
   if (means2d.requires_grad()) means2d.retain_grad();
   // what the backward starts each batch from, recorded only where a backward can run
-  const bool record_states = torch::GradMode::is_enabled() && (means2d.requires_grad() || conics.requires_grad() ||
-                                                               colors.requires_grad() || flat_opacities.requires_grad());
+  const bool record_states =
+      torch::GradMode::is_enabled() &&
+      (means2d.requires_grad() || conics.requires_grad() || colors.requires_grad() || flat_opacities.requires_grad());
   const variable_list image = Rasterization::apply(means2d, conics, colors, flat_opacities, depths, radii, counts,
                                                    background, width, height, record_states);
   return {image[0], image[1], image[2], means2d, radii};
