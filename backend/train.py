@@ -19,7 +19,7 @@ from .gaussians import Gaussians
 from .metrics import photometric_loss, psnr, ssim
 from .optim import Adam
 from .render import camera_tensors, render
-from .render.cuda import EntryRoom, gradient_step
+from .render.cuda import gradient_step
 from .strategy import DefaultStrategy, DensifyConfig
 
 CHECKPOINT_FORMAT = 2
@@ -146,7 +146,6 @@ class Trainer:
         # A static model on the CUDA rasterizer takes its gradients straight from the kernels (bit-equal to
         # autograd's, for a third less host time a step); a 4D model's motion goes through autograd.
         self.without_autograd = cfg.rasterizer == "cuda" and not self.dynamic
-        self.entry_room = EntryRoom()
         self.strategy = DefaultStrategy(cfg.densify, self.extent)
         # On the CPU, so drawing a view or split noise never waits for the GPU.
         self.generator = torch.Generator().manual_seed(cfg.seed)
@@ -186,11 +185,9 @@ class Trainer:
         for k, i in enumerate(self.group.share(batch)):
             cam, gt = self.data.cameras[i], self.data.images[i]  # uint8: the loss converts it
             if self.without_autograd:
-                room = self.entry_room.room(i, len(self.g))
-                loss, image, means2d_grad, radii, entries = gradient_step(
-                    self.g, *self.views[i], cam.width, cam.height, self.sh_degree, self.background, gt,
-                    self.cfg.ssim_weight, room)
-                self.entry_room.saw(i, room, entries, len(self.g))
+                loss, image, means2d_grad, radii = gradient_step(self.g, *self.views[i], cam.width, cam.height,
+                                                                 self.sh_degree, self.background, gt,
+                                                                 self.cfg.ssim_weight)
             else:
                 out = render(self.g.at(self.data.time(i)), cam, self.sh_degree, self.background,
                              self.cfg.rasterizer, self.views[i])

@@ -245,17 +245,14 @@ std::vector<torch::Tensor> motion_backward(const std::vector<torch::Tensor>& mot
 }
 
 // Returns, all int32 but the last: tile ranges (n_tiles, 2) and the sorted Gaussian id of each entry
-// (room,), which the forward reads; batch offsets (n_tiles + 1,) and batch tiles (max_tile_batches,), which
-// both passes read; and for the backward the sorted entries' emit positions (room,) and each Gaussian's
+// (n_entries,), which the forward reads; batch offsets (n_tiles + 1,) and batch tiles (max_tile_batches,), which
+// both passes read; and for the backward the sorted entries' emit positions (n_entries,) and each Gaussian's
 // entry end (N,) int64. backend/render/cuda.py's TileBins names them. `counts`: project_forward's, for these
-// splats. `room`: the entries to make room for without waiting for their count (splatwright.h's binning, step
-// 3), or -1: wait for the count and make room for exactly that many. The caller of a binning with room
-// compares counts.entries() with it before it runs a backward of these bins: one that overflowed holds only
-// some of the entries.
+// splats.
 std::vector<torch::Tensor> bin_tiles(const torch::Tensor& means2d, const torch::Tensor& conics,
                                      const torch::Tensor& opacities, const torch::Tensor& radii,
                                      const torch::Tensor& depths, const TileCounts& counts, int64_t width,
-                                     int64_t height, int64_t room) {
+                                     int64_t height) {
   const c10::cuda::CUDAGuard guard(means2d.device());
   check_input(means2d, "means2d");
   check_input(conics, "conics");
@@ -269,29 +266,28 @@ std::vector<torch::Tensor> bin_tiles(const torch::Tensor& means2d, const torch::
   const int n = (int)means2d.size(0);
   const int n_tiles = sw::tile_count((int)width, (int)height);
   const auto i32 = means2d.options().dtype(torch::kInt32);
-  const bool room_is_count = room < 0 || n == 0;
-  if (room_is_count) room = counts.entries();  // the one host sync
-  TORCH_CHECK(room <= std::numeric_limits<int>::max(), "too many tile entries: ", room);
+  const int64_t n_entries = counts.entries();  // the one host sync
+  TORCH_CHECK(n_entries <= std::numeric_limits<int>::max(), "too many tile entries: ", n_entries);
 
   // Keys: bit patterns of sort_key_bytes each, which is what is sorted.
-  const size_t key_bytes = room * sw::sort_key_bytes((int)width, (int)height), id_bytes = room * 4;
-  const size_t sort_temp_bytes = sw::sort_temp_bytes((int)room, (int)width, (int)height);
+  const size_t key_bytes = n_entries * sw::sort_key_bytes((int)width, (int)height), id_bytes = n_entries * 4;
+  const size_t sort_temp_bytes = sw::sort_temp_bytes((int)n_entries, (int)width, (int)height);
   const size_t batch_temp_bytes = sw::batch_scan_temp_bytes(n_tiles);
   torch::Tensor owner;
   const std::vector<void*> buffers = scratch({key_bytes, key_bytes, id_bytes, id_bytes, sort_temp_bytes,
                                               sizeof(int32_t) * (n_tiles + 1), batch_temp_bytes},
                                              means2d, owner);
-  torch::Tensor sorted_ids = torch::empty({room}, i32), sorted_positions = torch::empty({room}, i32);
+  torch::Tensor sorted_ids = torch::empty({n_entries}, i32), sorted_positions = torch::empty({n_entries}, i32);
   torch::Tensor ranges = torch::empty({n_tiles, 2}, i32);
   const sw::BinInputs in{fptr(means2d), fptr(conics), fptr(opacities), iptr(radii), fptr(depths),
                          reinterpret_cast<const uint32_t*>(iptr(counts.depth_range)), n, (int)width, (int)height};
   const sw::SortBuffers out{static_cast<int32_t*>(buffers[2]), static_cast<int32_t*>(buffers[3]),
                             iptr(sorted_positions), iptr(sorted_ids), iptr(ranges), buffers[4], sort_temp_bytes};
-  check(sw::launch_sort_entries(in, counts.entry_ends.data_ptr<int64_t>(), (int)room, room_is_count, buffers[0],
-                                buffers[1], out, stream),
+  check(sw::launch_sort_entries(in, counts.entry_ends.data_ptr<int64_t>(), (int)n_entries, buffers[0], buffers[1],
+                                out, stream),
         "sorting tile entries");
   torch::Tensor batch_offsets = torch::empty({n_tiles + 1}, i32);
-  torch::Tensor batch_tiles = torch::empty({sw::max_tile_batches((int)room, n_tiles)}, i32);
+  torch::Tensor batch_tiles = torch::empty({sw::max_tile_batches((int)n_entries, n_tiles)}, i32);
   check(sw::launch_tile_batches(iptr(ranges), n_tiles, static_cast<int32_t*>(buffers[5]), iptr(batch_offsets),
                                 iptr(batch_tiles), buffers[6], batch_temp_bytes, stream),
         "tile batches");
@@ -390,7 +386,7 @@ std::vector<torch::Tensor> rasterize_backward(const torch::Tensor& ranges, const
   torch::Tensor entry_grads = torch::empty({(int64_t)sw::entry_grad_floats((int)gauss_ids.numel())}, means2d.options());
   torch::Tensor gm = torch::empty_like(means2d), gc = torch::empty_like(conics);
   torch::Tensor gcol = torch::empty_like(colors), gop = torch::empty_like(opacities);
-  check(sw::launch_rasterize_bwd(r, batches, (int)batch_tiles.size(0), iptr(positions), (int)positions.numel(),
+  check(sw::launch_rasterize_bwd(r, batches, (int)batch_tiles.size(0), iptr(positions),
                                  entry_ends.data_ptr<int64_t>(), (int)means2d.size(0), fptr(final_T), iptr(n_contrib),
                                  fptr(grad_image), fptr(grad_alpha), fptr(entry_grads), fptr(gm), fptr(gc), fptr(gcol),
                                  fptr(gop), c10::cuda::getCurrentCUDAStream()),
@@ -398,15 +394,14 @@ std::vector<torch::Tensor> rasterize_backward(const torch::Tensor& ranges, const
   return {gm, gc, gcol, gop};
 }
 
-// The rasterization of projected splats: bins them (bin_tiles, with its `room`) and composites them. Returns the
-// image (H, W, 3), alpha (H, W) and depth (H, W), and what rasterize_projected_backward takes: bin_tiles' six
-// outputs, the batch states (empty unless record_states), means2d, conics, colors, opacities, background, final T
-// and n_contrib.
+// The rasterization of projected splats: bins them (bin_tiles) and composites them. Returns the image (H, W, 3),
+// alpha (H, W) and depth (H, W), and what rasterize_projected_backward takes: bin_tiles' six outputs, the batch
+// states (empty unless record_states), means2d, conics, colors, opacities, background, final T and n_contrib.
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, std::vector<torch::Tensor>> rasterize_projected(
     const torch::Tensor& means2d, const torch::Tensor& conics, const torch::Tensor& colors,
     const torch::Tensor& opacities, const torch::Tensor& depths, const torch::Tensor& radii, const TileCounts& counts,
-    const torch::Tensor& background, int64_t width, int64_t height, bool record_states, int64_t room) {
-  std::vector<torch::Tensor> saved = bin_tiles(means2d, conics, opacities, radii, depths, counts, width, height, room);
+    const torch::Tensor& background, int64_t width, int64_t height, bool record_states) {
+  std::vector<torch::Tensor> saved = bin_tiles(means2d, conics, opacities, radii, depths, counts, width, height);
   const std::vector<torch::Tensor> out = rasterize_forward(saved[0], saved[1], saved[2], saved[3], means2d, conics,
                                                            colors, opacities, depths, background, width, height,
                                                            record_states);
@@ -474,7 +469,7 @@ struct Rasterization : torch::autograd::Function<Rasterization> {
                                const torch::Tensor& depths, const torch::Tensor& radii, const TileCounts& counts,
                                const torch::Tensor& background, int64_t width, int64_t height, bool record_states) {
     auto [image, alpha, depth, saved] = rasterize_projected(means2d, conics, colors, opacities, depths, radii, counts,
-                                                            background, width, height, record_states, -1);
+                                                            background, width, height, record_states);
     ctx->save_for_backward(saved);
     ctx->saved_data["width"] = width;
     ctx->saved_data["height"] = height;
@@ -633,12 +628,11 @@ pybind11::dict constants() {
 
 }  // namespace
 
-// The tensor functions run without the GIL: bin_tiles and TileCounts.entries wait for the GPU, and the server's
+// The tensor functions run without the GIL: bin_tiles waits for the GPU (its one host sync), and the server's
 // other threads (its socket, a frame's render) go on meanwhile.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   const auto without_gil = pybind11::call_guard<pybind11::gil_scoped_release>();
-  pybind11::class_<TileCounts>(m, "TileCounts")  // project_forward's, for bin_tiles
-      .def("entries", &TileCounts::entries, without_gil);  // the count of tile entries: waits for the GPU
+  pybind11::class_<TileCounts>(m, "TileCounts");  // project_forward's, for bin_tiles
   m.def("project_forward", &project_forward, without_gil);
   m.def("project_backward", &project_backward, without_gil);
   m.def("motion_forward", &motion_forward, without_gil);

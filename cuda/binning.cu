@@ -27,11 +27,11 @@ constexpr int THREAD_RUN = 16;
 
 // One thread per Gaussian: Gaussian i's entries take emit positions [entry_ends[i - 1], entry_ends[i]) (each
 // entry's own position, which the sort carries along), its tiles in row-major order (FootprintTiles::each_tile).
-// Key: tile << depth_bits | depth key. Positions past `room` are not written (an overflowed binning).
+// Key: tile << depth_bits | depth key.
 template <typename Key>
 __global__ void __launch_bounds__(EMIT_THREADS)
-    emit_keys_kernel(BinInputs in, const int64_t* __restrict__ entry_ends, int room, int depth_bits,
-                     Key* __restrict__ keys, int32_t* __restrict__ gauss_ids, int32_t* __restrict__ positions) {
+    emit_keys_kernel(BinInputs in, const int64_t* __restrict__ entry_ends, int depth_bits, Key* __restrict__ keys,
+                     int32_t* __restrict__ gauss_ids, int32_t* __restrict__ positions) {
   constexpr unsigned FULL_MASK = 0xffffffffu;
   const int i = blockIdx.x * EMIT_THREADS + threadIdx.x, lane = threadIdx.x & 31;
   const int first = i < in.n && i > 0 ? (int)entry_ends[i - 1] : 0;
@@ -41,7 +41,6 @@ __global__ void __launch_bounds__(EMIT_THREADS)
     return FootprintTiles(xy.x, xy.y, in.conics + 3 * g, in.opacities[g], in.radii[g], in.width, in.height);
   };
   auto write = [&](int k, int tile, int g, Key depth) {
-    if (k >= room) return;
     keys[k] = ((Key)tile << depth_bits) | depth;
     gauss_ids[k] = g;
     positions[k] = k;
@@ -77,35 +76,16 @@ __global__ void __launch_bounds__(EMIT_THREADS)
   }
 }
 
-// The entries a binning holds: the count (entry_ends[n - 1]), or `room` where they overflowed it.
-__device__ __forceinline__ int held_entries(const int64_t* entry_count, int room) {
-  return (int)min(*entry_count, (int64_t)room);
-}
-
-// Room past the count: a key of all ones, which sorts after every entry's (an entry's key can equal it only in
-// the last tile of a power-of-two tile count, and equal keys keep emit order, in which the room comes last), and
-// a position of its own.
-template <typename Key>
-__global__ void pad_keys_kernel(const int64_t* __restrict__ entry_count, int room, Key* __restrict__ keys,
-                                int32_t* __restrict__ positions) {
-  const int k = blockIdx.x * blockDim.x + threadIdx.x;
-  if (k < room && k >= *entry_count) {
-    keys[k] = ~(Key)0;
-    positions[k] = k;
-  }
-}
-
 __global__ void gather_ids_kernel(const int32_t* __restrict__ gauss_ids, const int32_t* __restrict__ sorted_positions,
-                                  const int64_t* __restrict__ entry_count, int room,
-                                  int32_t* __restrict__ sorted_ids) {
+                                  int n_entries, int32_t* __restrict__ sorted_ids) {
   const int k = blockIdx.x * blockDim.x + threadIdx.x;
-  if (k < held_entries(entry_count, room)) sorted_ids[k] = gauss_ids[sorted_positions[k]];
+  if (k < n_entries) sorted_ids[k] = gauss_ids[sorted_positions[k]];
 }
 
 template <typename Key>
-__global__ void tile_ranges_kernel(const Key* __restrict__ keys, const int64_t* __restrict__ entry_count, int room,
-                                   int depth_bits, int32_t* __restrict__ ranges) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x, n_entries = held_entries(entry_count, room);
+__global__ void tile_ranges_kernel(const Key* __restrict__ keys, int n_entries, int depth_bits,
+                                   int32_t* __restrict__ ranges) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n_entries) return;
   const uint32_t tile = (uint32_t)(keys[i] >> depth_bits);
   if (i == 0 || (uint32_t)(keys[i - 1] >> depth_bits) != tile) ranges[2 * tile] = i;
@@ -174,44 +154,39 @@ cudaError_t launch_entry_ends(const int64_t* tile_counts, int n, int64_t* entry_
   return cub::DeviceScan::InclusiveSum(temp, temp_bytes, tile_counts, entry_ends, n, stream);
 }
 
-// Emit, pad (where the room may exceed the count), sort (LSD radix sort is stable, so equal keys keep the emit
-// order: ascending Gaussian index), gather the ids and find each tile's range, with keys of type Key.
+// Emit, sort (LSD radix sort is stable, so equal keys keep the emit order: ascending Gaussian index), gather the
+// ids and find each tile's range, with keys of type Key.
 template <typename Key>
-cudaError_t sort_entries(const BinInputs& in, const int64_t* entry_ends, int room, bool room_is_count,
-                         int depth_bits, Key* keys, Key* sorted_keys, const SortBuffers& out, cudaStream_t stream) {
-  const int threads = 256, blocks = (room + threads - 1) / threads;
-  const int64_t* entry_count = entry_ends + in.n - 1;
+cudaError_t sort_entries(const BinInputs& in, const int64_t* entry_ends, int n_entries, int depth_bits, Key* keys,
+                         Key* sorted_keys, const SortBuffers& out, cudaStream_t stream) {
+  const int threads = 256;
   emit_keys_kernel<Key><<<(in.n + EMIT_THREADS - 1) / EMIT_THREADS, EMIT_THREADS, 0, stream>>>(
-      in, entry_ends, room, depth_bits, keys, out.gauss_ids, out.positions);
+      in, entry_ends, depth_bits, keys, out.gauss_ids, out.positions);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  if (!room_is_count) {
-    pad_keys_kernel<Key><<<blocks, threads, 0, stream>>>(entry_count, room, keys, out.positions);
-    if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  }
   size_t temp_bytes = out.temp_bytes;
   err = cub::DeviceRadixSort::SortPairs(out.temp, temp_bytes, keys, sorted_keys, out.positions,
-                                        out.sorted_positions, room, 0,
+                                        out.sorted_positions, n_entries, 0,
                                         depth_bits + tile_bits(in.width, in.height), stream);
   if (err != cudaSuccess) return err;
-  gather_ids_kernel<<<blocks, threads, 0, stream>>>(out.gauss_ids, out.sorted_positions, entry_count, room,
-                                                    out.sorted_ids);
-  if ((err = cudaGetLastError()) != cudaSuccess) return err;
-  tile_ranges_kernel<Key><<<blocks, threads, 0, stream>>>(sorted_keys, entry_count, room, depth_bits, out.ranges);
+  gather_ids_kernel<<<(n_entries + threads - 1) / threads, threads, 0, stream>>>(out.gauss_ids, out.sorted_positions,
+                                                                                 n_entries, out.sorted_ids);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  tile_ranges_kernel<Key><<<(n_entries + threads - 1) / threads, threads, 0, stream>>>(sorted_keys, n_entries,
+                                                                                       depth_bits, out.ranges);
   return cudaGetLastError();
 }
 
-cudaError_t launch_sort_entries(const BinInputs& in, const int64_t* entry_ends, int room, bool room_is_count,
-                                void* keys, void* sorted_keys, const SortBuffers& out, cudaStream_t stream) {
+cudaError_t launch_sort_entries(const BinInputs& in, const int64_t* entry_ends, int n_entries, void* keys,
+                                void* sorted_keys, const SortBuffers& out, cudaStream_t stream) {
   const int n_tiles = tile_count(in.width, in.height);
   const cudaError_t err = cudaMemsetAsync(out.ranges, 0, sizeof(int32_t) * 2 * (size_t)n_tiles, stream);
-  if (err != cudaSuccess || room == 0 || in.n == 0) return err;
+  if (err != cudaSuccess || n_entries == 0) return err;
   const int depth_bits = depth_key_bits(in.width, in.height);
   if (depth_bits < 32)
-    return sort_entries(in, entry_ends, room, room_is_count, depth_bits, (uint32_t*)keys, (uint32_t*)sorted_keys,
-                        out, stream);
-  return sort_entries(in, entry_ends, room, room_is_count, depth_bits, (uint64_t*)keys, (uint64_t*)sorted_keys, out,
-                      stream);
+    return sort_entries(in, entry_ends, n_entries, depth_bits, (uint32_t*)keys, (uint32_t*)sorted_keys, out, stream);
+  return sort_entries(in, entry_ends, n_entries, depth_bits, (uint64_t*)keys, (uint64_t*)sorted_keys, out, stream);
 }
 
 cudaError_t launch_tile_batches(const int32_t* ranges, int n_tiles, int32_t* batch_counts,

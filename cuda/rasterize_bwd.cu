@@ -255,15 +255,12 @@ __global__ void __launch_bounds__(BWD_THREADS, 8)  // 8 blocks an SM: see CHUNK
 constexpr int THREAD_ENTRIES = 16;
 
 // Each Gaussian's entries summed in a fixed order: a short run by its thread in emit order, a long one by the
-// warp (lane l adds entries l, l + 32, ... in turn, then the lanes' sums meet in a butterfly). Entries past the
-// binning's room (one that overflowed, whose gradients are wrong anyway) are not read.
+// warp (lane l adds entries l, l + 32, ... in turn, then the lanes' sums meet in a butterfly).
 __global__ void sum_entry_grads_kernel(const float* __restrict__ entry_grads, const int64_t* __restrict__ entry_ends,
-                                       int n, int room, float* __restrict__ grad_means2d,
-                                       float* __restrict__ grad_conics, float* __restrict__ grad_colors,
-                                       float* __restrict__ grad_opacities) {
+                                       int n, float* __restrict__ grad_means2d, float* __restrict__ grad_conics,
+                                       float* __restrict__ grad_colors, float* __restrict__ grad_opacities) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x, lane = threadIdx.x & 31;
-  const int64_t first = i < n && i > 0 ? min(entry_ends[i - 1], (int64_t)room) : 0;
-  const int64_t end = i < n ? min(entry_ends[i], (int64_t)room) : 0;
+  const int64_t first = i < n && i > 0 ? entry_ends[i - 1] : 0, end = i < n ? entry_ends[i] : 0;
   const bool own = end - first <= THREAD_ENTRIES;
   float total[ENTRY_GRADS] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   if (own)
@@ -288,13 +285,13 @@ __global__ void sum_entry_grads_kernel(const float* __restrict__ entry_grads, co
   grad_opacities[i] = total[8];
 }
 
-size_t entry_grad_floats(int room) { return (size_t)room * ENTRY_GRADS; }
+size_t entry_grad_floats(int n_entries) { return (size_t)n_entries * ENTRY_GRADS; }
 
 cudaError_t launch_rasterize_bwd(const RasterArgs& r, const TileBatches& batches, int max_batches,
-                                 const int32_t* positions, int room, const int64_t* entry_ends, int n,
-                                 const float* final_T, const int32_t* n_contrib, const float* grad_image,
-                                 const float* grad_alpha, float* entry_grads, float* grad_means2d,
-                                 float* grad_conics, float* grad_colors, float* grad_opacities, cudaStream_t stream) {
+                                 const int32_t* positions, const int64_t* entry_ends, int n, const float* final_T,
+                                 const int32_t* n_contrib, const float* grad_image, const float* grad_alpha,
+                                 float* entry_grads, float* grad_means2d, float* grad_conics, float* grad_colors,
+                                 float* grad_opacities, cudaStream_t stream) {
   if (r.width > 0 && r.height > 0 && max_batches > 0) {
     rasterize_bwd_kernel<<<max_batches, BWD_THREADS, 0, stream>>>(r, batches, positions, final_T, n_contrib, grad_image,
                                                             grad_alpha, entry_grads);
@@ -304,7 +301,7 @@ cudaError_t launch_rasterize_bwd(const RasterArgs& r, const TileBatches& batches
   if (n == 0) return cudaSuccess;
   const int threads = 256;
   sum_entry_grads_kernel<<<(n + threads - 1) / threads, threads, 0, stream>>>(
-      entry_grads, entry_ends, n, room, grad_means2d, grad_conics, grad_colors, grad_opacities);
+      entry_grads, entry_ends, n, grad_means2d, grad_conics, grad_colors, grad_opacities);
   return cudaGetLastError();
 }
 

@@ -85,15 +85,12 @@ inline int tile_count(int width, int height) { return ((width + TILE - 1) / TILE
 //   1. launch_projection_fwd's tile counts and depth range;
 //   2. launch_entry_ends: the counts' inclusive sum (entry_ends): Gaussian i's entries are
 //      [entry_ends[i - 1], entry_ends[i]) in emit order;
-//   3. the caller reads entry_ends[n - 1] = number of (tile, Gaussian) entries and makes room for them, or
-//      makes room for the number it expects without waiting for the count, and compares the two later: a
-//      binning whose entries overflowed its room holds only the first `room` of them and must be run again;
+//   3. the caller reads entry_ends[n - 1] = number of (tile, Gaussian) entries;
 //   4. launch_sort_entries: key (tile, depth key), Gaussian id and emit position per entry; a stable radix sort
 //      of the keys carrying the emit positions; the Gaussian ids in sorted order; [start, end) of each tile's
 //      entries in the sorted list. Keys are 32-bit where the depth keeps at least MIN_DEPTH_KEY_BITS bits beside
 //      the tile (up to 2^14 tiles, a 2048x2048 image), else 64-bit with the depth's full 32 bits
-//      (sort_key_bytes(width, height) each). The sort runs over the whole room; room past the count (read on the
-//      GPU) sorts last and belongs to no tile (room_is_count: the caller knows there is none).
+//      (sort_key_bytes(width, height) each).
 int depth_key_bits(int width, int height);
 inline int sort_key_bytes(int width, int height) { return depth_key_bits(width, height) < 32 ? 4 : 8; }
 size_t scan_temp_bytes(int n);
@@ -110,18 +107,18 @@ struct BinInputs {
   int n, width, height;
 };
 struct SortBuffers {
-  int32_t* gauss_ids;         // (room) in emit order
-  int32_t* positions;         // (room) emit positions, in emit order
-  int32_t* sorted_positions;  // (room) emit position of each sorted entry
-  int32_t* sorted_ids;        // (room) Gaussian of each sorted entry
+  int32_t* gauss_ids;         // (n_entries) in emit order
+  int32_t* positions;         // (n_entries) emit positions, in emit order
+  int32_t* sorted_positions;  // (n_entries) emit position of each sorted entry
+  int32_t* sorted_ids;        // (n_entries) Gaussian of each sorted entry
   int32_t* ranges;            // (n_tiles, 2)
   void* temp;                 // sort_temp_bytes
   size_t temp_bytes;
 };
-cudaError_t launch_sort_entries(const BinInputs& in, const int64_t* entry_ends, int room, bool room_is_count,
-                                void* keys, void* sorted_keys, const SortBuffers& out, cudaStream_t stream);
+cudaError_t launch_sort_entries(const BinInputs& in, const int64_t* entry_ends, int n_entries, void* keys,
+                                void* sorted_keys, const SortBuffers& out, cudaStream_t stream);
 //   5. launch_tile_batches: each tile's list cut into batches of BLOCK_SIZE entries (TileBatches below), at most
-//      max_tile_batches(room, n_tiles) of them; batch_counts and batch_offsets hold n_tiles + 1 values.
+//      max_tile_batches(n_entries, n_tiles) of them; batch_counts and batch_offsets hold n_tiles + 1 values.
 int max_tile_batches(int n_entries, int n_tiles);
 size_t batch_scan_temp_bytes(int n_tiles);
 cudaError_t launch_tile_batches(const int32_t* ranges, int n_tiles, int32_t* batch_counts, int32_t* batch_offsets,
@@ -158,13 +155,13 @@ cudaError_t launch_rasterize_fwd(const RasterArgs& r, const TileBatches& batches
 // Reverse tile walk over the forward's batches (states recorded), deterministic: gradients w.r.t. means2d,
 // conics, colors and opacities (every element written) from those w.r.t. image and alpha. positions maps sorted
 // entries to emit positions and entry_ends is binning's inclusive sum (Gaussian i's entries end there);
-// entry_grads is a workspace of entry_grad_floats(room), every entry's of which the backward writes.
-size_t entry_grad_floats(int room);
+// entry_grads is a workspace of entry_grad_floats(n_entries), every entry of which the backward writes.
+size_t entry_grad_floats(int n_entries);
 cudaError_t launch_rasterize_bwd(const RasterArgs& r, const TileBatches& batches, int max_batches,
-                                 const int32_t* positions, int room, const int64_t* entry_ends, int n,
-                                 const float* final_T, const int32_t* n_contrib, const float* grad_image,
-                                 const float* grad_alpha, float* entry_grads, float* grad_means2d,
-                                 float* grad_conics, float* grad_colors, float* grad_opacities, cudaStream_t stream);
+                                 const int32_t* positions, const int64_t* entry_ends, int n, const float* final_T,
+                                 const int32_t* n_contrib, const float* grad_image, const float* grad_alpha,
+                                 float* entry_grads, float* grad_means2d, float* grad_conics, float* grad_colors,
+                                 float* grad_opacities, cudaStream_t stream);
 
 // Training (training.cu). The photometric loss (1 - w) mean|x - y| + w (1 - mean SSIM) of an image against a
 // target, both (height, width, 3): the forward writes the scalar loss and the SSIM map's partial derivatives

@@ -266,32 +266,6 @@ def test_gradients_without_autograd_equal_autograds(width, height, sh_degree):
         assert torch.equal(direct_grads[name], grad), name
 
 
-def test_a_step_binned_into_room_equals_one_that_waits_for_its_count():
-    """gradient_step with room for its tile entries held ahead (EntryRoom's, so its binning does not wait for the
-    count) gives the step that waits, bit for bit, with room to spare (which sorts after every tile's entries),
-    with room for exactly its entries, and with too little room (the step runs again)."""
-    width, height = 203, 141  # 13 x 9 tiles
-    cam = orbit_cameras(1, width, height)[0]
-    view = camera_tensors(cam, DEV)
-    target = torch.randint(0, 256, (height, width, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(5))
-    background = torch.tensor([0.2, 0.5, 1.0], device=DEV)
-
-    def step(room):
-        g = random_gaussians(2000, seed=3).to(DEV).requires_grad_()
-        out = gradient_step(g, *view, width, height, 3, background, target.to(DEV), 0.2, room)
-        return out, {k: t.grad for k, t in g.tensors().items()}
-
-    counted, counted_grads = step(-1)
-    assert counted.entries > 2000
-    for room in (0, counted.entries // 2, counted.entries, 3 * counted.entries):
-        held, held_grads = step(room)
-        assert held.entries == counted.entries, room
-        for a, b in zip(held[:4], counted[:4]):
-            assert torch.equal(a, b), room
-        for name, grad in counted_grads.items():
-            assert torch.equal(held_grads[name], grad), (room, name)
-
-
 def test_training_without_autograd_equals_training_through_it(tiny_scene):
     """The trainer's step without autograd (a static model on the CUDA rasterizer) and the same step through
     autograd train the same model bit for bit, densification, opacity reset and SH growth included."""

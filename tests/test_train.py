@@ -1,5 +1,4 @@
 import json
-import math
 import subprocess
 import sys
 from dataclasses import replace
@@ -17,7 +16,6 @@ from backend.ply import read_ply
 from blender_addon.core.points import POINTS_FILE, write_points
 from backend.strategy import DefaultStrategy, edit_rows
 from backend.metrics import photometric_loss
-from backend.render.cuda import EntryRoom
 from backend.train import Trainer, evaluate, fit_to_views, load_checkpoint, mean_scores, warm_up, with_steps
 from conftest import ROOT, orbit_cameras, random_gaussians, write_scene
 
@@ -144,19 +142,6 @@ def test_a_schedule_stretches_to_its_steps_per_view(tiny_scene):
     assert fit_to_views(trainer.cfg, 100) == stretched
     over_time = Dataset(data.cameras, data.images, data.names, [i / 7 for i in range(8)])  # cameras at times
     assert Trainer(over_time, cfg).cfg == replace(cfg, min_steps_per_view=0)
-
-
-def test_entry_room_follows_each_views_count_and_the_models_growth():
-    """A view's room for tile entries: none before its first step (its binning waits for the count), then its last
-    count grown with the number of Gaussians, plus a margin; an overflow is counted."""
-    rooms = EntryRoom()
-    assert rooms.room(3, 1000) == -1
-    rooms.saw(3, -1, 50_000, 1000)
-    assert rooms.room(3, 1000) == math.ceil(EntryRoom.MARGIN * 50_000)
-    assert rooms.room(3, 2000) == math.ceil(EntryRoom.MARGIN * 100_000)
-    assert rooms.room(4, 1000) == -1 and rooms.overflows == 0
-    rooms.saw(3, rooms.room(3, 1000), 60_000, 1000)
-    assert rooms.overflows == 1 and rooms.room(3, 1000) == math.ceil(EntryRoom.MARGIN * 60_000)
 
 
 def test_the_warm_up_runs_every_kind_of_step(monkeypatch):

@@ -9,7 +9,6 @@ same kernels without autograd.
 from __future__ import annotations
 
 import functools
-import math
 from typing import NamedTuple
 
 import torch
@@ -34,7 +33,7 @@ class TileBins(NamedTuple):
 def bin_tiles(means2d, conics, opacities, radii, depths, tile_counts, width: int, height: int) -> TileBins:
     """Sorted (tile, Gaussian) entries of projected Gaussians (the tiles their footprints meet), and the tiles'
     batches; `tile_counts`: the extension's TileCounts that project_forward returned with them."""
-    return TileBins(*extension().bin_tiles(means2d, conics, opacities, radii, depths, tile_counts, width, height, -1))
+    return TileBins(*extension().bin_tiles(means2d, conics, opacities, radii, depths, tile_counts, width, height))
 
 
 def project_and_bin(means, quats, scales, opacities, sh, viewmat, K, width: int, height: int,
@@ -87,43 +86,17 @@ class ViewGradients(NamedTuple):
     image: torch.Tensor  # (H, W, 3), as rendered
     means2d_grad: torch.Tensor  # (N, 2) dL/d(means2d), in pixels
     radii: torch.Tensor  # (N,) int32, 0 where not drawn
-    entries: int  # the view's tile entries (what EntryRoom learns from)
-
-
-class EntryRoom:
-    """Room for each training view's tile entries, so that a step's binning need not wait for the GPU to count
-    them (gradient_step's `room`): the view's count when it was last drawn, grown with the model since (entries
-    follow the number of Gaussians), and a margin. A view not seen yet waits for its count. Counts overflows,
-    each of which costs a step run again."""
-    MARGIN = 1.15
-
-    def __init__(self):
-        self.last: dict[int, tuple[int, int]] = {}  # view -> (its entries, the Gaussians then)
-        self.overflows = 0
-
-    def room(self, view: int, gaussians: int) -> int:
-        if view not in self.last:
-            return -1
-        entries, then = self.last[view]
-        return math.ceil(self.MARGIN * entries * gaussians / max(then, 1))
-
-    def saw(self, view: int, room: int, entries: int, gaussians: int) -> None:
-        self.overflows += entries > room >= 0
-        self.last[view] = (entries, gaussians)
 
 
 def gradient_step(g: Gaussians, viewmat, K, width: int, height: int, sh_degree: int, background, target,
-                  ssim_weight: float, room: int = -1) -> ViewGradients:
+                  ssim_weight: float) -> ViewGradients:
     """One view's photometric loss (metrics.photometric_loss) of a static model and its gradients, added to each
     parameter's .grad, without autograd: the loss's and the rasterizer's kernels forward and backward, then the
     chain rule of the activations (scales = exp(log_scales), opacities = sigmoid(logits)); the kernels read sh_dc
     and sh_rest where they are and write their gradients apart.
     The same kernels in the same order as loss.backward() through rasterize, so the gradients are bit-equal to
     autograd's (tests/test_cuda_training.py), for a third less host time a step, which is what bounds a step on
-    a fast GPU. `target`: the view as the loss takes it (uint8 or float32, (H, W, 3)).
-    `room`: the tile entries to bin without waiting for the GPU to count them (EntryRoom), or -1: wait. With
-    room, the step waits for the count only once its rasterization and loss are queued, so the GPU runs them
-    while the host goes on; a step whose entries overflowed the room runs again, waiting for the count."""
+    a fast GPU. `target`: the view as the loss takes it (uint8 or float32, (H, W, 3))."""
     ext = extension()
     one = constant((), 1.0, g.means.device)  # the loss's gradient with respect to itself
     zero_alpha_grad = constant((height, width), 0.0, g.means.device)  # the loss does not read alpha
@@ -132,12 +105,9 @@ def gradient_step(g: Gaussians, viewmat, K, width: int, height: int, sh_degree: 
         means2d, conics, depths, radii, colors, tile_counts = ext.project_forward(
             g.means, g.quats, scales, opacities, g.sh_dc, g.sh_rest, viewmat, K, width, height, sh_degree)
         image, _, _, saved = ext.rasterize_projected(means2d, conics, colors, opacities, depths, radii, tile_counts,
-                                                     background, width, height, True, room)
+                                                     background, width, height, True)
         loss, partials = ext.loss_forward(image, target, ssim_weight)
         g_image = ext.loss_backward(image, target, partials, ssim_weight, one)
-        entries = tile_counts.entries()
-        if entries > room >= 0:  # the binning holds only some of the entries; no gradient is written yet
-            return gradient_step(g, viewmat, K, width, height, sh_degree, background, target, ssim_weight)
         g_means2d, g_conics, g_colors, g_opacities = ext.rasterize_projected_backward(saved, width, height, g_image,
                                                                                       zero_alpha_grad)
         g_means, g_quats, g_scales, g_sh_dc, g_sh_rest = ext.project_backward(
@@ -150,4 +120,4 @@ def gradient_step(g: Gaussians, viewmat, K, width: int, height: int, sh_degree: 
                 param.grad = grad
             else:
                 param.grad += grad
-    return ViewGradients(loss, image, g_means2d, radii, entries)
+    return ViewGradients(loss, image, g_means2d, radii)
