@@ -91,33 +91,12 @@ class ViewGradients(NamedTuple):
 def gradient_step(g: Gaussians, viewmat, K, width: int, height: int, sh_degree: int, background, target,
                   ssim_weight: float) -> ViewGradients:
     """One view's photometric loss (metrics.photometric_loss) of a static model and its gradients, added to each
-    parameter's .grad, without autograd: the loss's and the rasterizer's kernels forward and backward, then the
-    chain rule of the activations (scales = exp(log_scales), opacities = sigmoid(logits)); the kernels read sh_dc
-    and sh_rest where they are and write their gradients apart.
-    The same kernels in the same order as loss.backward() through rasterize, so the gradients are bit-equal to
-    autograd's (tests/test_cuda_training.py), for a third less host time a step, which is what bounds a step on
-    a fast GPU. `target`: the view as the loss takes it (uint8 or float32, (H, W, 3))."""
-    ext = extension()
-    one = constant((), 1.0, g.means.device)  # the loss's gradient with respect to itself
-    zero_alpha_grad = constant((height, width), 0.0, g.means.device)  # the loss does not read alpha
-    with torch.no_grad():
-        scales, opacities = torch.exp(g.log_scales), torch.sigmoid(g.opacity_logits)
-        means2d, conics, depths, radii, colors, tile_counts = ext.project_forward(
-            g.means, g.quats, scales, opacities, g.sh_dc, g.sh_rest, viewmat, K, width, height, sh_degree)
-        image, _, _, saved = ext.rasterize_projected(means2d, conics, colors, opacities, depths, radii, tile_counts,
-                                                     background, width, height, True)
-        loss, partials = ext.loss_forward(image, target, ssim_weight)
-        g_image = ext.loss_backward(image, target, partials, ssim_weight, one)
-        g_means2d, g_conics, g_colors, g_opacities = ext.rasterize_projected_backward(saved, width, height, g_image,
-                                                                                      zero_alpha_grad)
-        g_means, g_quats, g_scales, g_sh_dc, g_sh_rest = ext.project_backward(
-            g.means, g.quats, scales, g.sh_dc, g.sh_rest, viewmat, K, width, height, sh_degree, radii, g_means2d,
-            g_conics, g_colors)
-        for param, grad in ((g.means, g_means), (g.quats, g_quats), (g.log_scales, g_scales.mul_(scales)),
-                            (g.opacity_logits, torch.ops.aten.sigmoid_backward(g_opacities, opacities)),
-                            (g.sh_dc, g_sh_dc), (g.sh_rest, g_sh_rest)):
-            if param.grad is None:
-                param.grad = grad
-            else:
-                param.grad += grad
-    return ViewGradients(loss, image, g_means2d, radii)
+    parameter's .grad, without autograd, in one call of the extension (its gradient_step: the same kernels in the
+    same order as loss.backward() through rasterize, so the gradients are bit-equal to autograd's,
+    tests/test_cuda_training.py, for less host time a step, which is what bounds a step on a fast GPU); the kernels
+    read sh_dc and sh_rest where they are and write their gradients apart. `target`: the view as the loss takes it
+    (uint8 or float32, (H, W, 3))."""
+    device = g.means.device
+    return ViewGradients(*extension().gradient_step(
+        g.means, g.quats, g.log_scales, g.opacity_logits, g.sh_dc, g.sh_rest, viewmat, K, width, height, sh_degree,
+        background, target, ssim_weight, constant((), 1.0, device), constant((height, width), 0.0, device)))
