@@ -31,7 +31,7 @@ def resolve_device(name: str) -> tuple[str, str]:
 # setting away). Quality densifies to 8000 with opacity resets every 2500: a third reset late in densification
 # clears floaters before cameras inside a room (the interior over seeds 0-2: mean 35.11 -> 35.63 dB, fewer
 # Gaussians, the same time; lego -0.3 dB). Fast: 6500 steps densifying to 4500 with resets every 1500, positions
-# starting at 2x the standard rate, which buys back most of what the shorter schedule loses (lego 4.9 s to 33.15 dB,
+# starting at 2x the standard rate, which buys back most of what the shorter schedule loses (lego 4.8 s to 33.15 dB,
 # the interior 36.04; at 2.5x lego gained 0.04 dB and the interior lost 0.6; shorter schedules without opacity
 # resets collapse on lego: train-step-20261202.md). Both start from 50k random Gaussians, not 3DGS's 100k: fewer
 # floaters to prune, and the early steps cost less (train-init-points-20261203.md).
