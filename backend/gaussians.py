@@ -108,12 +108,16 @@ class Gaussians:
         return cls.from_points(points, colors, sh_degree, cancelled=cancelled)
 
     @classmethod
-    def random_in_box(cls, n: int, center, half_extent: float, sh_degree: int = 3,
-                      seed: int = 0) -> "Gaussians":
+    def random_in_box(cls, n: int, center, half_extent: float, sh_degree: int = 3, seed: int = 0,
+                      color=None) -> "Gaussians":
+        """n Gaussians at uniform random positions in the cube; each of `color` ((r, g, b) in [0, 1]), or
+        of a random colour where it is None."""
         gen = torch.Generator().manual_seed(seed)
         center = torch.as_tensor(np.asarray(center), dtype=torch.float32)
         points = center + half_extent * (2 * torch.rand(n, 3, generator=gen) - 1)
         colors = torch.rand(n, 3, generator=gen)
+        if color is not None:
+            colors[:] = torch.as_tensor(color, dtype=torch.float32)
         return cls.from_points(points, colors, sh_degree)
 
 

@@ -92,6 +92,15 @@ def with_steps(cfg: TrainConfig, steps: int) -> TrainConfig:
     return replace(cfg, iterations=steps, min_steps_per_view=0)
 
 
+def random_start(data: Dataset, cfg: TrainConfig) -> Gaussians:
+    """The Gaussians training starts from when a scene has no points: cfg.init_points at random in the region
+    the cameras see (data.scene_bounds), all of the views' mean colour. Where the views say little (a ceiling
+    the cameras only glimpse), what remains of the start is then the scene's average colour, not random ones
+    (bench/results/train-init-colour-20261204.md)."""
+    center, half = scene_bounds(data.cameras)
+    return Gaussians.random_in_box(cfg.init_points, center, half, cfg.sh_degree, cfg.seed, data.mean_color())
+
+
 def evaluate(g: Gaussians, data: Dataset, sh_degree: int, background, rasterizer: str) -> dict:
     """mean_scores of our renders over a dataset's views, each at its time."""
     return mean_scores((render(g.at(data.time(i)), cam, sh_degree, background, rasterizer).image
@@ -134,8 +143,7 @@ class Trainer:
         self.views = [camera_tensors(c, self.device) for c in data.cameras]
         self.extent = camera_extent(data.cameras)
         if gaussians is None:
-            center, half = scene_bounds(data.cameras)
-            gaussians = Gaussians.random_in_box(cfg.init_points, center, half, cfg.sh_degree, cfg.seed)
+            gaussians = random_start(data, cfg)
         if (cfg.dynamic or data.times is not None) and not isinstance(gaussians, DynamicGaussians):
             gaussians = DynamicGaussians.from_static(gaussians)
         self.g = gaussians.to(self.device).requires_grad_()

@@ -105,6 +105,14 @@ def test_instant_ngp_intrinsics(tiny_scene):
     np.testing.assert_allclose(cam.K, [[40, 0, 15], [0, 42, 17], [0, 0, 1]])
 
 
+def test_mean_color_is_over_every_pixel_of_every_view():
+    images = torch.zeros(2, 4, 5, 3, dtype=torch.uint8)
+    images[0, :, :, 0] = 255  # a red view
+    images[1, :2, :, 2] = 102  # half of a view 0.4 blue
+    data = Dataset(orbit_cameras(2, 5, 4), images, ["a", "b"])
+    assert data.mean_color() == pytest.approx((0.5, 0.0, 0.1))
+
+
 def test_backgrounds():
     assert parse_background("black") == (0.0, 0.0, 0.0)
     assert parse_background("0.5,0.25,1") == (0.5, 0.25, 1.0)

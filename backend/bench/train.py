@@ -16,13 +16,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data import LEGO, Dataset, load_split, parse_background, scene_bounds, scene_point_cloud
+from ..data import LEGO, Dataset, load_split, parse_background, scene_point_cloud
 from ..policy import PRESETS
 from ..gaussians import Gaussians
 from ..metrics import photometric_loss
 from ..progress import Progress
 from ..render import camera_tensors
-from ..train import Trainer, TrainConfig, evaluate, fit_to_views, load_checkpoint, score, warm_up, with_steps
+from ..train import (Trainer, TrainConfig, evaluate, fit_to_views, load_checkpoint, random_start, score, warm_up,
+                     with_steps)
 from . import RESULTS, git_commit
 
 
@@ -69,8 +70,7 @@ def main(argv: list[str]) -> int:
 
     def initial(cfg: TrainConfig) -> Gaussians:
         if points is None:
-            center, half = scene_bounds(train_set.cameras)
-            return Gaussians.random_in_box(cfg.init_points, center, half, cfg.sh_degree, cfg.seed)
+            return random_start(train_set, cfg)
         return Gaussians.from_point_cloud(points[1], points[2], cfg.sh_degree, "cuda")
 
     init = initial(cfg)
