@@ -31,17 +31,18 @@ def resolve_device(name: str) -> tuple[str, str]:
 # setting away). Quality densifies to 8000 with opacity resets every 2500: a third reset late in densification
 # clears floaters before cameras inside a room (the interior over seeds 0-2: mean 35.11 -> 35.63 dB, fewer
 # Gaussians, the same time; lego -0.3 dB). Fast: 6500 steps densifying to 4500 with resets every 1500, positions
-# starting at 2x the standard rate, which buys back most of what the shorter schedule loses (lego 4.7 s to 33.15 dB,
-# the interior 35.6-36.6 over seeds 0-2; at 2.5x lego gained 0.04 dB and the interior lost 0.6; 1x, more resets or
-# densifying longer did no better there: train-seeds-20261204.md; shorter schedules without opacity resets
-# collapse on lego: train-step-20261202.md). Both start from 50k random Gaussians, not 3DGS's 100k: fewer
-# floaters to prune, and the early steps cost less (train-init-points-20261203.md).
+# starting at 2x the standard rate, which buys back most of what the shorter schedule loses (at 2.5x lego gained
+# 0.04 dB and the interior lost 0.6; 1x, more resets or densifying longer did no better there:
+# train-seeds-20261204.md; shorter schedules without opacity resets collapse on lego: train-step-20261202.md).
+# Both start from 50k random Gaussians (train.random_start), not 3DGS's 100k: fewer floaters to prune, and the
+# early steps cost less (train-init-points-20261203.md). Fast ends 0.4-1.2 dB below quality on the bench's scenes
+# (train-init-colour-20261204.md).
 # Fast's rate decays to the standard final one, so it starts at 2x and falls faster.
 # Each schedule stretches to a number of steps a training view (train.fit_to_views): the 1920x1080 room's 160
 # views hold more than a count tuned on lego fits (quality at 12000 steps 0.5 dB below gsplat's simple_trainer
 # at 30k, at 17600 0.5 dB above it in 0.23x its time; fast, with positions at 2.5x, at 6500 steps 2.9 dB below
-# the stretched quality, at 10400 1.0). Lego's 100 views and the interior's 80 keep the fixed counts; views over
-# time (a 4D capture: cameras at times) are not stretched.
+# the stretched quality, at 10400 1.0; both measured from random start colours). Lego's 100 views and the
+# interior's 80 keep the fixed counts; views over time (a 4D capture: cameras at times) are not stretched.
 
 
 def schedule(preset: str, **settings) -> TrainConfig:
