@@ -29,8 +29,8 @@ def resolve_device(name: str) -> tuple[str, str]:
 # schedule's 30k steps reach 1.1 dB more on lego and 1.0 dB more on the interior than 12k steps densifying to two
 # thirds of them, in 2.6x the time; 12k beats gsplat's simple_trainer at 30k on both (and a longer run is one Steps
 # setting away). Quality densifies to 8000 with opacity resets every 2500: a third reset late in densification
-# clears floaters before cameras inside a room (the interior over seeds 0-2: mean 35.11 -> 35.63 dB, fewer
-# Gaussians, the same time; lego -0.3 dB). Fast: 6500 steps densifying to 4500 with resets every 1500, positions
+# helps cameras inside a room (from random start colours, the interior over seeds 0-2: mean 35.11 -> 35.63 dB,
+# fewer Gaussians, the same time; lego -0.3 dB). Fast: 6500 steps densifying to 4500 with resets every 1500, positions
 # starting at 2x the standard rate, which buys back most of what the shorter schedule loses (at 2.5x lego gained
 # 0.04 dB and the interior lost 0.6; 1x, more resets or densifying longer did no better there:
 # train-seeds-20261204.md; shorter schedules without opacity resets collapse on lego: train-step-20261202.md).

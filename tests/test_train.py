@@ -10,10 +10,9 @@ import torch
 from backend.policy import cpu_config
 from backend.data import Dataset, load_split, scene_bounds
 from blender_addon.core.errors import SplatwrightError
-from backend.gaussians import Gaussians
+from backend.gaussians import Gaussians, rgb_to_sh_dc
 from backend.optim import Adam
 from backend.ply import read_ply
-from backend.sh import SH_C0
 from blender_addon.core.points import POINTS_FILE, write_points
 from backend.strategy import DefaultStrategy, edit_rows
 from backend.metrics import photometric_loss
@@ -43,8 +42,8 @@ def test_training_improves_the_fit(tiny_scene):
 def test_a_random_start_has_the_views_mean_colour_and_fills_their_region(tiny_scene):
     data = load_split(tiny_scene, "train")
     g = Trainer(data, small_config(10)).g
-    colours = g.sh_dc.detach()[:, 0] * SH_C0 + 0.5
-    assert torch.allclose(colours, torch.tensor(data.mean_color()).expand_as(colours), atol=1e-6)
+    expected = rgb_to_sh_dc(torch.tensor(data.mean_color()))
+    assert torch.allclose(g.sh_dc.detach()[:, 0], expected.expand(len(g), 3), atol=1e-6)
     center, half = scene_bounds(data.cameras)
     assert len(g) == 500 and bool((g.means.detach() - torch.tensor(center).float()).abs().max() <= half + 1e-5)
 
