@@ -65,7 +65,7 @@ class Dataset:
     def mean_color(self) -> tuple[float, float, float]:
         """The views' mean colour, each channel over every pixel of every view, in [0, 1]."""
         total = sum(view.float().mean(dim=(0, 1)) for view in self.images)  # one view at a time in float
-        return tuple(float(c) for c in total / (255.0 * self.images.shape[0]))
+        return tuple(float(c) for c in total / (255.0 * len(self)))
 
 
 # NeRF-synthetic lego where the project's shared data sits beside the checkout: the demo's fallback scene and

@@ -115,8 +115,9 @@ class Gaussians:
         gen = torch.Generator().manual_seed(seed)
         center = torch.as_tensor(np.asarray(center), dtype=torch.float32)
         points = center + half_extent * (2 * torch.rand(n, 3, generator=gen) - 1)
-        colors = (torch.rand(n, 3, generator=gen) if color is None
-                  else torch.tensor(color, dtype=torch.float32).expand(n, 3))
+        colors = torch.rand(n, 3, generator=gen)
+        if color is not None:
+            colors[:] = torch.as_tensor(color, dtype=torch.float32)
         return cls.from_points(points, colors, sh_degree)
 
 

@@ -94,12 +94,11 @@ def with_steps(cfg: TrainConfig, steps: int) -> TrainConfig:
 
 def random_start(data: Dataset, cfg: TrainConfig) -> Gaussians:
     """The Gaussians training starts from when a scene has no points: cfg.init_points at random in the region
-    the cameras see (scene_bounds), all of the views' mean colour. Where the views say little (a ceiling
+    the cameras see (data.scene_bounds), all of the views' mean colour. Where the views say little (a ceiling
     the cameras only glimpse), what remains of the start is then the scene's average colour, not random ones
     (bench/results/train-init-colour-20261204.md)."""
     center, half = scene_bounds(data.cameras)
-    return Gaussians.random_in_box(cfg.init_points, center, half, cfg.sh_degree, cfg.seed,
-                                   color=data.mean_color())
+    return Gaussians.random_in_box(cfg.init_points, center, half, cfg.sh_degree, cfg.seed, data.mean_color())
 
 
 def evaluate(g: Gaussians, data: Dataset, sh_degree: int, background, rasterizer: str) -> dict:
@@ -144,7 +143,7 @@ class Trainer:
         self.views = [camera_tensors(c, self.device) for c in data.cameras]
         self.extent = camera_extent(data.cameras)
         if gaussians is None:
-            gaussians = random_start(self.data, cfg)  # on the training device: the mean is quick there
+            gaussians = random_start(data, cfg)
         if (cfg.dynamic or data.times is not None) and not isinstance(gaussians, DynamicGaussians):
             gaussians = DynamicGaussians.from_static(gaussians)
         self.g = gaussians.to(self.device).requires_grad_()
