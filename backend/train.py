@@ -94,7 +94,7 @@ def with_steps(cfg: TrainConfig, steps: int) -> TrainConfig:
 
 def random_start(data: Dataset, cfg: TrainConfig) -> Gaussians:
     """The Gaussians training starts from when a scene has no points: cfg.init_points at random in the region
-    the cameras see (data.scene_bounds), all of the views' mean colour. Where the views say little (a ceiling
+    the cameras see (scene_bounds), all of the views' mean colour. Where the views say little (a ceiling
     the cameras only glimpse), what remains of the start is then the scene's average colour, not random ones
     (bench/results/train-init-colour-20261204.md)."""
     center, half = scene_bounds(data.cameras)
