@@ -16,7 +16,7 @@ import zipfile
 from pathlib import Path
 
 from blender_addon.core.files import replacing
-from blender_addon.environment import REQUIREMENTS, SOURCES
+from blender_addon.logic.environment import REQUIREMENTS, SOURCES
 
 ROOT = Path(__file__).resolve().parent
 ADDON = ROOT / "blender_addon"

@@ -1,5 +1,9 @@
 """Splatwright: capture the scene's cameras and renders, train 3D Gaussian Splats in a backend process and
-view them. Installs as a legacy add-on (bl_info, Blender 3.4+) or an extension (blender_manifest.toml, 4.2+)."""
+view them. Installs as a legacy add-on (bl_info, Blender 3.4+) or an extension (blender_manifest.toml, 4.2+).
+
+Its layers, each a folder that imports only those below it: ui/ (panels, settings, preferences) -> ops/
+(operators by feature) -> render/ (engine, overlay, composite) -> scene/ (the add-on's state in Blender, capture,
+splat objects) -> logic/ (no bpy) -> core/ (shared with the backend: stdlib and numpy only)."""
 
 bl_info = {
     "name": "Splatwright",
@@ -12,15 +16,16 @@ bl_info = {
 }
 
 
-
 def _modules():
-    """The modules that need bpy, in registration order. Imported here rather than at the top so that the
-    package and its bpy-free modules (core/, dataset, colors, frames, placement, training, runtime) import without
-    Blender, as the backend and the tests import them."""
-    from . import (colmap_import, composite, engine, io_formats, live, operators, overlay, panels, preferences,
-                   properties, scene_splats)
-    return (live, preferences, properties, operators, io_formats, colmap_import, panels, engine, scene_splats, overlay,
-            composite)
+    """The modules that register classes, handlers or timers with Blender, in registration order. Imported
+    here, not at the top, so that the package and its bpy-free layers (logic/, core/) import without Blender,
+    as the backend and the tests import them."""
+    from .ops import backend, capture, colmap, formats, splats, training, view
+    from .render import composite, engine, overlay
+    from .scene import live
+    from .ui import panels, preferences, properties
+    return (live, preferences, properties, backend, capture, training, view, formats, colmap, splats, panels, engine,
+            overlay, composite)
 
 
 def register():

@@ -4,10 +4,10 @@ from __future__ import annotations
 import bpy
 import numpy as np
 
-from .core.cameras import BlenderLens, Camera, RenderSize, from_blender_camera, from_blender_view
-from .core.errors import SplatwrightError
-from .colors import linear_to_srgb8
-from .dataset import capture_percentage, sample_surface
+from ..core.cameras import BlenderLens, Camera, RenderSize, from_blender_camera, from_blender_view
+from ..core.errors import SplatwrightError
+from ..logic.colors import linear_to_srgb8
+from ..logic.dataset import capture_percentage, sample_surface
 
 GEOMETRY = {"MESH", "CURVE", "SURFACE", "META", "FONT", "VOLUME", "POINTCLOUD", "CURVES"}
 NO_MATERIAL = (0.8, 0.8, 0.8)  # Blender's default surface colour

@@ -1,14 +1,14 @@
 """Per-scene settings of capture and training (Scene.splatwright), which start at the defaults of the connected
-backend's device (defaults.py) until the user changes them."""
+backend's device (logic/defaults.py) until the user changes them."""
 from __future__ import annotations
 
 import bpy
 from bpy.props import BoolProperty, EnumProperty, FloatProperty, FloatVectorProperty, IntProperty, StringProperty
 
-from . import live
-from .core.settings import PRESETS, TRAINING
-from .defaults import DEVICE_DEFAULTS, GPU, defaults_for, device_of, machine_device
-from .training import default
+from ..scene import live
+from ..core.settings import PRESETS, TRAINING
+from ..logic.defaults import DEVICE_DEFAULTS, GPU, defaults_for, device_of, machine_device
+from ..logic.training import default
 
 START = DEVICE_DEFAULTS[GPU]  # the properties' defaults: a GPU backend's
 FOLLOW_INTERVAL = 1.0  # seconds between checks of the connected backend's device

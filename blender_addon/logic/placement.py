@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .core import codecs
-from .core.cameras import Camera
-from .core.errors import SplatwrightError
-from .core.points import read_points
-from .core.protocol import placement_scale
+from ..core import codecs
+from ..core.cameras import Camera
+from ..core.errors import SplatwrightError
+from ..core.points import read_points
+from ..core.protocol import placement_scale
 
 BOUNDS_PERCENTILES = (1.0, 99.0)  # a few stray Gaussians do not make the model's box
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .core import client as wire, protocol
-from .core.errors import SplatwrightError
+from ..core import client as wire, protocol
+from ..core.errors import SplatwrightError
 from .environment import LogTail, child_env, spawn
 from .frames import FrameStream
 from .messages import at_step, last_error_line, one_line

@@ -7,9 +7,9 @@ import traceback
 
 import bpy
 
-from .environment import Setup
-from .messages import one_line
-from .runtime import Backend
+from ..logic.environment import Setup
+from ..logic.messages import one_line
+from ..logic.runtime import Backend
 
 backend: Backend | None = None
 setup: Setup | None = None

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .core.cameras import BLENDER_TO_OPENCV, Camera, from_blender_c2w, intrinsics, look_at
-from .core.errors import SplatwrightError
-from .core.files import write_atomic
+from ..core.cameras import BLENDER_TO_OPENCV, Camera, from_blender_c2w, intrinsics, look_at
+from ..core.errors import SplatwrightError
+from ..core.files import write_atomic
 
 GOLDEN_ANGLE = math.pi * (3.0 - math.sqrt(5.0))
 

@@ -12,10 +12,10 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from .colors import display_pixels
-from .core import protocol
-from .core.cameras import Camera
-from .core.client import Client, PendingReply, RemoteError, decode_depth, decode_frame, decode_pixels
-from .core.codecs import layer_pixels
+from ..core import protocol
+from ..core.cameras import Camera
+from ..core.client import Client, PendingReply, RemoteError, decode_depth, decode_frame, decode_pixels
+from ..core.codecs import layer_pixels
 
 _streams = itertools.count(1)  # each stream's own number: its requests supersede only each other
 
@@ -191,7 +191,7 @@ class FrameStream:
             elif reply.fields["format"] == "layer":
                 pixels = decode_pixels(reply)  # the bytes received are the pixels
                 # Copied out of the slot, which goes back: a depth-composited view keeps a frame while it uploads it
-                # in strips and after (overlay.py), one view per model, which would hold a connection's slots.
+                # in strips and after (render/overlay.py), one view per model, which would hold a connection's slots.
                 if pending.holds_shared_frame:
                     buffer = self._buffer(pixels.size)
                     np.copyto(buffer, pixels)

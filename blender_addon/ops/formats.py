@@ -5,7 +5,7 @@ keeps the file in a new session named after it and shows the model (a 4D one at 
 Scene then places it in the scene as it does a trained model, and the .blend keeps it. Export asks the backend
 for a model in the format the file name's ending picks (*.ply, *.compressed.ply, *.spz, *.splat; *.pt: a 4D
 model's own file) and reports what that format leaves out (a .splat keeps no SH beyond degree 0). The model is
-the active splat object's (scene_splats.py), cropped to its crop box unless told otherwise and, if asked, in
+the active splat object's (scene/splats.py), cropped to its crop box unless told otherwise and, if asked, in
 world space as the object places it; with no splat object active, the model the backend shows. A 4D model is
 exported at the scene's frame, or as a sequence of files, one per frame of the frame range (SequenceExport)."""
 from __future__ import annotations
@@ -20,15 +20,16 @@ from bpy.props import BoolProperty, StringProperty
 from bpy.types import Operator
 from bpy_extras.io_utils import ExportHelper, ImportHelper
 
-from . import live, scene_splats  # which imports this module (through panels): its names are looked up when used
-from .core.client import RemoteError
-from .core.errors import SplatwrightError
-from .core.files import TEMPORARY_SUFFIX, sequence_paths, sync_folder, write_atomic
-from .dataset import frame_time
-from .messages import at_step
-from .operators import Guarded, capture_runs, nothing_to_show, not_connected, set_status, training_runs
-from .placement import uniform_scale
-from .training import background_rgb
+from ..core.client import RemoteError
+from ..core.errors import SplatwrightError
+from ..core.files import TEMPORARY_SUFFIX, sequence_paths, sync_folder, write_atomic
+from ..logic.dataset import frame_time
+from ..logic.messages import at_step
+from ..logic.placement import uniform_scale
+from ..logic.training import background_rgb
+from ..scene import live, splats
+from ..scene.session import capture_runs, nothing_to_show, not_connected, set_status, training_runs
+from .base import Guarded
 
 SPLAT_FILES = "*.ply;*.spz;*.splat;*.pt"  # what the file browsers list (a compressed PLY ends in .ply too)
 DYNAMIC_SUFFIX = ".pt"  # a 4D model's own file (splats4d.pt)
@@ -100,12 +101,12 @@ class SPLATWRIGHT_OT_export_splats(Guarded, Operator, ExportHelper):
 
     @classmethod
     def blocked(cls, context):
-        return not_connected() if scene_splats.active_model(context) is not None else nothing_to_show()
+        return not_connected() if splats.active_model(context) is not None else nothing_to_show()
 
     def draw(self, context):
-        obj, layout = scene_splats.active_model(context), self.layout
+        obj, layout = splats.active_model(context), self.layout
         layout.label(text=f"Model of {obj.name}" if obj is not None else "The model the backend shows")
-        for name, usable in (("cropped", obj is not None and scene_splats.crop_box(obj) is not None),
+        for name, usable in (("cropped", obj is not None and splats.crop_box(obj) is not None),
                              ("world_space", obj is not None), ("sequence", may_move(obj))):
             row = layout.row()
             row.enabled = usable
@@ -114,12 +115,12 @@ class SPLATWRIGHT_OT_export_splats(Guarded, Operator, ExportHelper):
     def request_fields(self, context, name: str) -> dict:
         """The export_ply request's fields: the active splat object's model as the options say, or the shown
         model, at the scene's frame; SplatwrightError for a placement splats cannot take."""
-        obj = scene_splats.active_model(context)
+        obj = splats.active_model(context)
         if obj is None:
-            return {"name": name, "time": scene_splats.scene_time(context.scene)}
-        fields = {"name": name, **scene_splats.model_choice(obj, context.scene, self.cropped)}
+            return {"name": name, "time": splats.scene_time(context.scene)}
+        fields = {"name": name, **splats.model_choice(obj, context.scene, self.cropped)}
         if self.world_space:
-            fields["placement"] = scene_splats.model_matrix(obj)
+            fields["placement"] = splats.model_matrix(obj)
             uniform_scale(fields["placement"], obj.name)
         return fields
 
@@ -127,7 +128,7 @@ class SPLATWRIGHT_OT_export_splats(Guarded, Operator, ExportHelper):
         path = Path(self.filepath)
         if not path.suffix:
             path = path.with_name(path.name + DEFAULT_EXTENSION)
-        obj = scene_splats.active_model(context)
+        obj = splats.active_model(context)
         try:
             fields = self.request_fields(context, path.name)
             if self.sequence and may_move(obj):

@@ -21,9 +21,9 @@ import bpy
 import numpy as np
 from bpy.app.handlers import persistent
 
-from . import live
-from .core.errors import SplatwrightError
-from .view_transform import Inverse, grey_inputs, grid_inputs, invert, shaper_of
+from ..core.errors import SplatwrightError
+from ..logic.view_transform import Inverse, grey_inputs, grid_inputs, invert, shaper_of
+from ..scene import live
 
 IDLE_INTERVAL = 0.25  # seconds between the timer's looks for an inverse to build
 GRID_PARTS = 5  # the grid's samples are made in this many timer ticks

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .core.errors import SplatwrightError
+from ..core.errors import SplatwrightError
 
 SOURCES = "backend_src"  # the add-on's folder with the backend's sources (build_addon.py fills it)
 REQUIREMENTS = "requirements.txt"  # in SOURCES: the backend's requirements, torch's line first

@@ -10,7 +10,7 @@ import platform
 import shutil
 from pathlib import Path
 
-from .core.settings import CPU_STEPS, SCHEDULE_STEPS, stretched_steps
+from ..core.settings import CPU_STEPS, SCHEDULE_STEPS, stretched_steps
 
 GPU, CPU = "cuda", "cpu"  # the backend's devices, as its capabilities name them
 NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")  # there where Linux has NVIDIA's driver loaded

@@ -3,34 +3,22 @@ environment, which Set Up Backend makes in Blender's per-user data folder for th
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import bpy
 from bpy.props import EnumProperty, IntProperty, StringProperty
 
-from . import live
-from .core import protocol
-from .environment import SESSIONS, VENV, backend_sources, readiness, venv_python
-from .runtime import ConnectSettings
+from ..core import protocol
+from ..logic.environment import SESSIONS, VENV, readiness, venv_python
+from ..logic.runtime import ConnectSettings
+from ..scene import live
+from ..scene.addon import PACKAGE, data_folder, sources
+from .kit import progress
 
 SETUP_LOG_LINES = 12
-ADDON_FOLDER = Path(__file__).resolve().parent
-
-
-def data_folder() -> Path:
-    """Blender's per-user data folder for the add-on, which outlives its updates: the extension's user folder
-    (a 4.2+ extension), else splatwright/ in Blender's user config folder (a legacy add-on)."""
-    if __package__.startswith("bl_ext.") and hasattr(bpy.utils, "extension_path_user"):
-        return Path(bpy.utils.extension_path_user(__package__, create=True))
-    return Path(bpy.utils.user_resource("CONFIG")) / "splatwright"
-
-
-def sources() -> Path:
-    return backend_sources(ADDON_FOLDER)
 
 
 class SPLATWRIGHT_AP_preferences(bpy.types.AddonPreferences):
-    bl_idname = __package__
+    bl_idname = PACKAGE
 
     mode: EnumProperty(name="Backend", default="LOCAL", items=[
         ("LOCAL", "Local", "Start the backend on this computer with the Python below"),
@@ -77,7 +65,6 @@ class SPLATWRIGHT_AP_preferences(bpy.types.AddonPreferences):
 
 def draw_setup(layout, prefs: SPLATWRIGHT_AP_preferences) -> None:
     """The backend's environment: where it is, what it has, and Set Up Backend with its progress and log."""
-    from .panels import progress  # the panels import the operators, which import this module
     venv = data_folder() / VENV
     box = layout.box()
     box.label(text=f"Backend environment{' (not used while Python is set)' if prefs.python else ''}: {venv}")
@@ -120,10 +107,6 @@ def draw_capabilities(layout) -> None:
         box.label(text=text)
     if caps.get("cuda_rasterizer_detail"):
         box.label(text=str(caps["cuda_rasterizer_detail"]), icon="INFO")
-
-
-def prefs(context) -> SPLATWRIGHT_AP_preferences:
-    return context.preferences.addons[__package__].preferences
 
 
 def register():

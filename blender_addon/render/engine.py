@@ -1,6 +1,6 @@
 """The Splatwright render engine. With viewport shading Rendered it shows the model live from the viewport's
 camera; F12, animation renders and `blender -b file.blend -a` render it through the scene camera with a
-Depth pass. Where a splat object of the shown session places the model in the scene (scene_splats.py), both
+Depth pass. Where a splat object of the shown session places the model in the scene (splats.py), both
 see it through the camera taken into the model's space and cropped by its crop box, as the other engines'
 composites do. The backend draws
 every pixel; this module asks for frames and puts them on screen or into the render result."""
@@ -17,17 +17,18 @@ import gpu
 import numpy as np
 from gpu_extras.batch import batch_for_shader
 
-from . import live, view_colors
-from .core.cameras import Camera
-from .colors import combined_pass
-from .core.client import RemoteError, decode_depth, decode_frame, wait_done
-from .core.errors import SplatwrightError
-from .frames import CPU_TRAINING_SCALE, border_rect, training_frame_gap
-from .operators import nothing_to_show
-from .placement import scene_depths
-from .preferences import prefs
-from .scene_io import camera_of, region_camera
-from .view_transform import ENCODING_OFFSET, ENCODING_STOPS, Inverse, grey_ends
+from ..core.cameras import Camera
+from ..core.client import RemoteError, decode_depth, decode_frame, wait_done
+from ..core.errors import SplatwrightError
+from ..logic.colors import combined_pass
+from ..logic.frames import CPU_TRAINING_SCALE, border_rect, training_frame_gap
+from ..logic.placement import scene_depths
+from ..logic.view_transform import ENCODING_OFFSET, ENCODING_STOPS, Inverse, grey_ends
+from ..scene import live, splats
+from ..scene.addon import prefs
+from ..scene.reading import camera_of, region_camera
+from ..scene.session import nothing_to_show
+from . import view_colors
 
 MOVING_SCALE = 0.5  # frame size while the view moves
 REST_SECONDS = 0.2  # a view that stayed put this long gets full-size frames
@@ -62,7 +63,7 @@ class LiveView:
         self.shown_wait = -1  # the whole seconds of waiting the view shows
 
     def update(self, cam: Camera, choice: dict | None = None) -> None:
-        """Ask for a frame of `choice` (scene_splats.model_choice; None: the model the backend shows) when the
+        """Ask for a frame of `choice` (splats.model_choice; None: the model the backend shows) when the
         view, the wanted size, the model, its crop or the time changed since the last request (on a training
         CPU backend: only when the view rests and the backend had its time to train)."""
         choice = choice or {}
@@ -77,7 +78,7 @@ class LiveView:
         rested_at = self.moved_at + REST_SECONDS
         self.rest_scale = CPU_TRAINING_SCALE if training_on_cpu() else 1.0
         if self.rest_scale < 1.0:
-            scale, due = self.rest_scale, max(rested_at, self.asked_at + self.frame_gap())  # frames.py says why
+            scale, due = self.rest_scale, max(rested_at, self.asked_at + self.frame_gap())  # logic/frames.py says why
         else:
             scale, due = (1.0 if now >= rested_at else MOVING_SCALE), now
         want = (key, scale, live.backend.revision, self.shows)
@@ -439,17 +440,16 @@ class SPLATWRIGHT_RE_engine(bpy.types.RenderEngine):
 def placed(scene, cam: Camera, session: str | None, shown: Callable) -> tuple[Camera, float, dict]:
     """Where a splat object of `session` places its model in the scene (the first by name): the camera to
     render it through for `cam`, taken into the model's space, the factor from the model's depths to the
-    scene's, and the model, crop and time to ask for (scene_splats.model_choice); without such an object `cam`
+    scene's, and the model, crop and time to ask for (splats.model_choice); without such an object `cam`
     itself, 1 and the scene's time only (the model the backend shows, as it is). An object that is not
     `shown(obj)` in this view or render, or a placement splats cannot take, raises SplatwrightError."""
-    from . import scene_splats  # here: it imports this module (through composite)
-    obj = next((o for o in scene_splats.splat_objects(scene) if session and o[scene_splats.SESSION_KEY] == session),
+    obj = next((o for o in splats.splat_objects(scene) if session and o[splats.SESSION_KEY] == session),
                None)
     if obj is None:
-        return cam, 1.0, {"time": scene_splats.scene_time(scene)}
+        return cam, 1.0, {"time": splats.scene_time(scene)}
     if not shown(obj):
         raise SplatwrightError(f"the model object {obj.name} is hidden; show it to see its splats")
-    return (*scene_splats.placed_camera(obj, cam), scene_splats.model_choice(obj, scene))
+    return (*splats.placed_camera(obj, cam), splats.model_choice(obj, scene))
 
 
 def set_pass(render_pass, values: np.ndarray) -> None:

@@ -15,12 +15,12 @@ import bpy
 import numpy as np
 from mathutils import Matrix
 
-from .core.errors import SplatwrightError
-from .core.points import POINTS_FILE, write_points
-from .dataset import DatasetWriter, capture_percentage, fitting_distance, frame_time, orbit_poses, split_of
-from .runtime import Backend
-from .scene_io import (GEOMETRY, animation_frames, bounds, camera_of, capture_cameras, surface_points,
-                       visible_geometry)
+from ..core.errors import SplatwrightError
+from ..core.points import POINTS_FILE, write_points
+from ..logic.dataset import DatasetWriter, capture_percentage, fitting_distance, frame_time, orbit_poses, split_of
+from ..logic.runtime import Backend
+from .reading import (GEOMETRY, animation_frames, bounds, camera_of, capture_cameras, surface_points,
+                      visible_geometry)
 
 ORBIT_CAMERA = "Splatwright Orbit"
 SPLATS_ENGINE = "SPLATWRIGHT"  # the add-on's render engine shows the model: the views are rendered with Cycles

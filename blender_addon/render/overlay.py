@@ -20,12 +20,12 @@ import numpy as np
 from bpy.app.handlers import persistent
 from gpu_extras.batch import batch_for_shader
 
-from . import live
-from .core.errors import SplatwrightError
+from ..core.errors import SplatwrightError
+from ..scene import live
+from ..scene.reading import region_camera
+from ..scene.session import not_connected
+from ..scene.splats import model_choice, placed_camera, splat_objects
 from .engine import FRAME_VERTEX, WATCH_INTERVAL, LiveView
-from .operators import not_connected
-from .scene_io import region_camera
-from .scene_splats import model_choice, placed_camera, splat_objects
 
 SHADINGS = {"SOLID", "MATERIAL", "RENDERED"}
 DRAW_ENGINES = {"BLENDER_EEVEE", "BLENDER_EEVEE_NEXT", "BLENDER_WORKBENCH"}  # the others draw as external ones

@@ -2,7 +2,7 @@
 (with its look, exposure, gamma and curves) shows as given display values, so that Blender shows the
 backend's display-referred frames as they are under any view settings.
 
-The forward transform is known only through samples Blender makes of it (view_colors.py): first the grey
+The forward transform is known only through samples Blender makes of it (render/view_colors.py): first the grey
 axis, then a grid of colours placed so that each channel's grey curve spaces them evenly on the display,
 from its darkest grey to its brightest. On that grid a transform that works per channel (Standard with an
 exposure) is linear, and Filmic (whose bright colours bleed into the other channels) and AgX are close to
@@ -10,7 +10,7 @@ it, so a small grid describes them well. The inverse is then
     display d -> grid coordinates s = table(d)    (a 3D table on an even grid of the grey range, trilinear)
              -> encoded input u_c = shaper_c(s_c) (per channel, linear on an even grid of s)
              -> scene-linear x_c = decode(u_c),
-the same steps in numpy (F12) and in the viewport's shader (engine.py).
+the same steps in numpy (F12) and in the viewport's shader (render/engine.py).
 
 Inputs stay in [0, 64]: a colour the transform cannot produce from those (a very saturated one under AgX,
 one brighter than its white after a negative exposure) is shown as the nearest one it can produce that the

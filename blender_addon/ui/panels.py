@@ -1,77 +1,33 @@
-"""The 'Splats' tab of the 3D viewport's sidebar: Backend, Capture, Photos, Train, View, Export."""
+"""The 'Splats' tab of the 3D viewport's sidebar: Backend, Capture, Photos, Train, View, Export, Splats in the
+Scene."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import bpy
 
-from . import live, properties
-from .colmap_import import SPLATWRIGHT_OT_import_colmap, SPLATWRIGHT_OT_send_photos, imported_model, photo_counts
-from .dataset import training_count
-from .defaults import CPU, device_of, schedule_steps, training_seconds
-from .io_formats import SPLATWRIGHT_OT_export_splats, SPLATWRIGHT_OT_import_splats
-from .messages import wrap
-from .operators import (SPLATWRIGHT_OT_backend_check, SPLATWRIGHT_OT_backend_kill, SPLATWRIGHT_OT_backend_start,
-                        SPLATWRIGHT_OT_backend_stop, SPLATWRIGHT_OT_capture, SPLATWRIGHT_OT_capture_cancel,
-                        SPLATWRIGHT_OT_render_preview, SPLATWRIGHT_OT_send_views,
-                        SPLATWRIGHT_OT_train_pause, SPLATWRIGHT_OT_train_resume, SPLATWRIGHT_OT_train_start,
-                        SPLATWRIGHT_OT_train_stop)
-from .scene_io import animation_frames, capture_cameras, capture_size
+from ..core.errors import SplatwrightError
+from ..logic.dataset import training_count
+from ..logic.defaults import CPU, device_of, schedule_steps, training_seconds
+from ..logic.placement import uniform_scale
+from ..ops.backend import (SPLATWRIGHT_OT_backend_check, SPLATWRIGHT_OT_backend_kill, SPLATWRIGHT_OT_backend_start,
+                           SPLATWRIGHT_OT_backend_stop)
+from ..ops.capture import SPLATWRIGHT_OT_capture, SPLATWRIGHT_OT_capture_cancel, SPLATWRIGHT_OT_send_views
+from ..ops.colmap import SPLATWRIGHT_OT_import_colmap, SPLATWRIGHT_OT_send_photos
+from ..ops.formats import SPLATWRIGHT_OT_export_splats, SPLATWRIGHT_OT_import_splats
+from ..ops.splats import SPLATWRIGHT_OT_add_crop_box, SPLATWRIGHT_OT_add_model, SPLATWRIGHT_OT_show_model
+from ..ops.training import (SPLATWRIGHT_OT_train_pause, SPLATWRIGHT_OT_train_resume, SPLATWRIGHT_OT_train_start,
+                            SPLATWRIGHT_OT_train_stop)
+from ..ops.view import SPLATWRIGHT_OT_render_preview
+from ..render import overlay
+from ..scene import live
+from ..scene.colmap import imported_model, photo_counts
+from ..scene.reading import animation_frames, capture_cameras, capture_size
+from ..scene.session import not_connected
+from ..scene.splats import SESSION_KEY, crop_box, model_choice, model_matrix, splat_objects
+from .kit import SplatsPanel, buttons, duration, labels, progress
 
 CONNECTION_ICONS = {"connected": "CHECKMARK", "connecting": "TIME", "lost": "ERROR", "disconnected": "X"}
-BUTTONS_PER_ROW = 2  # what the sidebar's default width shows uncut
-CHAR_PIXELS = 6.5  # the width of an average character of the UI font at scale 1
-LABEL_MARGIN_PIXELS = 48  # the panel's margins and a label's icon
-DEFAULT_REGION_PIXELS = 300  # where there is no region to measure (a script drawing the panel)
-
-
-def buttons(layout, context, *ops, icons=(), texts=()) -> None:
-    """Operator buttons (disabled by their poll), a few to a row, then why the disabled ones cannot run;
-    `texts`: shorter labels than the operators' own where the panel's title says the rest."""
-    grid = layout.grid_flow(row_major=True, columns=BUTTONS_PER_ROW, even_columns=True, align=True)
-    for i, op in enumerate(ops):
-        text = {"text": texts[i]} if i < len(texts) else {}  # else the operator's own, translated
-        grid.operator(op.bl_idname, icon=icons[i] if i < len(icons) else "NONE", **text)
-    reasons = []
-    for op in ops:
-        reason = op.blocked(context)
-        if reason and reason not in reasons:
-            reasons.append(reason)
-    for reason in reasons:
-        labels(layout, context, reason, icon="INFO")
-
-
-def labels(layout, context, text: str, icon: str = "NONE") -> None:
-    """`text` as labels wrapped to the panel's width, the icon on the first."""
-    region = context.region
-    scale = context.preferences.system.ui_scale or 1.0  # 0 in Blender without a window
-    width = region.width if region is not None else DEFAULT_REGION_PIXELS * scale
-    col = layout.column(align=True)
-    for i, line in enumerate(wrap(text, int((width - LABEL_MARGIN_PIXELS * scale) / (CHAR_PIXELS * scale)))):
-        col.label(text=line, icon=icon if i == 0 or icon == "NONE" else "BLANK1")
-
-
-def progress(layout, factor: float, text: str) -> None:
-    """A progress bar; Blender 3.x has none, so a read-only slider shows the factor there (one per panel: it
-    reads the value when the panel's layout ends)."""
-    if bpy.app.version >= (4, 0, 0):
-        layout.progress(factor=factor, type="BAR", text=text)
-    else:
-        properties.progress_shown[0] = 100.0 * factor
-        layout.prop(bpy.context.window_manager, "splatwright_progress", text=text, slider=True)
-
-
-def duration(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 3600}h {seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m {seconds % 60:02d}s"
-
-
-class SplatsPanel:
-    bl_space_type = "VIEW_3D"
-    bl_region_type = "UI"
-    bl_category = "Splats"
-
-
 class SPLATWRIGHT_PT_backend(SplatsPanel, bpy.types.Panel):
     bl_label = "Backend"
 
@@ -234,6 +190,31 @@ class SPLATWRIGHT_PT_export(SplatsPanel, bpy.types.Panel):
         buttons(self.layout, context, SPLATWRIGHT_OT_export_splats, icons=("EXPORT",))
 
 
+def problem(obj, scene) -> str:
+    """Why `obj`'s splats are not drawn in `scene`, or ''."""
+    try:
+        uniform_scale(model_matrix(obj), obj.name)
+        model_choice(obj, scene)
+    except SplatwrightError as e:
+        return str(e)
+    return not_connected() or overlay.refusal(obj.name)
+
+
+class SPLATWRIGHT_PT_scene_splats(SplatsPanel, bpy.types.Panel):
+    bl_label = "Splats in the Scene"
+
+    def draw(self, context):
+        layout = self.layout
+        buttons(layout, context, SPLATWRIGHT_OT_add_model, SPLATWRIGHT_OT_show_model, SPLATWRIGHT_OT_add_crop_box,
+                icons=("OUTLINER_OB_EMPTY", "HIDE_OFF", "MESH_CUBE"))
+        for obj in splat_objects(context.scene):
+            layout.label(text=f"{obj.name}: session {obj[SESSION_KEY]}", icon="OUTLINER_OB_EMPTY")
+            if (box := crop_box(obj)) is not None:
+                layout.label(text=f"cropped to {box.name}", icon="MESH_CUBE")
+            if reason := problem(obj, context.scene):
+                labels(layout, context, reason, icon="INFO")
+
+
 CLASSES = (SPLATWRIGHT_PT_backend, SPLATWRIGHT_PT_capture, SPLATWRIGHT_PT_photos, SPLATWRIGHT_PT_train,
-           SPLATWRIGHT_PT_view, SPLATWRIGHT_PT_export)
+           SPLATWRIGHT_PT_view, SPLATWRIGHT_PT_export, SPLATWRIGHT_PT_scene_splats)
 register, unregister = bpy.utils.register_classes_factory(CLASSES)

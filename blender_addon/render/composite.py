@@ -4,7 +4,7 @@ before each render a handler asks the backend for its frame of each splat object
 images: rank 0 holds the nearest splats of each pixel, rank 1 the next, and so on. The scene's compositor combines
 them with the render layer by depth, the farthest rank first, through a chain of Z Combine nodes between the
 render and the Composite output, so each pixel's splats and meshes are layered in their order, as the viewport
-layers them (overlay.py). Without a splat object to render the images are left empty (transparent, and as far as
+layers them (render/overlay.py). Without a splat object to render the images are left empty (transparent, and as far as
 the Depth pass's background), which passes the render on as it is.
 
 The nodes and images are made on the main thread when a model is added, as an animation render (and `-f`)
@@ -18,15 +18,16 @@ import bpy
 import numpy as np
 from bpy.app.handlers import persistent
 
-from . import live, scene_splats, view_colors  # scene_splats imports this module too: its names are looked up when used
-from .colors import combined_pass
-from .core import codecs, protocol
-from .core.client import RemoteError, decode_depth, decode_frame, wait_done
-from .core.errors import SplatwrightError
+from ..core import codecs, protocol
+from ..core.client import RemoteError, decode_depth, decode_frame, wait_done
+from ..core.errors import SplatwrightError
+from ..logic.colors import combined_pass
+from ..logic.placement import scene_depths
+from ..scene import live, splats
+from ..scene.addon import prefs
+from ..scene.reading import camera_of
+from . import view_colors
 from .engine import RENDER_TIMEOUT
-from .placement import scene_depths
-from .preferences import prefs
-from .scene_io import camera_of
 
 # Splat objects layered exactly in each pixel; the farther ones of a pixel with more are merged into the last rank.
 RANKS = 4
@@ -119,7 +120,7 @@ def render_pre(scene, *args) -> None:
     # main thread; a window's render thread may change the scene only while Lock Interface is on.
     if bpy.app.background or scene.render.use_lock_interface:
         scene.frame_set(scene.frame_current, subframe=scene.frame_subframe)
-    objects = [o for o in scene_splats.splat_objects(scene) if rendered(o, scene)]
+    objects = [o for o in splats.splat_objects(scene) if rendered(o, scene)]
     tree = compositor_tree(scene, create=False)
     if not objects:
         if tree is not None and rank_names(0)[0] in tree.nodes:
@@ -164,8 +165,8 @@ def fetch(scene, obj):
         raise SplatwrightError("the scene has no camera to render through")
     if scene.render.use_border:
         raise SplatwrightError("render regions are not composited with splats yet; turn Render Region off")
-    cam, depth_scale = scene_splats.placed_camera(obj, camera_of(scene.camera, scene), "it")
-    choice, backend = scene_splats.model_choice(obj, scene), live.backend
+    cam, depth_scale = splats.placed_camera(obj, camera_of(scene.camera, scene), "it")
+    choice, backend = splats.model_choice(obj, scene), live.backend
     if bpy.app.background and backend.connection == "disconnected":  # nobody pressed Start: -b -f
         backend.connect(prefs(bpy.context).connect_settings())
 

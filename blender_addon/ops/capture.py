@@ -1,0 +1,131 @@
+"""Capture: render the views into a dataset and send them to the backend as they finish; send a capture made
+while no backend ran."""
+from pathlib import Path
+
+import bpy
+from bpy.types import Operator
+
+from ..core.errors import SplatwrightError
+from ..core.points import POINTS_FILE
+from ..logic.dataset import training_views
+from ..scene import live
+from ..scene.capture import Capture
+from ..scene.session import cannot_send, send_to_session, training_runs
+from .base import Guarded, button
+
+
+class SPLATWRIGHT_OT_capture(Guarded, Operator):
+    """Render the views into a NeRF-synthetic dataset and send them to the backend as they finish. Each view
+    renders as a Blender render job in the render window; Esc or Cancel Capture stops it"""
+    bl_idname = "splatwright.capture"
+    bl_label = "Capture Views"
+
+    @classmethod
+    def blocked(cls, context):
+        if live.capture is not None:
+            return "A capture is running (Esc or Cancel Capture stops it)"
+        return training_runs()
+
+    def begin(self, context) -> Capture | None:
+        backend = live.backend if live.backend.connection == "connected" else None
+        try:
+            return Capture(context, backend)
+        except SplatwrightError as e:
+            self.report({"ERROR"}, str(e))
+            return None
+
+    def end(self, job: Capture, level: str = "INFO", reason: str = "") -> None:
+        """Restore the scene and report the capture in one line."""
+        job.finish()
+        self.report({level}, f"{reason}; {job.summary()}" if reason else job.summary())
+
+    def execute(self, context):
+        """Scripted use, and Blender without a window: every view in this one call, each render blocking."""
+        job = self.begin(context)
+        if job is None:
+            return {"CANCELLED"}
+        try:
+            while not job.finished:
+                job.step()
+        except (SplatwrightError, RuntimeError) as e:  # bpy.ops.render.render raises RuntimeError
+            self.end(job, "ERROR", str(e))
+            return {"CANCELLED"}
+        self.end(job)
+        return {"FINISHED"}
+
+    def invoke(self, context, event):
+        if bpy.app.background:  # no window, so no render jobs
+            return self.execute(context)
+        job = self.begin(context)
+        if job is None:
+            return {"CANCELLED"}
+        live.capture = job
+        wm = context.window_manager
+        self._timer = wm.event_timer_add(0.05, window=context.window)
+        wm.modal_handler_add(self)
+        return {"RUNNING_MODAL"}
+
+    def modal(self, context, event):
+        job = live.capture
+        if event.type == "ESC":
+            job.cancel("capture cancelled (Esc)")
+        elif event.type != "TIMER":
+            return {"PASS_THROUGH"}
+        elif not job.cancelled:  # by Cancel Capture since the last tick
+            done = job.done
+            try:
+                job.advance(context)  # starts the next render job; never waits for one
+            except (SplatwrightError, RuntimeError) as e:
+                return self.stop_modal(context, job, "ERROR", str(e))
+            if job.done != done:
+                live.redraw()
+        if job.cancelled:
+            return self.stop_modal(context, job, "WARNING", job.stop_reason)
+        return self.stop_modal(context, job) if job.finished else {"PASS_THROUGH"}
+
+    def cancel(self, context):
+        """Blender ends the operator (a file is loaded, the window closes)."""
+        self.stop_modal(context, live.capture, "WARNING", "capture cancelled")
+
+    def stop_modal(self, context, job: Capture, level: str = "INFO", reason: str = ""):
+        context.window_manager.event_timer_remove(self._timer)
+        live.capture = None
+        self.end(job, level, reason)
+        live.redraw()
+        return {"FINISHED"} if level == "INFO" else {"CANCELLED"}
+
+
+SPLATWRIGHT_OT_capture_cancel = button(
+    "capture_cancel", "Cancel Capture",
+    "Stop the running capture now, a render midway included; the views rendered so far are kept and sent",
+    blocked=lambda context: "" if live.capture is not None else "No capture is running",
+    run=lambda context: live.capture.cancel())
+
+
+class SPLATWRIGHT_OT_send_views(Guarded, Operator):
+    """Send the last capture's training views (and its initial points) to the backend, e.g. after capturing
+    while no backend ran; views the backend already has are not sent again"""
+    bl_idname = "splatwright.send_views"
+    bl_label = "Send Views"
+
+    @classmethod
+    def blocked(cls, context):
+        return cannot_send() or ("" if context.scene.splatwright.capture_folder else "Capture views first")
+
+    def execute(self, context):
+        s = context.scene.splatwright
+        folder = Path(s.capture_folder)
+        try:
+            views = training_views(folder)
+        except SplatwrightError as e:
+            self.report({"ERROR"}, str(e))
+            return {"CANCELLED"}
+        points = folder / POINTS_FILE
+        send_to_session(context, "send_views", folder.name,  # a capture's session is named after its folder
+                        views, points if points.is_file() else None, "views")
+        return {"FINISHED"}
+
+
+
+CLASSES = (SPLATWRIGHT_OT_capture, SPLATWRIGHT_OT_capture_cancel, SPLATWRIGHT_OT_send_views)
+register, unregister = bpy.utils.register_classes_factory(CLASSES)

@@ -1,0 +1,98 @@
+"""Import COLMAP (a model's cameras, photos and points into the scene) and Send Photos (its training photos to
+the backend)."""
+from __future__ import annotations
+
+import bpy
+from bpy.props import BoolProperty, EnumProperty, FloatProperty, StringProperty
+from bpy.types import Operator
+
+from ..core import colmap
+from ..core.errors import SplatwrightError
+from ..scene.colmap import import_model, imported_model, session_name, training_photos, world_points
+from ..scene.session import cannot_send, send_to_session
+from .base import Guarded
+
+UP_AXIS_ITEMS = [
+    ("CAMERAS", "Guess From Cameras", "The cameras' mean up direction (their images' -Y) becomes Blender's +Z"),
+    ("MINUS_Y", "COLMAP -Y", "COLMAP's -Y becomes +Z and its +Z (the way an unturned camera looks) +Y"),
+    ("KEEP", "Keep COLMAP's Axes", "COLMAP's world as it is: its Z is Blender's Z"),
+]
+assert [item[0] for item in UP_AXIS_ITEMS] == list(colmap.UP_AXES)
+
+
+class SPLATWRIGHT_OT_import_colmap(Guarded, Operator):
+    """Import a COLMAP model (cameras, images and points3D, .bin or .txt, with its images folder) as cameras with
+    their photos as background images and a point cloud, under one Empty that places them in the scene"""
+    bl_idname = "splatwright.import_colmap"
+    bl_label = "Import COLMAP"
+    bl_options = {"REGISTER", "UNDO"}
+
+    directory: StringProperty(name="Folder", subtype="DIR_PATH",
+                              description="The capture folder (images/ beside sparse/0/ or sparse/) or its model folder")
+    filter_folder: BoolProperty(default=True, options={"HIDDEN"})
+    up_axis: EnumProperty(name="Up Axis", items=UP_AXIS_ITEMS, default="CAMERAS")
+    centre: BoolProperty(name="Centre", default=True,
+                         description="Put the points' median (the cameras' centre without points) at the origin")
+    scale: FloatProperty(name="Scale", default=1.0, min=1e-6, soft_max=100.0,
+                         description="Blender units per COLMAP unit (COLMAP's scale is arbitrary)")
+
+    def invoke(self, context, event):
+        context.window_manager.fileselect_add(self)
+        return {"RUNNING_MODAL"}
+
+    def execute(self, context):
+        try:
+            empty, summary = import_model(context, self.directory, self.up_axis, self.centre, self.scale)
+        except SplatwrightError as e:
+            self.report({"ERROR"}, str(e))
+            return {"CANCELLED"}
+        for obj in context.view_layer.objects.selected:
+            obj.select_set(False)
+        empty.select_set(True)
+        context.view_layer.objects.active = empty
+        self.report({"INFO"}, summary)
+        return {"FINISHED"}
+
+
+class SPLATWRIGHT_OT_send_photos(Guarded, Operator):
+    """Send the photos of the selected COLMAP import's training images (every 8th by name is held out, as the
+    command line's train does) with their cameras, at most Longest Side pixels, and its point cloud as initial
+    points to the backend; photos the backend already has are not sent again"""
+    bl_idname = "splatwright.send_photos"
+    bl_label = "Send Photos"
+
+    @classmethod
+    def blocked(cls, context):
+        return cannot_send() or ("" if imported_model(context) is not None else "Import COLMAP, then select its Empty")
+
+    def execute(self, context):
+        s, empty = context.scene.splatwright, imported_model(context)
+        try:
+            photos = training_photos(empty, s.max_side)
+            points = world_points(empty)
+        except SplatwrightError as e:
+            self.report({"ERROR"}, str(e))
+            return {"CANCELLED"}
+        if not photos:
+            self.report({"ERROR"}, f"{empty.name} has no training photos left; import the model again")
+            return {"CANCELLED"}
+        send_to_session(context, "send_photos", session_name(empty), photos, points, f"photos of {empty.name}")
+        return {"FINISHED"}
+
+
+def import_menu(self, context):
+    self.layout.operator(SPLATWRIGHT_OT_import_colmap.bl_idname, text="COLMAP Model (cameras, photos, points)")
+
+
+CLASSES = (SPLATWRIGHT_OT_import_colmap, SPLATWRIGHT_OT_send_photos)
+_register_classes, _unregister_classes = bpy.utils.register_classes_factory(CLASSES)
+
+
+def register():
+    _register_classes()
+    bpy.types.TOPBAR_MT_file_import.append(import_menu)
+
+
+def unregister():
+    bpy.types.TOPBAR_MT_file_import.remove(import_menu)
+    _unregister_classes()

@@ -1,0 +1,110 @@
+"""Splat objects: Add Model to Scene, Show Model (open an object's session and load its model), Add Crop Box."""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import bpy
+from bpy.types import Operator
+
+from ..logic.messages import at_step
+from ..logic.placement import model_bounds
+from ..render import composite
+from ..scene import live
+from ..scene.session import SHOW_MODEL, capture_runs, nothing_to_show, not_connected, set_status, training_runs
+from ..scene.splats import SESSION_KEY, active_model, add_crop_box, add_model_object, crop_box, splat_objects
+from .base import Guarded
+
+
+def open_model(client, session: str) -> dict:
+    """On the worker: open `session` and load its checkpoint; the backend's status."""
+    client.call("open_session", name=session, create=False)
+    client.call("load_checkpoint")
+    return client.call("status")
+
+
+class SPLATWRIGHT_OT_add_model(Guarded, Operator):
+    """Put the backend's model of the open session in the scene as an Empty around it: its transform moves the
+    splats in the viewport and in final renders, which composite them with the scene's meshes by depth"""
+    bl_idname = "splatwright.add_model"
+    bl_label = "Add Model to Scene"
+
+    @classmethod
+    def blocked(cls, context):
+        return not_connected() or ("" if live.backend.status.get("session")
+                                   else "Open a session first (capture, or start the backend)")
+
+    def execute(self, context):
+        if reason := nothing_to_show():
+            self.report({"ERROR"}, reason)
+            return {"CANCELLED"}
+        session, scene, view_layer = live.backend.status["session"], context.scene, context.view_layer
+        collection = context.collection
+
+        def bounds(client):  # on the worker: the model's box from its Gaussians
+            reply = client.request("export_ply")
+            with tempfile.TemporaryDirectory() as folder:
+                path = Path(folder) / "model.ply"
+                path.write_bytes(reply.payload)
+                return model_bounds(path)
+
+        def add(result) -> str:
+            centre, half_size = result
+            placed = [o.name for o in splat_objects(scene) if o[SESSION_KEY] == session]
+            obj = add_model_object(view_layer, collection, session, centre, half_size)
+            composite.prepare(scene)
+            again = (f", which the scene already held as {', '.join(placed)} (delete {obj.name} if one copy is "
+                     "enough)") if placed else ""
+            return (f"added {obj.name}, the model of session {session}{again}; final renders composite it through "
+                    "the scene's compositor")
+        live.backend.call("add_model", bounds, add)
+        return {"FINISHED"}
+
+
+class SPLATWRIGHT_OT_add_crop_box(Guarded, Operator):
+    """Crop the active splat object's model to a box: only the splats whose centres lie inside it are drawn,
+    rendered and exported. Move, turn and scale the box (its axes may differ) to choose what is kept"""
+    bl_idname = "splatwright.add_crop_box"
+    bl_label = "Add Crop Box"
+
+    @classmethod
+    def blocked(cls, context):
+        obj = active_model(context)
+        if obj is None:
+            return "Select a splat object"  # as Show Model says: the panel shows it once
+        box = crop_box(obj)
+        return f"{obj.name} has a crop box, {box.name}: move or scale it" if box is not None else ""
+
+    def execute(self, context):
+        obj = active_model(context)
+        box = add_crop_box(context.view_layer, obj)
+        self.report({"INFO"}, f"added {box.name}: {obj.name} shows the splats inside it")
+        return {"FINISHED"}
+
+
+class SPLATWRIGHT_OT_show_model(Guarded, Operator):
+    """Open the session of the active splat object in the backend and load its model (its last checkpoint)"""
+    bl_idname = "splatwright.show_model"
+    bl_label = "Show Model"
+
+    @classmethod
+    def blocked(cls, context):
+        obj = context.active_object
+        if obj is None or SESSION_KEY not in obj:
+            return not_connected() or "Select a splat object"
+        return not_connected() or training_runs() or capture_runs() or \
+            ("Its session is open" if live.backend.status.get("session") == obj[SESSION_KEY] else "")
+
+    def execute(self, context):
+        session = context.active_object[SESSION_KEY]
+
+        def shown(status) -> str:
+            set_status(status)
+            return f"opened session {session} and its model{at_step(status['step'])}"
+        live.backend.call(SHOW_MODEL, lambda client: open_model(client, session), shown)
+        return {"FINISHED"}
+
+
+CLASSES = (SPLATWRIGHT_OT_add_model, SPLATWRIGHT_OT_show_model, SPLATWRIGHT_OT_add_crop_box)
+
+register, unregister = bpy.utils.register_classes_factory(CLASSES)

@@ -1,0 +1,103 @@
+"""Splat models as objects of the scene: Add Model to Scene puts the backend's model of the open session in the
+scene as an Empty (a cube around the model) named after the session. Its transform places the splats in every
+view and final render (logic/placement.py), hiding it or leaving it out of renders hides them, deleting it removes
+them. The link is two custom properties of the object, saved with the .blend: the session and the point of the
+model at the object's origin. Each object shows its session's model (the open session's as it trains, another
+session's as it was last saved), so a scene may hold several, of one session or more.
+
+Add Crop Box parents a cube-shaped Empty to the model object (marked by a custom property): only the splats
+whose centres lie inside it are drawn, rendered and exported. It may be moved, turned and scaled unevenly."""
+from __future__ import annotations
+
+import bpy
+import numpy as np
+
+from ..core.cameras import Camera
+from ..logic.dataset import frame_time
+from ..logic.placement import camera_in_model, crop_matrix, model_to_world
+
+SESSION_KEY = "splatwright_session"  # the session whose model the object places
+CENTRE_KEY = "splatwright_centre"  # the model-space point at the object's origin
+CROP_KEY = "splatwright_crop_box"  # on a cube-shaped Empty parented to a model object: the box it is cropped to
+
+
+def splat_objects(scene) -> list:
+    """The scene's objects that place a splat model, by name."""
+    return sorted((o for o in scene.objects if SESSION_KEY in o), key=lambda o: o.name)
+
+
+def model_matrix(obj) -> np.ndarray:
+    """Where `obj` places its model: model space to world."""
+    return model_to_world(np.array(obj.matrix_world), obj[CENTRE_KEY])
+
+
+def placed_camera(obj, camera: Camera, what: str = "") -> tuple[Camera, float]:
+    """The camera to render `obj`'s model through for `camera`, and the factor from its depths to the scene's;
+    a placement splats cannot take is refused naming `what` (the object)."""
+    return camera_in_model(camera, model_matrix(obj), what or obj.name)
+
+
+def crop_box(obj):
+    """The crop box parented to model object `obj`, or None."""
+    return next((child for child in sorted(obj.children, key=lambda o: o.name) if CROP_KEY in child), None)
+
+
+def model_choice(obj, scene, cropped: bool = True) -> dict:
+    """What a render or export request names for `obj`'s model (protocol.MODEL_CHOICE): its session, its crop
+    box (unless not `cropped`) as a matrix from model space into the box's unit cube, and `scene`'s time."""
+    box = crop_box(obj) if cropped else None
+    crop = None if box is None else crop_matrix(np.array(box.matrix_world), box.empty_display_size,
+                                                model_matrix(obj), f"the crop box {box.name}")
+    return {"model": obj[SESSION_KEY], "crop": crop, "time": scene_time(scene)}
+
+
+def scene_time(scene) -> float:
+    """The time a 4D model is shown at in `scene`: its current frame's in the scene's frame range, which a 4D
+    model's captured frames span."""
+    return frame_time(scene.frame_current, scene.frame_start, scene.frame_end)
+
+
+def active_model(context):
+    """The model object that is active, or whose crop box is; or None."""
+    obj = context.active_object
+    if obj is not None and CROP_KEY in obj and obj.parent is not None:
+        obj = obj.parent
+    return obj if obj is not None and SESSION_KEY in obj else None
+
+
+def add_crop_box(view_layer, obj):
+    """A crop box around model object `obj`'s model (its cube at first), parented to it, selected and active."""
+    box = bpy.data.objects.new(f"{obj.name} Crop Box", None)
+    box.empty_display_type = "CUBE"
+    box.empty_display_size = obj.empty_display_size
+    box[CROP_KEY] = True
+    box.parent = obj  # at the object's origin, moving with it
+    for collection in obj.users_collection:
+        collection.objects.link(box)
+    select_only(view_layer, box)
+    return box
+
+
+def select_only(view_layer, obj) -> None:
+    """Make `obj` the one selected object and the active one (unless its collection is excluded from the view
+    layer: then it stays unselected)."""
+    for other in view_layer.objects.selected:
+        other.select_set(False)
+    try:
+        obj.select_set(True, view_layer=view_layer)
+        view_layer.objects.active = obj
+    except RuntimeError:
+        pass
+
+
+def add_model_object(view_layer, collection, session: str, centre, half_size: float):
+    """The Empty that places session `session`'s model, at its centre, selected and active."""
+    obj = bpy.data.objects.new(session, None)
+    obj.empty_display_type = "CUBE"
+    obj.empty_display_size = half_size
+    obj.location = [float(c) for c in centre]  # so the model stays where it was trained
+    obj[SESSION_KEY] = session
+    obj[CENTRE_KEY] = [float(c) for c in centre]
+    collection.objects.link(obj)
+    select_only(view_layer, obj)
+    return obj
