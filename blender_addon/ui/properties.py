@@ -5,10 +5,9 @@ from __future__ import annotations
 import bpy
 from bpy.props import BoolProperty, EnumProperty, FloatProperty, FloatVectorProperty, IntProperty, StringProperty
 
-from ..scene import live
-from ..core.settings import PRESETS, TRAINING
+from ..core.settings import PRESETS, TRAINING, default
 from ..logic.defaults import DEVICE_DEFAULTS, GPU, defaults_for, device_of, machine_device
-from ..logic.training import default
+from ..scene import live
 
 START = DEVICE_DEFAULTS[GPU]  # the properties' defaults: a GPU backend's
 FOLLOW_INTERVAL = 1.0  # seconds between checks of the connected backend's device
