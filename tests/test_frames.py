@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from blender_addon import frames
+from blender_addon.logic import frames
 from blender_addon.core import codecs, protocol
-from blender_addon.colors import display_pixels
+from blender_addon.logic.colors import display_pixels
 from blender_addon.core.client import Client, MappedFrames, RemoteError, decode_depth, decode_frame, decode_pixels
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.protocol import ProtocolError
@@ -233,7 +233,7 @@ def test_gpu_frames_reach_the_reply_and_a_shared_slot_as_the_device_made_them():
             assert bytes(mapped.view(fields["shared_slot"], len(expected))) == expected
             ring.discard(fields["shared_slot"])
             if format == "rgba32f":  # the device's display floats are the add-on's conversion, bit for bit
-                colour = expected[:CAMERA.width * CAMERA.height * codecs.FLOAT_FRAME_BYTES_PER_PIXEL[format]]
+                colour = expected[:CAMERA.width * CAMERA.height * codecs.FRAME_ENCODINGS[format].bytes_per_pixel]
                 rgba8 = np.frombuffer(expected_payload, np.uint8)[:CAMERA.width * CAMERA.height * 4]
                 assert colour == display_pixels(rgba8).tobytes()
     finally:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -31,12 +32,29 @@ MAX_POINTS = 10_000_000
 RAW_IMAGE_FORMATS = {"rgb8": (3, np.dtype("u1")), "rgba8": (4, np.dtype("u1")),
                      "rgb16f": (3, np.dtype("<f2")), "rgba16f": (4, np.dtype("<f2"))}
 UPLOAD_FORMATS = ("png",) + tuple(RAW_IMAGE_FORMATS)
-FRAME_FORMATS = ("rgba8", "png", "layer", "rgba32f")
-RAW_FRAME_FORMATS = ("rgba8", "layer", "rgba32f")  # a frame's bytes as the renderer makes them (no encoding)
-FLOAT_FRAME_BYTES_PER_PIXEL = {"layer": 8, "rgba32f": 16}  # the frames whose pixels are float32 as textures take them
-MAX_RAW_FRAME_BYTES_PER_PIXEL = FLOAT_FRAME_BYTES_PER_PIXEL["rgba32f"] + 4  # an rgba32f frame and its depth plane
 MAX_IMAGE_BYTES = MAX_IMAGE_SIDE * MAX_IMAGE_SIDE * 4 * 2
 DEPTH_BACKGROUND = 1e10  # depth of pixels the model does not cover, as Blender's Depth pass has it
+
+
+@dataclass(frozen=True)
+class FrameEncoding:
+    """How a rendered frame of one format crosses the wire; the backend makes its bytes and the add-on reads
+    them by this description alone."""
+    bytes_per_pixel: int  # of the image as sent; 0: compressed (PNG, encoded on the host)
+    float_pixels: bool  # float32 values as a texture takes them, uploaded as they arrive
+    bottom_up: bool  # rows bottom-up, as Blender stores pixels (a PNG's run top-down)
+    packs_depth: bool  # each pixel carries its depth (layer_pixels); else a depth plane may follow the image
+
+
+FRAME_ENCODINGS = {
+    "rgba8": FrameEncoding(bytes_per_pixel=4, float_pixels=False, bottom_up=True, packs_depth=False),
+    "png": FrameEncoding(bytes_per_pixel=0, float_pixels=False, bottom_up=False, packs_depth=False),
+    "layer": FrameEncoding(bytes_per_pixel=8, float_pixels=True, bottom_up=True, packs_depth=True),
+    "rgba32f": FrameEncoding(bytes_per_pixel=16, float_pixels=True, bottom_up=True, packs_depth=False),
+}
+FRAME_FORMATS = tuple(FRAME_ENCODINGS)
+RAW_FRAME_FORMATS = tuple(f for f, e in FRAME_ENCODINGS.items() if e.bytes_per_pixel)  # as the renderer makes them
+MAX_RAW_FRAME_BYTES_PER_PIXEL = max(e.bytes_per_pixel for e in FRAME_ENCODINGS.values()) + 4  # and a depth plane
 
 
 # ---- cameras ----
@@ -123,7 +141,7 @@ def unpacked_layer(pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def float_pixels_from_wire(format: str, payload, width: int, height: int) -> np.ndarray:
     """The flat float32 pixels of a "layer" (layer_pixels) or "rgba32f" frame's bytes, without a copy."""
-    expected = width * height * FLOAT_FRAME_BYTES_PER_PIXEL[format]
+    expected = width * height * FRAME_ENCODINGS[format].bytes_per_pixel
     if len(payload) != expected:
         raise ValueError(f"{format} frame of {width}x{height} needs {expected} bytes, got {len(payload)}")
     return np.frombuffer(payload, dtype="<f4")

@@ -15,7 +15,7 @@ from .colors import display_pixels
 from ..core import protocol
 from ..core.cameras import Camera
 from ..core.client import Client, PendingReply, RemoteError, decode_depth, decode_frame, decode_pixels
-from ..core.codecs import layer_pixels
+from ..core.codecs import FRAME_ENCODINGS, layer_pixels
 
 _streams = itertools.count(1)  # each stream's own number: its requests supersede only each other
 
@@ -185,17 +185,16 @@ class FrameStream:
         buffer = None
         held = False
         try:
-            if reply.fields["format"] == "rgba32f":
-                pixels = decode_pixels(reply)
-                held = pending.holds_shared_frame
-            elif reply.fields["format"] == "layer":
+            encoding = FRAME_ENCODINGS[reply.fields["format"]]
+            if encoding.float_pixels:
                 pixels = decode_pixels(reply)  # the bytes received are the pixels
-                # Copied out of the slot, which goes back: a depth-composited view keeps a frame while it uploads it
-                # in strips and after (render/overlay.py), one view per model, which would hold a connection's slots.
-                if pending.holds_shared_frame:
+                held = pending.holds_shared_frame
+                # A depth-composited view keeps a frame while it uploads it in strips and after (render/overlay.py),
+                # one view per model, which would hold a connection's slots: its frame is copied out of the slot.
+                if held and encoding.packs_depth:
                     buffer = self._buffer(pixels.size)
                     np.copyto(buffer, pixels)
-                    pixels = buffer
+                    pixels, held = buffer, False
             elif self.depth:
                 pixels = layer_pixels(decode_frame(reply), decode_depth(reply))
             else:
