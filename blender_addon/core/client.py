@@ -240,10 +240,12 @@ class Client:
         """The (H, W, 4) uint8 frame, rows bottom-up (ready for a GPU texture; np.flipud for top-down)."""
         return decode_frame(self.submit_render(camera, format).result(self.timeout if timeout is None else timeout))
 
-    def load_ply(self, data: bytes, background=(1.0, 1.0, 1.0), name: str = "") -> dict:
+    def load_ply(self, data: bytes, background=None, name: str = "") -> dict:
         """Show a splat file of any supported format, kept in a new session named after it (the reply's
-        `session`), which opens; `name` is its file name (a .splat is known by it)."""
-        return self.request("load_ply", {"background": [float(c) for c in background], "name": name}, data).fields
+        `session`), which opens; `name` is its file name (a .splat is known by it); `background`: the colour it is
+        shown over (None: the training settings' default)."""
+        fields = {"name": name} if background is None else {"background": [float(c) for c in background], "name": name}
+        return self.request("load_ply", fields, data).fields
 
     # ---- reader thread ----
 

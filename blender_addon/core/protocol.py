@@ -26,7 +26,7 @@ import numpy as np
 from .codecs import CAMERA, FRAME_FORMATS, MAX_IMAGE_BYTES, MAX_IMAGE_SIDE, MAX_POINTS, UPLOAD_FORMATS
 from .schema import (MAX_TEXT_CHARS, AnyObject, Bool, Fields, Float, Int, Kind, Maybe, MessageSpec, Numbers, Str,
                      optional)
-from .settings import BACKGROUND, TRAINING
+from .settings import BACKGROUND, TRAINING, default
 
 # 10: load_ply keeps the file in a new session, which opens (its reply names it); status's `checkpoint`: the session
 # has a saved model (a checkpoint or the file it was imported from); 9: the "rgba32f" frame format, six
@@ -191,7 +191,7 @@ REQUESTS: dict[str, MessageSpec] = {
     # (splats4d.pt, a torch file: by a *.pt name or its content), drawn at each request's time; `name`, the file's
     # name, is for messages and for .splat, the one format without magic bytes. The backend keeps the file in a
     # new session named after it, which opens and shows it.
-    "load_ply": MessageSpec(Fields(background=optional(BACKGROUND, [1.0, 1.0, 1.0]), name=optional(Str(255), "")),
+    "load_ply": MessageSpec(Fields(background=optional(BACKGROUND, default("background")), name=optional(Str(255), "")),
                             MAX_PAYLOAD_BYTES),
     "shutdown": MessageSpec(),
 }
