@@ -13,7 +13,7 @@ from backend.data import load_split
 from backend.dynamic import DynamicGaussians
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.dataset import DatasetWriter, frame_time, split_of, training_views
-from conftest import orbit_cameras, random_gaussians
+from helpers import orbit_cameras, random_gaussians
 
 CAPTURED = (1, 3, 5, 7)  # frames
 BETWEEN = (2, 6)  # held-out frames between them

@@ -6,7 +6,7 @@ from plyfile import PlyData, PlyElement
 from blender_addon.core.errors import SplatwrightError
 from backend.ply import read_ply, write_ply
 from backend.render import render
-from conftest import DONUT, orbit_cameras, random_gaussians
+from helpers import DONUT, orbit_cameras, random_gaussians
 
 
 @pytest.mark.parametrize("degree", [0, 1, 2, 3])

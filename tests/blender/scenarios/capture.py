@@ -2,7 +2,7 @@
 run by test_capture_bpy.py): Blender's startup scene, the built add-on installed as a legacy add-on, and a
 stand-in for a connected backend that records every request instead of sending it. Prints `RESULT <json>`.
 
-    python tests/blender_capture_scenario.py --zip dist/splatwright-X.zip --out DIR
+    PYTHONPATH=tests python tests/blender/scenarios/capture.py --zip dist/splatwright-X.zip --out DIR
 """
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ from pathlib import Path
 
 import bpy
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from blender_scenario import pump, report  # noqa: E402  (also catches the add-on's timers)
+from blender.kit import pump, report  # (also catches the add-on's timers)
 
 STALL_SECONDS = 240  # under test_capture_bpy's timeout
 

@@ -1,15 +1,14 @@
 """Splats in the scene's final renders, in real Blender (the bpy module, 4.5 or 5.0; test_scene_splats_bpy.py runs
 it): install the built zip, start a CPU backend that reopens a trained session, Add Model to Scene, move the
 model object, and render F12 with Cycles a wall through the model's middle and a cube in front of it (the
-scene of blender_splats_gui_scenario.py): hidden
-(Blender's own render, also with compositing off), shown (composited by depth), and shown again after the .blend
-is saved and opened. Then a second session's model (one the backend does not show) in front of the first, both
-rendered; the first cropped by a crop box, rendered alone, and exported cropped and in world space. Writes the
-renders, the Depth pass, the splat images and the exports into the output folder; prints `RESULT <json>` for
-pytest.
+scene of splat_scene.py, which splats_gui.py shows in a window): hidden (Blender's own render, also with
+compositing off), shown (composited by depth), and shown again after the .blend is saved and opened. Then a
+second session's model (one the backend does not show) in front of the first, both rendered; the first cropped
+by a crop box, rendered alone, and exported cropped and in world space. Writes the renders, the Depth pass, the
+splat images and the exports into the output folder; prints `RESULT <json>` for pytest.
 
-    python tests/blender_splats_scenario.py --zip Z --workdir SESSIONS --session NAME --second NAME2 --out DIR \
-        [--python PY]
+    PYTHONPATH=tests python tests/blender/scenarios/splats.py --zip Z --workdir SESSIONS --session NAME \
+        --second NAME2 --out DIR [--python PY]
 """
 from __future__ import annotations
 
@@ -20,24 +19,9 @@ from pathlib import Path
 import bpy
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from blender_scenario import (WithLayout, addon, blender_reports, op, report, stop_and_disable, wait_for,  # noqa: E402
-                              pump)  # (it also catches the add-on's timers and Blender's reports)
-from blender_splats_gui_scenario import (CROP_LOCATION, CROP_SCALE, CUBE_AT, CUBE_COLOR, CUBE_SIZE, MOVE,  # noqa: E402
-                                         SECOND_AT, WALL_COLOR, add_wall_and_cube, render_with_cycles)
-
-SIZE = (80, 60)
-
-
-def build_scene():
-    bpy.ops.wm.read_factory_settings(use_empty=True)
-    scene = bpy.context.scene
-    add_wall_and_cube(scene)
-    render_with_cycles(scene)
-    scene.cycles.samples = 4
-    scene.render.resolution_x, scene.render.resolution_y = SIZE
-    scene.render.image_settings.file_format, scene.render.image_settings.color_mode = "PNG", "RGBA"
-    return scene
+from blender.kit import (WithLayout, addon, blender_reports, op, placed_model, pump, report, stop_and_disable,
+                         wait_for)  # (it also catches the add-on's timers and Blender's reports)
+from blender.splat_scene import CROP_LOCATION, CROP_SCALE, CUBE_AT, CUBE_COLOR, CUBE_SIZE, MOVE, SECOND_AT, WALL_COLOR
 
 
 def add_depth_output(scene, folder: Path) -> None:
@@ -101,24 +85,6 @@ def several_models_and_a_crop_box(scene, session: str, second: str, out: Path) -
                "world": export(out / "world.ply", cropped=False, world_space=True)}
     return {"several": several, "matrices": matrices, "crop_box": added_box, "crop_panel": panel,
             "cropped": cropped, "crop": scene_splats.model_choice(model, bpy.context.scene)["crop"].tolist(), "exports": exports}
-
-
-def placed_model(zip_path: Path, workdir: Path, session: str, python: str):
-    """The scene of build_scene with the add-on installed, its backend started on `session` and that session's
-    model added to the scene: (scene, the add-on's live state, the model object)."""
-    scene = build_scene()
-    bpy.ops.preferences.addon_install(filepath=str(zip_path), overwrite=True)
-    bpy.ops.preferences.addon_enable(module="splatwright")
-    live = addon().live
-    prefs = bpy.context.preferences.addons["splatwright"].preferences
-    prefs.python, prefs.workdir = python, str(workdir)
-    scene.splatwright.session = session
-    op("backend_start")  # reopens the session and its checkpoint
-    wait_for(lambda: live.backend.connection == "connected" and live.backend.status.get("gaussians")
-             and not live.backend.in_flight, "backend start", 120)
-    op("add_model")
-    wait_for(lambda: session in bpy.data.objects and not live.backend.in_flight, "Add Model to Scene")
-    return scene, live, bpy.data.objects[session]
 
 
 def run(zip_path: Path, workdir: Path, session: str, second: str, out: Path, python: str) -> dict:

@@ -4,7 +4,7 @@ add-on converts them, its point cloud in the world) and a distorted one refused.
 Python): also every splat format imported and exported through a CPU backend, bad files refused, and the
 COLMAP photos sent and trained a few steps. Prints `RESULT <json>`.
 
-    python tests/blender_colmap_scenario.py --zip Z --out DIR --colmap FOLDER --distorted FOLDER
+    PYTHONPATH=tests python tests/blender/scenarios/colmap.py --zip Z --out DIR --colmap FOLDER --distorted FOLDER
         [--python PY --splats tests/data/splats]
 """
 from __future__ import annotations
@@ -17,8 +17,7 @@ from pathlib import Path
 import bpy
 import bmesh  # importable once bpy is
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from blender_scenario import RecordingLayout, addon, blender_reports, op, pump, report, wait_for  # noqa: E402
+from blender.kit import RecordingLayout, addon, blender_reports, op, pump, report, wait_for
 
 FORMATS = ("sh3.ply", "sh3.compressed.ply", "sh3.spz", "ours-sh3.splat")  # in tests/data/splats
 EXPORTS = ("out.ply", "out.compressed.ply", "out.spz", "out.splat")

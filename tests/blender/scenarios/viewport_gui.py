@@ -4,7 +4,8 @@ Rendered with the Splatwright engine, wait for a full-size frame and take a scre
 view transform and then under Filmic, keeping the frame the view showed. Writes result.json into the output
 folder for pytest, then quits.
 
-    blender --factory-startup -p 0 0 1280 800 --python tests/blender_gui_scenario.py -- --zip Z --ply P --python PY --out DIR
+    PYTHONPATH=tests:. blender --factory-startup --enable-event-simulate -p 0 0 1280 800 \
+        --python tests/blender/scenarios/viewport_gui.py -- --zip Z --ply P --python PY --out DIR
 
 Blender's event loop runs the whole time; the scenario is a generator stepped by a timer, so it never blocks it.
 """
@@ -20,10 +21,8 @@ import bpy
 import numpy as np
 from mathutils import Euler, Vector
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from blocking_calls import BlockingCalls  # noqa: E402
 from backend.bench.windowed import data_writable, run_in_window, until  # noqa: E402
+from blender.blocking_calls import BlockingCalls
 
 FRAME_TIMEOUT = 120.0
 TICKS_DURING_RENDER = 5  # a render that blocked Blender's main thread would let none through

@@ -5,7 +5,7 @@ environment that is there, start the backend from the installed add-on, capture 
 steps. Reports every path the add-on and its backend use, and the add-on's own warnings, for pytest to check.
 Prints `RESULT <json>`.
 
-    python tests/blender_install_scenario.py --zip Z --install legacy|extension --out DIR [--python PY]
+    PYTHONPATH=tests python tests/blender/scenarios/install.py --zip Z --install legacy|extension --out DIR [--python PY]
 """
 from __future__ import annotations
 
@@ -17,8 +17,7 @@ from pathlib import Path
 
 import bpy
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from blender_scenario import addon, build_scene, draw_everything, op, report, wait_for  # noqa: E402
+from blender.kit import addon, build_scene, draw_everything, op, report, wait_for
 
 SETUP_TIMEOUT = 900.0  # creating the venv and installing torch from pip's index
 

@@ -7,7 +7,7 @@ places its model elsewhere (PLACEMENT): F12 again, and the camera the viewport a
 imported PLY's session is added to the scene twice and shown by Show Model (imported_session). Prints
 `RESULT <json>` for pytest.
 
-    python tests/blender_engine_scenario.py --zip dist/splatwright-X.zip --ply model.ply --session NAME \
+    PYTHONPATH=tests python tests/blender/scenarios/engine.py --zip dist/splatwright-X.zip --ply model.ply --session NAME \
         --out DIR [--python PY] [--model4d splats4d.pt]
 """
 from __future__ import annotations
@@ -22,9 +22,8 @@ import bpy
 import numpy as np
 from mathutils import Euler, Matrix
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from blender_scenario import (addon, blender_reports, build_scene, draw_everything, op, report,  # noqa: E402
-                              stop_and_disable, wait_for)  # (also catches the add-on's timers)
+from blender.kit import (addon, blender_reports, build_scene, draw_everything, op, report, stop_and_disable,
+                         wait_for)  # (also catches the add-on's timers)
 
 SIZE = (80, 60)
 BORDER = (0.25, 0.8, 0.1, 0.6)  # render border: min x, max x, min y, max y (fractions, y from the bottom)

@@ -4,7 +4,7 @@ at this checkout's backend and a folder of sessions and saves them, then saves a
 of its camera with the Splatwright engine from the given session, and a copy of it under Filmic. Writes
 setup.json (the camera) beside them.
 
-    blender -b --python tests/blender_batch_setup.py -- --zip Z --python PY --workdir W --session S --out DIR
+    blender -b --python tests/blender/batch_setup.py -- --zip Z --python PY --workdir W --session S --out DIR
 """
 from __future__ import annotations
 
