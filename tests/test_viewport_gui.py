@@ -1,8 +1,9 @@
 """The live viewport in a real Blender window: Debian's Blender 3.4 under Xvfb runs
 tests/blender/scenarios/viewport_gui.py, which installs the built add-on, connects it to a CPU backend holding a
-generated model and shows the model in a 3D viewport with Rendered shading. The screenshot (kept in test-artifacts/) must match the backend's own
-render of that view, and view_draw must never wait on Blender's main thread. Captures render as Blender's
-render jobs there: the window stays live during a render, and Cancel Capture stops one midway."""
+generated model and shows the model in a 3D viewport with Rendered shading. The screenshot (kept in
+test-artifacts/) must match the backend's own render of that view, and view_draw must never wait on Blender's
+main thread. Captures render as Blender's render jobs there: the window stays live during a render, and Cancel
+Capture stops one midway."""
 from __future__ import annotations
 
 import shutil

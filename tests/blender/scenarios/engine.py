@@ -7,8 +7,8 @@ places its model elsewhere (PLACEMENT): F12 again, and the camera the viewport a
 imported PLY's session is added to the scene twice and shown by Show Model (imported_session). Prints
 `RESULT <json>` for pytest.
 
-    PYTHONPATH=tests python tests/blender/scenarios/engine.py --zip dist/splatwright-X.zip --ply model.ply --session NAME \
-        --out DIR [--python PY] [--model4d splats4d.pt]
+    PYTHONPATH=tests python tests/blender/scenarios/engine.py --zip dist/splatwright-X.zip --ply model.ply \
+        --session NAME --out DIR [--python PY] [--model4d splats4d.pt]
 """
 from __future__ import annotations
 

@@ -5,7 +5,8 @@ environment that is there, start the backend from the installed add-on, capture 
 steps. Reports every path the add-on and its backend use, and the add-on's own warnings, for pytest to check.
 Prints `RESULT <json>`.
 
-    PYTHONPATH=tests python tests/blender/scenarios/install.py --zip Z --install legacy|extension --out DIR [--python PY]
+    PYTHONPATH=tests python tests/blender/scenarios/install.py --zip Z --install legacy|extension --out DIR \
+        [--python PY]
 """
 from __future__ import annotations
 

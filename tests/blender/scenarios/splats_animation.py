@@ -17,7 +17,7 @@ from pathlib import Path
 import bpy
 from mathutils import Euler, Matrix, Vector
 
-from blender.kit import addon, blender_reports, placed_model, report, stop_and_disable  # (also catches the add-on's timers)
+from blender.kit import addon, blender_reports, placed_model, report, stop_and_disable  # (catches the add-on's timers)
 from blender.splat_scene import LOOK_AT, WALL_COLOR
 
 # Per frame: where the camera is (it looks at LOOK_AT), and how the model object is moved from where it was added.
