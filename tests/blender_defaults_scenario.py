@@ -25,19 +25,19 @@ TIMEOUT = 900.0
 
 def settings_of(addon, scene) -> dict:
     s = scene.splatwright
-    return {name: getattr(s, name) for name in addon.defaults.DEVICE_DEFAULTS["cpu"]}
+    return {name: getattr(s, name) for name in addon.logic.defaults.DEVICE_DEFAULTS["cpu"]}
 
 
 def capture_and_train(addon, out: Path) -> dict:
     """With the scene's settings as the device defaults left them: capture, send, train to the end."""
-    live, scene = addon.live, bpy.context.scene
-    wait_for(lambda: scene.splatwright.defaults_device == addon.defaults.device_of(
+    live, scene = addon.scene.live, bpy.context.scene
+    wait_for(lambda: scene.splatwright.defaults_device == addon.logic.defaults.device_of(
         live.backend.capabilities.get("device")), "the device's defaults", 10)
     scene.splatwright.folder = str(out / "dataset")
-    result = {"settings": settings_of(addon, scene), "size": list(addon.scene_io.capture_size(scene)),
+    result = {"settings": settings_of(addon, scene), "size": list(addon.scene.reading.capture_size(scene)),
               "engine": scene.render.engine}
     start = time.monotonic()
-    if bpy.ops.splatwright.capture() != {"FINISHED"}:
+    if bpy.ops.splatwright.scene.capture() != {"FINISHED"}:
         raise RuntimeError(f"capture failed: {live.backend.last_error}")
     wait_for(lambda: not live.backend.in_flight, "views sent", TIMEOUT)
     result["capture_seconds"] = time.monotonic() - start
@@ -57,20 +57,20 @@ def run(zip_path: Path, out: Path, scenes: list[str]) -> dict:
     bpy.ops.preferences.addon_install(filepath=str(zip_path), overwrite=True)
     bpy.ops.preferences.addon_enable(module="splatwright")
     addon = sys.modules["splatwright"]
-    prefs = bpy.context.preferences.addons["splatwright"].preferences
+    prefs = bpy.context.preferences.addons["splatwright"].ui.preferences
     prefs.python, prefs.workdir = sys.executable, str(out / "sessions")
     start = time.monotonic()
     bpy.ops.splatwright.backend_start()
-    wait_for(lambda: addon.live.backend.connection == "connected", "backend start", 600)
+    wait_for(lambda: addon.scene.live.backend.connection == "connected", "backend start", 600)
     result = {"blender": bpy.app.version_string, "backend_start_seconds": time.monotonic() - start,
-              "device": addon.live.backend.capabilities.get("device")}
+              "device": addon.scene.live.backend.capabilities.get("device")}
     for name in scenes:
         if name == "demo":
             bpy.ops.wm.read_homefile(use_empty=True)  # the add-on stays enabled and connected
             build_scene(DEMO_SIDE)
         result[name] = capture_and_train(addon, out / name)
     bpy.ops.splatwright.backend_stop()
-    wait_for(lambda: addon.live.backend.connection == "disconnected", "backend stop", 120)
+    wait_for(lambda: addon.scene.live.backend.connection == "disconnected", "backend stop", 120)
     return result
 
 

@@ -1,73 +1,21 @@
-"""Shared test helpers: small synthetic scenes made on the fly (no downloads, no shared data needed)."""
+"""The fixtures the test files share; the helpers they share are in helpers.py, server_helpers.py,
+splat_helpers.py, cuda_helpers.py and the Blender harness (blender/)."""
 from __future__ import annotations
 
-import json
-import math
-import sys
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from blender_addon.core.cameras import BLENDER_TO_OPENCV, Camera, intrinsics_from_fov_x, look_at  # noqa: E402
-from backend.gaussians import Gaussians  # noqa: E402
+import build_addon
 from backend.render import render  # noqa: E402
-
-DONUT = ROOT.parent / "shared" / "data" / "splats" / "donut_sh0.ply"
-
-
-def orbit_cameras(n: int, width: int, height: int, radius: float = 3.0, fov_x: float = 0.9) -> list[Camera]:
-    K = intrinsics_from_fov_x(fov_x, width, height)
-    cams = []
-    for i in range(n):
-        az = 2 * math.pi * i / n
-        eye = [radius * math.cos(az), radius * math.sin(az), 0.8 + 0.3 * math.sin(3 * az)]
-        cams.append(Camera(look_at(eye, [0, 0, 0]), K, width, height))
-    return cams
-
-
-def random_gaussians(n: int, seed: int = 0, sh_degree: int = 3, scale: float = 0.08) -> Gaussians:
-    gen = torch.Generator().manual_seed(seed)
-    g = Gaussians.random_in_box(n, [0, 0, 0], 0.8, sh_degree, seed)
-    g.log_scales = math.log(scale) + 0.3 * torch.randn(n, 3, generator=gen)
-    g.quats = torch.nn.functional.normalize(torch.randn(n, 4, generator=gen), dim=-1)
-    g.opacity_logits = torch.randn(n, generator=gen)
-    g.sh_rest = 0.1 * torch.randn(g.sh_rest.shape, generator=gen)
-    return g
-
-
-def write_scene(folder: Path, model: Gaussians, cameras: list[Camera], split: str = "train",
-                background=(1.0, 1.0, 1.0)) -> Path:
-    """Render `model` from `cameras` into PNGs + a NeRF-synthetic transforms_<split>.json."""
-    (folder / split).mkdir(parents=True, exist_ok=True)
-    frames = []
-    for i, cam in enumerate(cameras):
-        with torch.no_grad():
-            out = render(model, cam, model.max_sh_degree, (0.0, 0.0, 0.0))
-        # Un-premultiply so the loader's compositing over the background reproduces the render.
-        rgb = torch.where(out.alpha[..., None] > 0, out.image / out.alpha[..., None].clamp_min(1e-6), 0.0)
-        rgba = torch.cat([rgb.clamp(0, 1), out.alpha[..., None]], dim=-1)
-        Image.fromarray((rgba.numpy() * 255 + 0.5).astype(np.uint8), "RGBA").save(folder / split / f"r_{i}.png")
-        frames.append({"file_path": f"./{split}/r_{i}",
-                       "transform_matrix": (cam.c2w @ BLENDER_TO_OPENCV).tolist()})
-    fov_x = 2 * math.atan(0.5 * cameras[0].width / cameras[0].K[0, 0])
-    path = folder / f"transforms_{split}.json"
-    path.write_text(json.dumps({"camera_angle_x": fov_x, "frames": frames}))
-    return path
-
-
-def viewing_model(folder: Path) -> tuple[Gaussians, Path]:
-    """The small model the Blender engine tests view, and its PLY in `folder`."""
-    from backend.ply import write_ply
-    model = random_gaussians(400, seed=3, sh_degree=1)
-    model.means *= 1.5
-    write_ply(folder / "model.ply", model)
-    return model, folder / "model.ply"
+from blender.runner import SCREEN
+from helpers import orbit_cameras, random_gaussians, write_scene
+from server_helpers import SIZE, ServerProcess
 
 
 @pytest.fixture
@@ -77,3 +25,62 @@ def tiny_scene(tmp_path) -> Path:
     write_scene(tmp_path, model, orbit_cameras(8, 32, 32), "train")
     write_scene(tmp_path, model, orbit_cameras(3, 32, 32, radius=3.2), "test")
     return tmp_path
+
+
+@pytest.fixture
+def start_server():
+    servers = []
+
+    def start(workdir: Path, *args: str, **popen) -> ServerProcess:
+        servers.append(ServerProcess(workdir, *args, **popen))
+        return servers[-1]
+    yield start
+    for s in servers:
+        s.kill()
+
+
+@pytest.fixture(scope="module")
+def scene():
+    """A random 300-Gaussian model and six 32x32 views of it: (model, cameras, top-down uint8 RGB images)."""
+    model = random_gaussians(300, seed=1, sh_degree=1)
+    cameras = orbit_cameras(6, SIZE, SIZE)
+    images = []
+    with torch.no_grad():
+        for cam in cameras:
+            image = render(model, cam, 1, (1.0, 1.0, 1.0)).image
+            images.append((image.clamp(0, 1).numpy() * 255 + 0.5).astype(np.uint8))
+    return model, cameras, images
+
+
+@pytest.fixture(scope="module")
+def poisoned_kernels():
+    """The CUDA extension with its outputs NaN-poisoned, so that an unwritten pixel or Gaussian fails."""
+    from backend.kernels import extension
+    module = extension()
+    module.set_poison_outputs(True)
+    yield module
+    module.set_poison_outputs(False)
+
+
+@pytest.fixture(scope="module")
+def addon_zip(tmp_path_factory) -> Path:
+    return build_addon.build(tmp_path_factory.mktemp("dist"))
+
+
+@pytest.fixture(scope="module")
+def xvfb():
+    if not (shutil.which("blender") and shutil.which("Xvfb")):
+        pytest.skip("Debian's blender or Xvfb is not installed (apt-get install blender xvfb python3-numpy); "
+                    "the windowed viewport test needs both")
+    read, write = os.pipe()
+    server = subprocess.Popen(["Xvfb", "-displayfd", str(write), "-screen", "0", f"{SCREEN[0]}x{SCREEN[1]}x24",
+                               "-nolisten", "tcp"], pass_fds=(write,), stderr=subprocess.DEVNULL)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        display = pipe.readline().strip()  # Xvfb picks a free display and names it here once it listens
+    if not display:
+        server.kill()
+        pytest.skip("Xvfb did not start")
+    yield f":{display}"
+    server.terminate()
+    server.wait(10)

@@ -1,65 +1,30 @@
 """The built add-on: the zip's contents, and the add-on end to end in real Blender (the bpy module) with a real
-CPU backend. The Blender part runs once, in tests/blender_scenario.py in a subprocess, and these tests check
-what it reports."""
+CPU backend. The Blender part runs once, in tests/blender/scenarios/addon.py in a subprocess, and these tests
+check what it reports."""
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
 import subprocess
 import sys
-import threading
-import time
 import tomllib
-import warnings
 import zipfile
 from pathlib import Path
 
 import pytest
 
-import build_addon
 from backend.data import load_split
 from backend.ply import read_ply
-from conftest import DONUT
+from blender.runner import BLENDERS, REPO, SCENARIOS, blender_env, bpy_folder, bpy_python, run_scenario
+from helpers import DONUT, assert_same_model, moving_model, viewing_model
+from splat_helpers import BACKGROUND, inside_crop, subset, trained_session
 
 pytestmark = pytest.mark.blender
 
-REPO = Path(__file__).resolve().parent.parent
-SCENARIO = REPO / "tests" / "blender_scenario.py"
-ENGINE_SCENARIO = REPO / "tests" / "blender_engine_scenario.py"
-BATCH_SETUP = REPO / "tests" / "blender_batch_setup.py"
-# Main-thread calls while training run as long as the machine lets them (`python -m backend bench viewport`
-# measures them); what the tests check is that none of them waits on anything, and that 90% of them end well
-# before a loaded machine could make a call that does not wait take this long.
-# The interpreters with the bpy module of each Blender version tested: bpy 4.5 in .venv, which runs the tests,
-# and bpy 5.0 in .venv-bpy5 (./run test makes both; the two cannot share one venv).
-BPY_PYTHONS = {"4.5": sys.executable, "5.0": str(REPO / ".venv-bpy5" / "bin" / "python")}
-BLENDERS = tuple(BPY_PYTHONS)
-
-
-@functools.cache
-def bpy_folder(blender: str) -> Path | None:
-    """Where that version's bpy module is installed, or None."""
-    python = BPY_PYTHONS[blender]
-    if not Path(python).is_file():
-        return None
-    find = "import importlib.util; spec = importlib.util.find_spec('bpy'); print(spec.origin if spec else '')"
-    origin = subprocess.run([python, "-c", find], capture_output=True, text=True).stdout.strip()
-    return Path(origin).parent if origin else None
-
-
-def bpy_python(blender: str) -> str:
-    """The interpreter with bpy `blender` (4.5 or 5.0); skips the test where it is not installed."""
-    if bpy_folder(blender) is None:
-        pytest.skip(f"the bpy {blender} module is not installed in {Path(BPY_PYTHONS[blender]).parent.parent} "
-                    "(./run test installs it)")
-    return BPY_PYTHONS[blender]
-
-
-@pytest.fixture(scope="module")
-def addon_zip(tmp_path_factory) -> Path:
-    return build_addon.build(tmp_path_factory.mktemp("dist"))
+SCENARIO = SCENARIOS / "addon.py"
+ENGINE_SCENARIO = SCENARIOS / "engine.py"
+BATCH_SETUP = SCENARIOS.parent / "batch_setup.py"
 
 
 def tree_files(*folders: Path) -> list[Path]:
@@ -113,46 +78,6 @@ def test_blender_accepts_the_extension_manifest(addon_zip, blender):
     cli = next(bpy_folder(blender).glob("*/scripts/addons_core/bl_pkg/cli/blender_ext.py"))
     run = subprocess.run([python, str(cli), "validate", str(addon_zip)], capture_output=True, text=True)
     assert run.returncode == 0 and "Success" in run.stdout, run.stdout + run.stderr
-
-
-# The bpy module can stall in its own exit (C++ static destructors, after Blender's "Freeing memory after the
-# leak detector has run") on a loaded machine after Cycles renders: a scenario whose RESULT line is out is
-# given this long to exit, then killed, and the stall reported as a warning, not a failure.
-EXIT_GRACE_SECONDS = 30
-
-
-def run_scenario(script: Path, home: Path, *args: str, timeout: float = 240, blender: str = "4.5") -> dict:
-    """Run a Blender scenario script with the bpy module of version `blender` in a subprocess with its own user
-    folders; its RESULT line, and its stderr under "stderr"."""
-    python = bpy_python(blender)
-    env = {**os.environ, "BLENDER_USER_SCRIPTS": str(home / "scripts"), "BLENDER_USER_CONFIG": str(home / "config"),
-           "BLENDER_USER_EXTENSIONS": str(home / "extensions")}
-    output = {"stdout": [], "stderr": []}
-    with subprocess.Popen([python, str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          env=env, cwd=home) as proc:
-        readers = [threading.Thread(target=lambda name=name, stream=stream: output[name].extend(stream), daemon=True)
-                   for name, stream in (("stdout", proc.stdout), ("stderr", proc.stderr))]
-        for reader in readers:
-            reader.start()
-        deadline, result_seen = time.monotonic() + timeout, False
-        while proc.poll() is None and time.monotonic() < deadline:
-            if not result_seen and any(line.startswith("RESULT ") for line in list(output["stdout"])):
-                result_seen, deadline = True, min(deadline, time.monotonic() + EXIT_GRACE_SECONDS)
-            time.sleep(0.1)
-        stalled = proc.poll() is None
-        if stalled:
-            proc.kill()
-        for reader in readers:
-            reader.join(10)
-    stdout, stderr = "".join(output["stdout"]), "".join(output["stderr"])
-    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
-    ending = f"stalled: killed after {timeout} s" if stalled else f"exit code {proc.returncode}"
-    assert lines, f"the scenario printed no result ({ending}):\n{stdout[-3000:]}\n{stderr[-3000:]}"
-    if stalled:
-        warnings.warn(f"{script.name}: Blender did not exit within {EXIT_GRACE_SECONDS} s of its result (killed)")
-    result = json.loads(lines[-1][len("RESULT "):])
-    assert "failure" not in result, result.get("traceback")
-    return {**result, "stderr": stderr}
 
 
 @pytest.fixture(scope="module")
@@ -303,9 +228,6 @@ def f12(addon_zip, tmp_path_factory, request) -> dict:
     of a trained session's model placed by a splat object, in each Blender version; then a 4D model through File >
     Import and Export."""
     from backend.dynamic import write_dynamic
-    from conftest import viewing_model
-    from test_scene_splats_bpy import trained_session
-    from test_server_models import moving_model
     home = tmp_path_factory.mktemp(f"blender-engine-{request.param}")
     model, ply = viewing_model(home)
     session = trained_session(home / "out" / "sessions", model, "placed-model")
@@ -352,10 +274,9 @@ def test_the_engine_renders_the_model_where_its_splat_object_places_it(f12):
     from PIL import Image
 
     from blender_addon.core.codecs import camera_from_wire
-    from blender_addon.placement import camera_in_model
+    from blender_addon.logic.placement import camera_in_model
     from backend.metrics import psnr
     from backend.render import render
-    from test_scene_splats_bpy import BACKGROUND
     placed = f12["placed"]
     cam, depth_scale = camera_in_model(camera_from_wire(placed["camera"]), np.array(placed["model_matrix"]))
     viewport = camera_from_wire(placed["viewport_camera"])
@@ -382,10 +303,9 @@ def test_the_engine_renders_only_the_splats_inside_the_objects_crop_box(f12):
     from PIL import Image
 
     from blender_addon.core.codecs import camera_from_wire
-    from blender_addon.placement import camera_in_model
+    from blender_addon.logic.placement import camera_in_model
     from backend.metrics import psnr
     from backend.render import render
-    from test_scene_splats_bpy import BACKGROUND, inside_crop, subset
     placed = f12["placed"]
     cam, _ = camera_in_model(camera_from_wire(placed["camera"]), np.array(placed["model_matrix"]))
     keep = inside_crop(f12["model"], placed["crop"])
@@ -414,7 +334,6 @@ def test_a_4d_model_is_imported_shown_at_the_frame_and_exported_as_a_ply_sequenc
     from backend.formats import read_any
     from backend.metrics import psnr
     from backend.render import render
-    from test_server_models import assert_same_model
     moving, model = f12["moving"], f12["model4d"]
     assert moving["may_move"] == [False, True]  # the status tells a 4D model from a static one
     folder = Path(moving["folder"])
@@ -487,7 +406,7 @@ def test_f12_shows_the_backends_frame_under_other_view_transforms(f12):
     import numpy as np
     from PIL import Image
 
-    from blender_addon.view_transform import Inverse
+    from blender_addon.logic.view_transform import Inverse
     for view in f12["views"]:
         frame = np.load(view["frame"]).astype(np.float32)  # the backend's, top-down RGBA8
         got = np.asarray(Image.open(view["png"]), dtype=np.float32)
@@ -520,8 +439,7 @@ def test_command_line_animation_render_reopens_the_session(scenario, addon_zip, 
     from backend.render import render
     if shutil.which("blender") is None:
         pytest.skip("Debian's blender is not installed (apt-get install blender); the command-line render needs it")
-    env = {**os.environ, "BLENDER_USER_SCRIPTS": str(tmp_path / "scripts"),
-           "BLENDER_USER_CONFIG": str(tmp_path / "config")}
+    env = blender_env(tmp_path)
     workdir = Path(scenario["exported"]).parent / "sessions"
     setup = subprocess.run(["blender", "-b", "--python", str(BATCH_SETUP), "--", "--zip", str(addon_zip),
                             "--python", sys.executable, "--workdir", str(workdir),

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 import build_addon
-from test_addon_bpy import REPO, run_scenario
+from blender.runner import REPO, SCENARIOS, run_scenario
 
-INSTALL_SCENARIO = REPO / "tests" / "blender_install_scenario.py"
+INSTALL_SCENARIO = SCENARIOS / "install.py"
 
 pytestmark = [pytest.mark.slow, pytest.mark.blender]
 

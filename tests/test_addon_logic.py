@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import math
-import threading
 import time
 from types import SimpleNamespace
 
@@ -14,9 +13,11 @@ from blender_addon.logic import colors, dataset, defaults, frames, messages, tra
 from blender_addon.core import codecs, protocol, settings
 from blender_addon.core.settings import TRAINING, training_settings
 from blender_addon.core.cameras import Camera, intrinsics
-from blender_addon.core.client import PendingReply, RemoteError
+from blender_addon.core.client import RemoteError
 from blender_addon.core.errors import SplatwrightError
-from blender_addon.core.protocol import REQUESTS, Message
+from blender_addon.core.protocol import REQUESTS
+from helpers import wait_until
+from server_helpers import FakeClient
 
 # ---- capture geometry and the dataset ----
 
@@ -144,43 +145,6 @@ def test_combined_pass_takes_the_background_out_for_a_transparent_film():
     a = rgba[0, 0, 3] / 255.0
     np.testing.assert_allclose(clear[:3] / a, colors.srgb_to_linear(straight), atol=0.01)
     assert clear[3] == pytest.approx(a)
-
-
-class FakeClient:
-    """submit_render as the real Client has it: replies arrive later, on another thread; a borrowed one's frame
-    is a view of shared memory, whose release is recorded."""
-    frame_format = "rgba8"
-    shared = None  # frames come as rgba8, as through the socket
-
-    def __init__(self):
-        self.asked: list[Camera] = []
-        self.pending: list[PendingReply] = []
-        self.released: list[int] = []  # the answers whose shared memory went back
-
-    def submit_render(self, camera, format=None, depth=False, on_done=None, stream=0, borrow=False):
-        self.asked.append(camera)
-        pending = PendingReply("render", on_done, borrow)
-        self.pending.append(pending)
-        return pending
-
-    def answer(self, index: int, value: int = 0, error: RemoteError | None = None):
-        cam = self.asked[index]
-        fields = {"width": cam.width, "height": cam.height, "format": "rgba8", "step": index, "sh_degree": 0,
-                  "background": [1.0, 1.0, 1.0], "depth_offset": None}
-        payload = np.full((cam.height, cam.width, 4), value, np.uint8).tobytes()
-        if self.pending[index].borrow and error is None:
-            payload = memoryview(payload)
-            self.pending[index]._release = lambda: self.released.append(index)
-        threading.Thread(target=self.pending[index]._finish,
-                         args=(None if error else Message("reply", index + 1, fields, payload), error)).start()
-
-
-def wait_until(condition, timeout=60.0):
-    """Wait for `condition`; the timeout only ends a hang."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "hung: the condition never came true"
-        time.sleep(0.005)
 
 
 def test_packed_layer_pixels_keep_every_colour_and_depth_to_2_to_the_minus_15():

@@ -12,8 +12,8 @@ from backend.bench.dynamic import check_bars, frame_sets, render_fps, report, su
 from backend.data import load_split
 from backend.dynamic import DynamicGaussians
 from blender_addon.core.errors import SplatwrightError
-from blender_addon.dataset import DatasetWriter, frame_time, split_of, training_views
-from conftest import orbit_cameras, random_gaussians
+from blender_addon.logic.dataset import DatasetWriter, frame_time, split_of, training_views
+from helpers import orbit_cameras, random_gaussians
 
 CAPTURED = (1, 3, 5, 7)  # frames
 BETWEEN = (2, 6)  # held-out frames between them

@@ -7,7 +7,7 @@ import torch
 
 from backend.bench import BENCHMARKS
 from backend.bench.memory import main, orbit_cameras
-from conftest import random_gaussians
+from helpers import random_gaussians
 
 
 def test_it_is_a_benchmark_and_checks_its_arguments(capsys):

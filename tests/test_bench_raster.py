@@ -10,7 +10,7 @@ from backend.bench.raster import frame_size, main, model_scenes, on_device
 from backend.ply import write_ply
 from backend.render import reference
 from backend.render.constants import TILE
-from conftest import random_gaussians
+from helpers import random_gaussians
 
 
 def test_a_stored_model_is_seen_from_outside_and_from_within(tmp_path):

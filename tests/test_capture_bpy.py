@@ -1,20 +1,17 @@
 """Captures that cannot run fail before anything is made, one that stores no view leaves nothing, the splats
-engine captures with Cycles, and the settings follow the backend's device: tests/blender_capture_scenario.py in the bpy module (4.5, and 5.0 where
-.venv-bpy5 holds it), checked here."""
+engine captures with Cycles, and the settings follow the backend's device: tests/blender/scenarios/capture.py in
+the bpy module (4.5, and 5.0 where .venv-bpy5 holds it), checked here."""
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 
 import build_addon
-from blender_addon.defaults import DEVICE_DEFAULTS
-from test_addon_bpy import BLENDERS, run_scenario
+from blender_addon.logic.defaults import DEVICE_DEFAULTS
+from blender.runner import BLENDERS, SCENARIOS, run_scenario
 
 pytestmark = pytest.mark.blender
 
-REPO = Path(__file__).resolve().parent.parent
-SCENARIO = REPO / "tests" / "blender_capture_scenario.py"
+SCENARIO = SCENARIOS / "capture.py"
 
 
 @pytest.fixture(scope="module", params=BLENDERS)

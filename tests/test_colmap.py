@@ -22,7 +22,7 @@ from backend.data import load_cameras, load_split
 from backend.render import render
 from blender_addon.core.cameras import Camera
 from blender_addon.core.errors import SplatwrightError
-from conftest import orbit_cameras, random_gaussians
+from helpers import orbit_cameras, random_gaussians
 
 MODEL_IDS = {"SIMPLE_PINHOLE": 0, "PINHOLE": 1, "SIMPLE_RADIAL": 2, "OPENCV": 4}
 

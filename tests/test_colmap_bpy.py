@@ -1,5 +1,5 @@
 """Import COLMAP, the splat formats in File > Import / Export, and Send Photos in real Blender:
-tests/blender_colmap_scenario.py in the bpy module (4.5 with a CPU backend; 5.0, where .venv-bpy5 has it,
+tests/blender/scenarios/colmap.py in the bpy module (4.5 with a CPU backend; 5.0, where .venv-bpy5 has it,
 without one), checked against tests/data/colmap_skull, COLMAP's model of 65 real photos (see its README.md)."""
 from __future__ import annotations
 
@@ -21,12 +21,12 @@ from blender_addon.core import colmap
 from blender_addon.core.cameras import Camera, blender_intrinsics, blender_lens, intrinsics, look_at
 from blender_addon.core.codecs import camera_from_wire
 from blender_addon.core.errors import SplatwrightError
-from conftest import ROOT
-from test_addon_bpy import BLENDERS, run_scenario
+from blender.runner import BLENDERS, SCENARIOS, run_scenario
+from helpers import ROOT
 
 pytestmark = pytest.mark.blender
 
-SCENARIO = ROOT / "tests" / "blender_colmap_scenario.py"
+SCENARIO = SCENARIOS / "colmap.py"
 DATA = ROOT / "tests" / "data" / "colmap_skull"
 SPLATS = ROOT / "tests" / "data" / "splats"
 SCALE = 2.0  # the scenario imports the model twice as large

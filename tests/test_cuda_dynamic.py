@@ -14,8 +14,9 @@ import torch
 from backend.dynamic import MOTION_INPUTS, DynamicGaussians, reference_motion
 from backend.gaussians import Gaussians
 from backend.render import cuda, reference
-from test_cuda_rasterizer import (  # noqa: F401  (ext: the poisoned-outputs fixture; pytestmark: needs a GPU)
-    DEV, GRAD_TOL, IMAGE_TOL, ambiguous_pixels, ext, fresh_seed, pytestmark, random_scene, rel_l2)
+from cuda_helpers import DEV, GPU_TEST, GRAD_TOL, IMAGE_TOL, ambiguous_pixels, fresh_seed, random_scene, rel_l2
+
+pytestmark = GPU_TEST
 
 MOTION_TOL = 1e-5
 

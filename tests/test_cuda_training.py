@@ -27,7 +27,7 @@ from backend.optim import Adam
 from backend.strategy import DefaultStrategy, DensifyConfig
 from backend.train import Trainer, evaluate, load_checkpoint
 from backend.render import camera_tensors, render
-from conftest import orbit_cameras, random_gaussians
+from helpers import orbit_cameras, random_gaussians
 from backend.render.cuda import gradient_step
 from backend.render.reference import RasterOutput
 

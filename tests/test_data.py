@@ -9,7 +9,7 @@ from backend.data import Dataset, as_float, load_cameras, load_rgb, load_split, 
 from blender_addon.core.errors import SplatwrightError
 from backend.data import LEGO
 from blender_addon.core.cameras import Camera
-from conftest import orbit_cameras
+from helpers import orbit_cameras
 
 
 def test_loads_splits_composited_over_the_background(tiny_scene):

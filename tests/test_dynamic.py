@@ -21,7 +21,8 @@ from backend.render import camera_tensors, reference, render
 from backend.strategy import DefaultStrategy, DensifyConfig
 from backend.train import Trainer, evaluate, load_checkpoint
 from blender_addon.core.errors import SplatwrightError
-from conftest import ROOT, orbit_cameras, random_gaussians, write_scene
+from helpers import ROOT, orbit_cameras, random_gaussians, write_scene
+from server_helpers import wait_for
 
 TRAIN_TIMES = (0.0, 0.25, 0.5, 0.75, 1.0)
 TEST_TIMES = (0.125, 0.375, 0.625, 0.875)  # between the training times, seen by other cameras
@@ -270,7 +271,6 @@ def test_timed_views_sent_to_the_server_train_a_4d_model_it_shows_at_any_time(mo
     from backend.server import Server
     from backend.session import Session
     from blender_addon.core.client import Client, decode_frame
-    from test_server import wait_for
     data = load_split(moving_scene, "train")
     server = Server(Engine(tmp_path, "cpu", "reference"))
     thread = threading.Thread(target=server.serve_forever, daemon=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import build_addon
-from blender_addon import environment as env
+from blender_addon.logic import environment as env
 from blender_addon.core.errors import SplatwrightError
 
 REPO = Path(__file__).resolve().parent.parent

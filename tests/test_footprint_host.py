@@ -15,7 +15,7 @@ import torch
 
 from backend.ply import read_ply
 from backend.render import camera_tensors, reference
-from conftest import orbit_cameras, random_gaussians
+from helpers import orbit_cameras, random_gaussians
 
 CUDA_DIR = Path(__file__).resolve().parent.parent / "cuda"
 SHARED_PLY = Path(__file__).resolve().parents[2] / "shared" / "data" / "splats" / "donut_sh0.ply"

@@ -34,7 +34,7 @@ from backend.render import render
 from backend.sh import SH_C0, sh_to_rgb
 from blender_addon.core.cameras import Camera, intrinsics_from_fov_x, look_at
 from blender_addon.core.errors import SplatwrightError
-from conftest import DONUT, ROOT, orbit_cameras, random_gaussians, write_scene
+from helpers import DONUT, ROOT, orbit_cameras, random_gaussians, write_scene
 
 DATA = ROOT / "tests" / "data" / "splats"
 SPZ_TOL = dict(means=0.5 / 4096 + 1e-6, log_scales=0.5 / 16 + 1e-5, opacity=0.5 / 255 + 1e-6,

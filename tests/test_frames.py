@@ -21,9 +21,8 @@ from backend.frames import finish_frame, frame_bytes, packed_layer, queue_frame
 from backend.policy import resolve_device
 from backend.ply import write_ply
 from backend.render import camera_tensors, render
-from conftest import orbit_cameras, random_gaussians
-from test_addon_logic import FakeClient, wait_until
-from test_server import start_server  # noqa: F401 (a fixture)
+from helpers import orbit_cameras, random_gaussians, wait_until
+from server_helpers import FakeClient
 
 needs_shm = pytest.mark.skipif(not shared_frames.available(), reason="no /dev/shm on this system: frames go "
                                "through the socket only")

@@ -29,10 +29,8 @@ from backend.ply import write_ply
 from backend.server import FIRST_MESSAGE, read_token
 from backend.session import Session
 from backend.train import load_checkpoint, previous_checkpoint
-from conftest import orbit_cameras, random_gaussians
-from test_server import SIZE, add_scene_views, png_bytes, raw_connect, read_until_closed, scene, start_server, wait_for
-
-__all__ = ["scene", "start_server"]  # test_server's fixtures, imported for pytest to find
+from helpers import orbit_cameras, random_gaussians
+from server_helpers import SIZE, add_scene_views, png_bytes, raw_connect, read_until_closed, wait_for
 
 
 def png_declaring(width: int, height: int, rows: int) -> bytes:

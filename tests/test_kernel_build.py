@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from backend.kernels import building
-from conftest import ROOT
+from helpers import ROOT
 
 fcntl = pytest.importorskip("fcntl", reason="the build hold is an flock, which this system lacks")
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from blender_addon import frames, placement
+from blender_addon.logic import frames, placement
 from blender_addon.core import codecs
 from blender_addon.core.cameras import Camera, intrinsics_from_fov_x, look_at
 from blender_addon.core.client import PendingReply
@@ -17,8 +17,7 @@ from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.protocol import Message
 from backend.ply import write_ply
 from backend.render import render
-from conftest import random_gaussians
-from test_addon_logic import wait_until
+from helpers import random_gaussians, wait_until
 
 
 def rotation(axis, angle: float) -> np.ndarray:

@@ -14,18 +14,7 @@ from PIL import Image
 from blender_addon.core import codecs, protocol
 from blender_addon.core.cameras import Camera
 from blender_addon.core.protocol import REQUESTS, SERVER_MESSAGES, ProtocolError
-
-CAMERA = codecs.camera_to_wire(Camera(np.eye(4), np.array([[50.0, 0, 16], [0, 50.0, 16], [0, 0, 1]]), 32, 32))
-
-
-def roundtrip(parts_or_bytes, specs=REQUESTS):
-    """Send bytes through a socket pair and read one message back."""
-    data = parts_or_bytes if isinstance(parts_or_bytes, bytes) else b"".join(bytes(p) for p in parts_or_bytes)
-    a, b = socket.socketpair()
-    with a, b:
-        a.sendall(data)
-        a.shutdown(socket.SHUT_WR)
-        return protocol.read_message(b, specs)
+from server_helpers import CAMERA, roundtrip
 
 
 def frame(header: dict | bytes, payload: bytes = b"", magic: bytes = protocol.MAGIC) -> bytes:

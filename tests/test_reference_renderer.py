@@ -10,7 +10,7 @@ from blender_addon.core.cameras import Camera, intrinsics, look_at
 from backend.render import camera_tensors, reference
 from backend.render.constants import ALPHA_MAX, ALPHA_MIN, RADIUS_SIGMAS, T_STOP, TILE
 from backend.sh import rotate_sh, sh_basis
-from conftest import orbit_cameras, random_gaussians
+from helpers import orbit_cameras, random_gaussians
 
 
 def sequential_oracle(g, cam, sh_degree, background):

@@ -1,101 +1,30 @@
 """Splats in the scene's final renders, in real Blender (the bpy modules 4.5 and 5.0): a trained session's model
 added to the scene as an object and moved, rendered F12 with Cycles beside a wall through its middle and a cube
 in front of it; a second session's model in front of it; the first cropped by a crop box, and exported.
-tests/blender_splats_scenario.py runs in Blender; these tests check its renders against the backend's own render
+tests/blender/scenarios/splats.py runs in Blender; these tests check its renders against the backend's own render
 of each model through the scene camera taken into the model's space, and its exports against the model."""
 from __future__ import annotations
 
-import math
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from PIL import Image
 
-from blender_addon.colors import linear_to_srgb, srgb_to_linear
+from blender_addon.logic.colors import linear_to_srgb, srgb_to_linear
 from blender_addon.core.codecs import camera_from_wire
-from blender_addon.placement import camera_in_model
-from backend.dynamic import DynamicGaussians
-from backend.gaussians import Gaussians, rgb_to_sh_dc
 from backend.ply import read_ply
-from backend.render import render
 from backend.render.reference import quat_to_rotmat
-from conftest import ROOT, orbit_cameras, random_gaussians
-from test_addon_bpy import BLENDERS, addon_zip, run_scenario  # noqa: F401  (addon_zip is a fixture)
+from blender.runner import BLENDERS, SCENARIOS, run_scenario
+from splat_helpers import (DEPTH_MARGIN, LEVEL, SECOND, SESSION, inside_crop, placed_frame, png, second_model,
+                           splat_model, srgb8, subset, trained_session)
 
 pytestmark = pytest.mark.blender
 
-SCENARIO = ROOT / "tests" / "blender_splats_scenario.py"
-SESSION = "splat-model"
-SECOND = "splat-second"  # a session whose model the backend does not show: renders load its checkpoint
-BACKGROUND = (0.3, 0.5, 0.7)  # the session's, which the frames are composited over and which is taken out
-MARKER_AT, MARKER_RGB = (0.0, -0.5, 1.25), (1.0, 0.1, 0.1)  # an isolated Gaussian (in front of the wall)
-DEPTH_MARGIN = 0.05  # splats this close to a surface may fall either side of it in a pixel
-LEVEL = 1 / 255
-
-
-def splat_model() -> Gaussians:
-    """A cluster of mostly opaque Gaussians around the origin and, above it, one red marker Gaussian."""
-    g = random_gaussians(300, seed=5, sh_degree=1, scale=0.07)
-    g.opacity_logits = g.opacity_logits + 3.0
-    marker = Gaussians(means=torch.tensor([MARKER_AT]), log_scales=torch.full((1, 3), math.log(0.06)),
-                       quats=torch.tensor([[1.0, 0.0, 0.0, 0.0]]), opacity_logits=torch.tensor([5.0]),
-                       sh_dc=rgb_to_sh_dc(torch.tensor([[MARKER_RGB]])), sh_rest=torch.zeros(1, 3, 3))
-    return Gaussians(**{k: torch.cat([getattr(g, k), getattr(marker, k)]) for k in Gaussians.names()})
-
-
-def second_model() -> Gaussians:
-    g = random_gaussians(150, seed=8, sh_degree=1, scale=0.1)
-    g.opacity_logits = g.opacity_logits + 3.0
-    return g
-
-
-def moving_model() -> DynamicGaussians:
-    """Gaussians that move 0.6 along x over the clip."""
-    g = DynamicGaussians.from_static(random_gaussians(150, seed=9, sh_degree=0, scale=0.1))
-    g.opacity_logits = g.opacity_logits + 3.0
-    g.velocities = torch.tensor([[0.6, 0.0, 0.0]]).expand(len(g), 3).clone()
-    return g
-
-
-def trained_session(workdir: Path, model: Gaussians, name: str = SESSION) -> str:
-    """A backend session in `workdir` whose checkpoint holds `model`, as training leaves one (two small views)."""
-    from backend.session import Session
-    from backend.train import TrainConfig, Trainer
-    workdir.mkdir(parents=True, exist_ok=True)
-    session = Session.open(workdir, name, create=True)
-    for i, cam in enumerate(orbit_cameras(2, 16, 16)):
-        with torch.no_grad():
-            image = render(model, cam, model.max_sh_degree, BACKGROUND).image.clamp(0, 1)
-        session.add_view(cam, (image.numpy() * 255 + 0.5).astype(np.uint8), f"view_{i}")
-    cfg = TrainConfig(iterations=1, sh_degree=model.max_sh_degree, sh_interval=1, background=BACKGROUND,
-                      dynamic=isinstance(model, DynamicGaussians))
-    trainer = Trainer(session.dataset(BACKGROUND), cfg, "cpu", model.detached())
-    trainer.step = 1  # past the SH schedule: the full degree shows
-    trainer.save_checkpoint(session.checkpoint_path)
-    return name
-
-
-def backend_frame(model: Gaussians, cam) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """What the backend sends for `cam`, rows top-down: the straight display colours with the background taken
-    out, alpha, and the view depth (alpha-normalised), from its RGBA8 frame."""
-    with torch.no_grad():
-        out = render(model, cam, model.max_sh_degree, BACKGROUND)
-    rgba = (torch.cat([out.image, out.alpha[..., None]], -1).clamp(0, 1) * 255 + 0.5).to(torch.uint8).numpy()
-    alpha = rgba[..., 3:] / 255.0
-    straight = np.clip((rgba[..., :3] / 255.0 - np.array(BACKGROUND) * (1 - alpha)) / np.maximum(alpha, 1e-6), 0, 1)
-    depth = (out.depth / out.alpha.clamp_min(1e-12)).numpy()
-    return straight, alpha[..., 0], depth
-
-
-def png(path: str) -> np.ndarray:
-    return np.asarray(Image.open(path), dtype=np.float64) / 255.0
+SCENARIO = SCENARIOS / "splats.py"
 
 
 @pytest.fixture(scope="module", params=BLENDERS)
-def renders(addon_zip, tmp_path_factory, request) -> dict:  # noqa: F811
+def renders(addon_zip, tmp_path_factory, request) -> dict:
     home = tmp_path_factory.mktemp(f"blender-splats-{request.param}")
     model, second = splat_model(), second_model()
     workdir = home / "sessions"
@@ -107,24 +36,6 @@ def renders(addon_zip, tmp_path_factory, request) -> dict:  # noqa: F811
     placed = placed_frame(model, result["camera"], result["model_matrix"])
     return {**result, "blender": request.param, "straight": placed[0], "alpha": placed[1], "splat_depth": placed[2],
             "model": model, "second": second}
-
-
-def placed_frame(model: Gaussians, camera, model_matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """backend_frame of `model` placed by `model_matrix`, seen through the scene's `camera` (wire form), its
-    depths in the scene's units (infinite where nothing is drawn)."""
-    cam, depth_scale = camera_in_model(camera_from_wire(camera), np.array(model_matrix))
-    straight, alpha, depth = backend_frame(model, cam)
-    return straight, alpha, np.where(alpha > 0, depth * depth_scale, np.inf)
-
-
-def inside_crop(model: Gaussians, crop) -> torch.Tensor:
-    means = model.means.double().numpy()
-    crop = np.array(crop)
-    return torch.from_numpy(np.all(np.abs(means @ crop[:3, :3].T + crop[:3, 3]) <= 1.0, axis=-1))
-
-
-def subset(model: Gaussians, keep: torch.Tensor) -> Gaussians:
-    return Gaussians(**{k: v[keep] for k, v in model.tensors().items()})
 
 
 def layered(renders, shown_png: str, layers, order=None) -> tuple[float, float, np.ndarray, np.ndarray]:
@@ -188,11 +99,6 @@ def test_cycles_depth_pass_is_the_planar_distance_the_splats_depth_is(renders):
     print(f"Cycles Depth on {on_wall.sum()} wall pixels: {planar_error:.2e} from the planar depth, "
           f"{ray_error:.2e} from the ray distance ({renders['blender']})")
     assert on_wall.sum() > 1000 and planar_error < 1e-3 < ray_error
-
-
-def srgb8(linear) -> np.ndarray:
-    """The display values a PNG holds for scene-linear colours, in [0, 1]."""
-    return np.round(linear_to_srgb(np.asarray(linear)) * 255) / 255
 
 
 def test_f12_composites_the_splats_with_the_meshes_by_depth(renders):

@@ -5,7 +5,6 @@ server in this process so it can make a training step fail on purpose.
 """
 from __future__ import annotations
 
-import io
 import json
 import os
 import random
@@ -20,108 +19,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from blender_addon.core import codecs, protocol
 from blender_addon.core.cameras import Camera
 from blender_addon.core.client import Client, PendingReply, RemoteError, decode_depth, decode_frame, wait_done
-from blender_addon.core.protocol import REQUESTS, SERVER_MESSAGES
+from blender_addon.core.protocol import REQUESTS
 from backend.engine import Engine
 from backend.ply import read_ply, write_ply
 from backend.render import render
 from backend.server import Server
 from backend.train import Trainer, load_checkpoint
-from conftest import ROOT, orbit_cameras, random_gaussians
-
-SIZE = 32
-
-
-class ServerProcess:
-    """`python -m backend serve` on loopback, its stderr in a log file next to the workdir."""
-
-    def __init__(self, workdir: Path, *args: str, **popen):
-        self.log_path = workdir.parent / f"{workdir.name}-server-{time.monotonic_ns()}.log"
-        with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "backend", "serve", "--port", "0", "--workdir", str(workdir),
-                 "--device", "cpu", *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, **popen)
-        line = self.proc.stdout.readline()
-        assert line, f"server exited before its ready line:\n{self.log_path.read_text()}"
-        ready = json.loads(line)
-        assert ready["event"] == "ready" and ready["protocol"] == protocol.PROTOCOL_VERSION
-        self.port = ready["port"]
-
-    def client(self, token: str = "", **kwargs) -> Client:
-        return Client("127.0.0.1", self.port, token, timeout=30, **kwargs)
-
-    def rss(self) -> int:
-        """The server's resident memory in bytes."""
-        status = Path(f"/proc/{self.proc.pid}/status").read_text()
-        return int(status.split("VmRSS:")[1].split()[0]) * 1024
-
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(10)
-        self.proc.stdout.close()
-
-
-@pytest.fixture
-def start_server():
-    servers = []
-
-    def start(workdir: Path, *args: str, **popen) -> ServerProcess:
-        servers.append(ServerProcess(workdir, *args, **popen))
-        return servers[-1]
-    yield start
-    for s in servers:
-        s.kill()
-
-
-@pytest.fixture(scope="module")
-def scene():
-    """A random 300-Gaussian model and six 32x32 views of it: (model, cameras, top-down uint8 RGB images)."""
-    model = random_gaussians(300, seed=1, sh_degree=1)
-    cameras = orbit_cameras(6, SIZE, SIZE)
-    images = []
-    with torch.no_grad():
-        for cam in cameras:
-            image = render(model, cam, 1, (1.0, 1.0, 1.0)).image
-            images.append((image.clamp(0, 1).numpy() * 255 + 0.5).astype(np.uint8))
-    return model, cameras, images
-
-
-def png_bytes(image: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    Image.fromarray(image).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def expected_frame(g, cam, sh_degree: int, background) -> np.ndarray:
-    """What the server should send: RGBA8, rows bottom-up."""
-    with torch.no_grad():
-        out = render(g, cam, sh_degree, background)
-    rgba = torch.cat([out.image, out.alpha[..., None]], dim=-1)
-    return (rgba.clamp(0, 1) * 255 + 0.5).to(torch.uint8).numpy()[::-1]
-
-
-def wait_for(client: Client, predicate, timeout: float = 120.0) -> dict:
-    """The first event `predicate` accepts; the timeout is generous for a loaded CI machine."""
-    deadline = time.monotonic() + timeout
-    for event in client.events(timeout=timeout):
-        if predicate(event):
-            return event
-        assert time.monotonic() < deadline, "timed out waiting for an event"
-    raise AssertionError("no matching event before the connection closed or went quiet")
-
-
-def add_scene_views(client: Client, scene, count: int = 4) -> None:
-    _, cameras, images = scene
-    for cam, image in list(zip(cameras, images))[:count]:
-        client.add_view(cam, png_bytes(image))
+from helpers import ROOT
+from server_helpers import SIZE, add_scene_views, expected_frame, png_bytes, raw_connect, read_until_closed, wait_for
 
 
 def test_session_end_to_end(tmp_path, start_server, scene):
@@ -273,25 +182,6 @@ def test_serves_on_the_add_ons_port_and_says_what_to_do_where_it_is_taken(tmp_pa
     assert result.returncode == 1 and result.stdout == ""
     assert f"cannot listen on 127.0.0.1:{protocol.DEFAULT_PORT}" in result.stderr
     assert "pass another --port (0: a free one)" in result.stderr
-
-
-def raw_connect(port: int, hello: bool = True) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-    if hello:
-        protocol.send_message(sock, protocol.encode_message(
-            REQUESTS, "hello", 1, {"token": "", "protocol": protocol.PROTOCOL_VERSION}))
-        assert protocol.read_message(sock, SERVER_MESSAGES).type == "reply"
-    return sock
-
-
-def read_until_closed(sock: socket.socket) -> list:
-    """Every message the server sends until it closes the connection."""
-    messages = []
-    while True:
-        try:
-            messages.append(protocol.read_message(sock, SERVER_MESSAGES))
-        except protocol.ConnectionClosed:
-            return messages
 
 
 def test_handshake_errors(tmp_path, start_server):

@@ -23,8 +23,8 @@ from backend.render.reference import quat_to_rotmat
 from backend.server import Server
 from backend.session import Session, imported_file
 from backend.train import TrainConfig, Trainer
-from conftest import orbit_cameras, random_gaussians
-from test_server import expected_frame, raw_connect, wait_for
+from helpers import assert_same_model, moving_model, orbit_cameras, random_gaussians
+from server_helpers import expected_frame, raw_connect, wait_for
 
 SIZE = 24
 BACKGROUNDS = {"near": (1.0, 1.0, 1.0), "far": (0.2, 0.3, 0.4)}
@@ -218,25 +218,6 @@ def test_a_4d_session_renders_and_exports_the_time_asked_for(tmp_path):
     finally:
         server.stop()
         thread.join(30)
-
-
-def moving_model(n: int = 80, seed: int = 6):
-    """A small 4D model whose Gaussians move, turn and fade in and out."""
-    from backend.dynamic import DynamicGaussians
-    model = DynamicGaussians.from_static(random_gaussians(n, seed=seed, sh_degree=1, scale=0.12))
-    gen = torch.Generator().manual_seed(seed)
-    model.velocities = 0.6 + 0.2 * torch.randn(n, 3, generator=gen)
-    model.accelerations = 0.3 * torch.randn(n, 3, generator=gen)
-    model.angular_velocities = torch.randn(n, 3, generator=gen)
-    model.time_precisions = 2.0 * torch.rand(n, generator=gen)
-    return model
-
-
-def assert_same_model(a: Gaussians, b: Gaussians, atol: float = 0.0) -> None:
-    assert type(a) is type(b) and a.names() == b.names()
-    for name in a.names():
-        torch.testing.assert_close(getattr(a, name), getattr(b, name), atol=atol, rtol=0.0 if atol == 0 else 1e-5,
-                                   msg=name)
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """Splats in an animation render, in real Blender (the bpy modules 4.5 and 5.0): the scene camera and a trained
 session's model object move on each of three frames, rendered with Cycles beside a wall through the model's
-middle and a cube in front of it. tests/blender_splats_animation_scenario.py runs in Blender; these tests check
-each frame against the backend's own render of the model through that frame's camera taken into the model's
+middle and a cube in front of it. tests/blender/scenarios/splats_animation.py runs in Blender; these tests
+check each frame against the backend's own render of the model through that frame's camera taken into the model's
 space, as that frame places it."""
 from __future__ import annotations
 
@@ -11,18 +11,17 @@ import numpy as np
 import pytest
 
 from blender_addon.core.codecs import camera_from_wire
-from conftest import ROOT
-from test_addon_bpy import BLENDERS, addon_zip, run_scenario  # noqa: F401  (addon_zip is a fixture)
-from test_scene_splats_bpy import DEPTH_MARGIN, LEVEL, SESSION, placed_frame, png, splat_model, srgb8, trained_session
-from test_splats_gui import depth_of_wall
+from blender.runner import BLENDERS, SCENARIOS, run_scenario
+from splat_helpers import (DEPTH_MARGIN, LEVEL, SESSION, depth_of_wall, placed_frame, png, splat_model, srgb8,
+                           trained_session)
 
 pytestmark = pytest.mark.blender
 
-SCENARIO = ROOT / "tests" / "blender_splats_animation_scenario.py"
+SCENARIO = SCENARIOS / "splats_animation.py"
 
 
 @pytest.fixture(scope="module", params=BLENDERS)
-def animation(addon_zip, tmp_path_factory, request) -> dict:  # noqa: F811
+def animation(addon_zip, tmp_path_factory, request) -> dict:
     home = tmp_path_factory.mktemp(f"blender-splats-animation-{request.param}")
     model = splat_model()
     trained_session(home / "sessions", model)

@@ -8,8 +8,8 @@ import pytest
 from blender_addon.core import protocol
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.protocol import REQUESTS
-from blender_addon.placement import crop_matrix, model_to_world
-from test_protocol import CAMERA, roundtrip
+from blender_addon.logic.placement import crop_matrix, model_to_world
+from server_helpers import CAMERA, roundtrip
 
 
 def turned(angle: float) -> np.ndarray:

@@ -1,13 +1,11 @@
 """Splats drawn with the scene in a real Blender window: Debian's Blender 3.4 under Xvfb runs
-tests/blender_splats_gui_scenario.py, which adds a trained session's model to the scene and looks at it in Solid
+tests/blender/scenarios/splats_gui.py, which adds a trained session's model to the scene and looks at it in Solid
 shading past a cube in front of it and a wall through its middle. The screenshots (kept in test-artifacts/) show
 the backend's frame where the splats are in front and the meshes where they are; moving the object moves the
 splats; a crop box crops them, and a second session's model in front is drawn over them; drawing never waits on
 Blender's main thread."""
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import subprocess
 import sys
@@ -20,48 +18,47 @@ from PIL import Image
 
 import build_addon
 from blender_addon.core.codecs import camera_from_wire
-from blender_addon.placement import camera_in_model
+from blender_addon.logic.placement import camera_in_model
+from backend.dynamic import DynamicGaussians
 from backend.render import render
-from conftest import ROOT
-from test_scene_splats_bpy import (BACKGROUND, MARKER_AT, MARKER_RGB, SECOND, SESSION, inside_crop, moving_model,
-                                   second_model, splat_model, subset, trained_session)
-from test_viewport_gui import ARTIFACTS, EDGE, xvfb  # noqa: F401  (xvfb is a fixture)
+from blender.runner import ARTIFACTS, EDGE, SCENARIOS, blender_env, run_window_scenario
+from helpers import random_gaussians
+from splat_helpers import (BACKGROUND, DEPTH_MARGIN, MARKER_AT, MARKER_RGB, SECOND, SESSION, depth_of_wall,
+                           inside_crop, second_model, splat_model, subset, trained_session)
 
 pytestmark = pytest.mark.blender
 
-SCENARIO = ROOT / "tests" / "blender_splats_gui_scenario.py"
+SCENARIO = SCENARIOS / "splats_gui.py"
 WINDOW = (640, 480)
 LEVEL = 1 / 255 + 1e-9  # one 8-bit level, with room for the rounding of pixel differences
-DEPTH_MARGIN = 0.05  # splats this close to a surface may fall either side of it in a pixel
 UI_GAMMA = 2.2  # the power Blender's viewport blends what draw handlers draw in (overlay.py)
 MOVING = "splat-moving"  # a 4D session
 
 
+def moving_model() -> DynamicGaussians:
+    """Gaussians that move 0.6 along x over the clip."""
+    g = DynamicGaussians.from_static(random_gaussians(150, seed=9, sh_degree=0, scale=0.1))
+    g.opacity_logits = g.opacity_logits + 3.0
+    g.velocities = torch.tensor([[0.6, 0.0, 0.0]]).expand(len(g), 3).clone()
+    return g
+
+
 @pytest.fixture(scope="module")
-def viewport(xvfb, tmp_path_factory) -> dict:  # noqa: F811
+def viewport(xvfb, tmp_path_factory) -> dict:
     home = tmp_path_factory.mktemp("blender-splats-gui")
     model = splat_model()
     trained_session(home / "sessions", model)
     trained_session(home / "sessions", second_model(), SECOND)
     trained_session(home / "sessions", moving_model(), MOVING)
     addon_zip = build_addon.build(home / "dist")
-    env = {**os.environ, "DISPLAY": xvfb, "BLENDER_USER_SCRIPTS": str(home / "scripts"),
-           "BLENDER_USER_CONFIG": str(home / "config")}
-    run = subprocess.run(["blender", "--factory-startup", "-p", "0", "0", str(WINDOW[0]), str(WINDOW[1]),
-                          "--python", str(SCENARIO), "--", "--zip", str(addon_zip), "--workdir", str(home / "sessions"),
-                          "--session", SESSION, "--second", SECOND, "--moving", MOVING, "--python", sys.executable,
-                          "--out", str(home / "out")],
-                         env=env, cwd=home, capture_output=True, text=True, timeout=240)
-    result_file = home / "out" / "result.json"
-    assert result_file.is_file(), f"Blender wrote no result (exit code {run.returncode}):\n{run.stdout[-3000:]}\n" \
-                                  f"{run.stderr[-3000:]}"
-    result = json.loads(result_file.read_text())
-    assert "failure" not in result, result.get("traceback")
-    cli = subprocess.run(["blender", "-b", result["blend"], "-f", "1"], env=env, cwd=home, capture_output=True,
-                         text=True, timeout=180)
+    result = run_window_scenario(SCENARIO, home, xvfb, WINDOW, "--zip", str(addon_zip), "--workdir",
+                                 str(home / "sessions"), "--session", SESSION, "--second", SECOND, "--moving", MOVING,
+                                 "--python", sys.executable)
+    cli = subprocess.run(["blender", "-b", result["blend"], "-f", "1"], env=blender_env(home, DISPLAY=xvfb), cwd=home,
+                         capture_output=True, text=True, timeout=180)
     ARTIFACTS.mkdir(exist_ok=True)
     shutil.copy(result["shown"]["screenshot"], ARTIFACTS / "viewport_splats_in_scene.png")
-    return {**result, "model": model, "stderr": run.stderr, "cli": cli}
+    return {**result, "model": model, "cli": cli}
 
 
 def region_of(viewport, name: str) -> np.ndarray:
@@ -134,15 +131,8 @@ def test_meshes_in_front_hide_the_splats_and_splats_in_front_hide_the_meshes(vie
     assert errors["opaque in front"] <= 2 * LEVEL and errors["in front, blended"] <= 2 * LEVEL
 
 
-def depth_of_wall(cam) -> np.ndarray:
-    """The view depth of the wall (the plane y = 0) at each pixel of `cam`."""
-    j, i = np.mgrid[0:cam.height, 0:cam.width] + 0.5
-    rays = np.stack([(i - cam.K[0, 2]) / cam.K[0, 0], (j - cam.K[1, 2]) / cam.K[1, 1], np.ones_like(i)], -1)
-    return -cam.c2w[1, 3] / (rays @ cam.c2w[:3, :3].T)[..., 1]
-
-
 def srgb8(linear) -> np.ndarray:
-    from blender_addon.colors import linear_to_srgb
+    from blender_addon.logic.colors import linear_to_srgb
     return np.round(linear_to_srgb(np.asarray(linear)) * 255) / 255
 
 

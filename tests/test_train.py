@@ -17,7 +17,7 @@ from blender_addon.core.points import POINTS_FILE, write_points
 from backend.strategy import DefaultStrategy, edit_rows
 from backend.metrics import photometric_loss
 from backend.train import Trainer, evaluate, fit_to_views, load_checkpoint, mean_scores, warm_up, with_steps
-from conftest import ROOT, orbit_cameras, random_gaussians, write_scene
+from helpers import ROOT, orbit_cameras, random_gaussians, write_scene
 
 
 def small_config(iterations: int):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from blender_addon import colors, view_transform
-from blender_addon.view_transform import Inverse, even_grid, grey_inputs, grid_inputs, invert, shaper_of, trilinear
+from blender_addon.logic import colors, view_transform
+from blender_addon.logic.view_transform import Inverse, even_grid, grey_inputs, grid_inputs, invert, shaper_of, trilinear
 
 BYTE = 1.0 / 255.0
 

@@ -1,14 +1,12 @@
-"""The live viewport in a real Blender window: Debian's Blender 3.4 under Xvfb runs tests/blender_gui_scenario.py,
-which installs the built add-on, connects it to a CPU backend holding a generated model and shows the model in
-a 3D viewport with Rendered shading. The screenshot (kept in test-artifacts/) must match the backend's own
-render of that view, and view_draw must never wait on Blender's main thread. Captures render as Blender's
-render jobs there: the window stays live during a render, and Cancel Capture stops one midway."""
+"""The live viewport in a real Blender window: Debian's Blender 3.4 under Xvfb runs
+tests/blender/scenarios/viewport_gui.py, which installs the built add-on, connects it to a CPU backend holding a
+generated model and shows the model in a 3D viewport with Rendered shading. The screenshot (kept in
+test-artifacts/) must match the backend's own render of that view, and view_draw must never wait on Blender's
+main thread. Captures render as Blender's render jobs there: the window stays live during a render, and Cancel
+Capture stops one midway."""
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import subprocess
 import sys
 
 import numpy as np
@@ -18,40 +16,20 @@ from PIL import Image
 
 import build_addon
 from blender_addon.core.codecs import camera_from_wire
-from blender_addon.view_transform import Inverse
+from blender_addon.logic.view_transform import Inverse
 from backend.metrics import psnr
 from backend.render import render
-from conftest import ROOT, viewing_model
+from blender.runner import ARTIFACTS, EDGE, SCENARIOS, SCREEN, run_window_scenario
+from helpers import viewing_model
 
 pytestmark = pytest.mark.blender
 
-SCENARIO = ROOT / "tests" / "blender_gui_scenario.py"
-ARTIFACTS = ROOT / "test-artifacts"
-WINDOW = (1280, 800)
+SCENARIO = SCENARIOS / "viewport_gui.py"
+WINDOW = SCREEN  # the whole screen
 # The time a redraw takes depends on the machine's load; what can go wrong in the code is a redraw that waits.
 # Only an upload far slower than any load makes it fails: the idle figure (a few ms, Mesa's software GL; CI has
 # no GPU) is printed, and `python -m backend bench viewport` measures the main thread's own share.
 UPLOAD_1080P_LIMIT = 0.25  # seconds, median of uploading a 1920x1080 frame's buffer
-EDGE = 12  # pixels along the region's edges left out of the comparison
-
-
-@pytest.fixture(scope="module")
-def xvfb():
-    if not (shutil.which("blender") and shutil.which("Xvfb")):
-        pytest.skip("Debian's blender or Xvfb is not installed (apt-get install blender xvfb python3-numpy); "
-                    "the windowed viewport test needs both")
-    read, write = os.pipe()
-    server = subprocess.Popen(["Xvfb", "-displayfd", str(write), "-screen", "0", f"{WINDOW[0]}x{WINDOW[1]}x24",
-                               "-nolisten", "tcp"], pass_fds=(write,), stderr=subprocess.DEVNULL)
-    os.close(write)
-    with os.fdopen(read) as pipe:
-        display = pipe.readline().strip()  # Xvfb picks a free display and names it here once it listens
-    if not display:
-        server.kill()
-        pytest.skip("Xvfb did not start")
-    yield f":{display}"
-    server.terminate()
-    server.wait(10)
 
 
 @pytest.fixture(scope="module")
@@ -59,22 +37,13 @@ def viewport(xvfb, tmp_path_factory) -> dict:
     home = tmp_path_factory.mktemp("blender-gui")
     model, ply = viewing_model(home)
     addon_zip = build_addon.build(home / "dist")
-    env = {**os.environ, "DISPLAY": xvfb, "BLENDER_USER_SCRIPTS": str(home / "scripts"),
-           "BLENDER_USER_CONFIG": str(home / "config")}
-    run = subprocess.run(["blender", "--factory-startup", "--enable-event-simulate", "-p", "0", "0", str(WINDOW[0]),
-                          str(WINDOW[1]),
-                          "--python", str(SCENARIO), "--", "--zip", str(addon_zip), "--ply", str(ply),
-                          "--python", sys.executable, "--out", str(home / "out")], env=env, cwd=home, capture_output=True, text=True, timeout=240)
-    result_file = home / "out" / "result.json"
-    assert result_file.is_file(), f"Blender wrote no result (exit code {run.returncode}):\n{run.stdout[-3000:]}\n" \
-                                  f"{run.stderr[-3000:]}"
-    result = json.loads(result_file.read_text())
-    assert "failure" not in result, result.get("traceback")
+    result = run_window_scenario(SCENARIO, home, xvfb, WINDOW, "--zip", str(addon_zip), "--ply", str(ply), "--python",
+                                 sys.executable, options=("--enable-event-simulate",))
     ARTIFACTS.mkdir(exist_ok=True)
     shutil.copy(result["screenshot"], ARTIFACTS / "viewport_rendered.png")
     shutil.copy(result["filmic"]["screenshot"], ARTIFACTS / "viewport_rendered_filmic.png")
     shutil.copy(result["job_capture"]["panel_screenshot"], ARTIFACTS / "capture_panel.png")
-    return {**result, "model": model, "stderr": run.stderr}
+    return {**result, "model": model}
 
 
 def region_of(viewport, screenshot: str) -> np.ndarray:

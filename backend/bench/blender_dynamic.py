@@ -27,8 +27,8 @@ from mathutils import Matrix
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: the add-on's modules
 from blender_addon.core.cameras import BLENDER_TO_OPENCV, look_at  # noqa: E402
 from blender_addon.core.points import POINTS_FILE, write_points  # noqa: E402
-from blender_addon.dataset import DatasetWriter, frame_time, split_of  # noqa: E402
-from blender_addon.scene_io import camera_of, surface_points  # noqa: E402
+from blender_addon.logic.dataset import DatasetWriter, frame_time, split_of  # noqa: E402
+from blender_addon.scene.reading import camera_of, surface_points  # noqa: E402
 from backend.bench.blender_interior import material  # noqa: E402
 
 CENTER = (0.0, 0.0, 0.5)  # what the cameras look at

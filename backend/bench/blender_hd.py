@@ -23,7 +23,7 @@ import bpy
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: the add-on's and the bench's modules
-from blender_addon.dataset import DatasetWriter  # noqa: E402
+from blender_addon.logic.dataset import DatasetWriter  # noqa: E402
 from backend.bench.blender_interior import ROOM, box, build_room, camera_poses, material, render_views  # noqa: E402
 
 

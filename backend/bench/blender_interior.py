@@ -17,8 +17,8 @@ import bpy
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: the add-on's modules
-from blender_addon.dataset import DatasetWriter, split_of  # noqa: E402
-from blender_addon.scene_io import camera_of  # noqa: E402
+from blender_addon.logic.dataset import DatasetWriter, split_of  # noqa: E402
+from blender_addon.scene.reading import camera_of  # noqa: E402
 
 ROOM = (8.0, 6.0, 3.0)  # x, y, z extent in metres, floor at z = 0
 

@@ -185,8 +185,8 @@ def scenario(args: dict, result: dict):
     bpy.ops.preferences.addon_install(filepath=args["zip"], overwrite=True)
     bpy.ops.preferences.addon_enable(module="splatwright")
     addon = sys.modules["splatwright"]
-    backend, overlay = addon.live.backend, addon.overlay
-    prefs = bpy.context.preferences.addons["splatwright"].preferences
+    backend, overlay = addon.scene.live.backend, addon.render.overlay
+    prefs = bpy.context.preferences.addons["splatwright"].ui.preferences
     prefs.python, prefs.workdir = args["python"], args["workdir"]
     for obj in list(bpy.data.objects):
         bpy.data.objects.remove(obj)

@@ -70,7 +70,7 @@ def model_scenes(path: Path, width: int, height: int) -> dict[str, dict]:
     outside, where the model fills the view, and from the centre itself, along +x. Named "<file stem> outside" and
     "<file stem> inside"; drawn at the model's own SH degree; on the CPU (on_device puts one on the GPU)."""
     from blender_addon.core.cameras import Camera, intrinsics_from_fov_x, look_at
-    from blender_addon.dataset import fitting_distance
+    from blender_addon.logic.dataset import fitting_distance
     from ..formats import read_any
     g = read_any(path).detached()
     centre, radius = model_extent(g.means, 0.9)

@@ -16,8 +16,8 @@ import argparse
 import time
 
 from blender_addon.core.client import Client
-from blender_addon.dataset import frame_time
-from blender_addon.frames import Frame
+from blender_addon.logic.dataset import frame_time
+from blender_addon.logic.frames import Frame
 from .serve import SESSION, LiveBench, add_live_arguments, orbit_camera
 from .viewport import Latency, paused_and_training, report
 

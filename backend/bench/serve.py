@@ -28,7 +28,7 @@ import torch
 
 from blender_addon.core.cameras import Camera, intrinsics_from_fov_x, look_at
 from blender_addon.core.client import Client
-from blender_addon.frames import training_frame_gap
+from blender_addon.logic.frames import training_frame_gap
 from ..policy import device_name, resolve_device
 from ..gaussians import Gaussians
 from ..render import render

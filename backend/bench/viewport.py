@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from blender_addon.core.client import Client
-from blender_addon.frames import Frame, FrameStream
+from blender_addon.logic.frames import Frame, FrameStream
 from .serve import LiveBench, add_live_arguments, orbit_camera, percentiles
 
 FRAME_TIMEOUT = 120.0

@@ -2,7 +2,7 @@
 run by test_capture_bpy.py): Blender's startup scene, the built add-on installed as a legacy add-on, and a
 stand-in for a connected backend that records every request instead of sending it. Prints `RESULT <json>`.
 
-    python tests/blender_capture_scenario.py --zip dist/splatwright-X.zip --out DIR
+    PYTHONPATH=tests python tests/blender/scenarios/capture.py --zip dist/splatwright-X.zip --out DIR
 """
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ from pathlib import Path
 
 import bpy
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from blender_scenario import pump, report  # noqa: E402  (also catches the add-on's timers)
+from blender.kit import pump, report  # (also catches the add-on's timers)
 
 STALL_SECONDS = 240  # under test_capture_bpy's timeout
 
@@ -22,7 +21,7 @@ STALL_SECONDS = 240  # under test_capture_bpy's timeout
 def capture(out: Path) -> dict:
     """Run Capture Views; what it returned, the one line it reported and what it made."""
     try:
-        returned, report = list(bpy.ops.splatwright.capture()), ""
+        returned, report = list(bpy.ops.splatwright.scene.capture()), ""
     except RuntimeError as e:  # an operator's error report, raised by bpy.ops
         returned, report = ["CANCELLED"], str(e)
     folders = sorted(p.name for p in (out / "dataset").iterdir()) if (out / "dataset").is_dir() else []
@@ -65,7 +64,7 @@ def first_view_fails(addon, out: Path) -> dict:
     s = scene.splatwright
     s.source, s.render_engine, s.samples, s.initial_points = "ORBIT", "SCENE", 1, True
     engine, scene.render.engine = scene.render.engine, "CYCLES"
-    capture_class = addon.capture.Capture
+    capture_class = addon.scene.capture.Capture
     store = capture_class._store
 
     def unwritten(job, path):  # the render's image is gone: the capture's own check refuses the view
@@ -82,14 +81,14 @@ def first_view_fails(addon, out: Path) -> dict:
 def device_defaults(addon, backend) -> dict:
     """The scenes' settings take the connected backend's device defaults until the user changes one, and
     before a backend connects those of the machine's likely device."""
-    properties = addon.properties
+    properties = addon.ui.properties
     s = bpy.data.scenes.new("Fresh").splatwright  # the startup scene's settings were changed above
-    fields = list(addon.defaults.DEVICE_DEFAULTS["cpu"])
+    fields = list(addon.logic.defaults.DEVICE_DEFAULTS["cpu"])
     result = {"start": {name: getattr(s, name) for name in fields}}
     backend.connection = "disconnected"  # no backend yet: the defaults of the device one would have here
     pump()
     result["unconnected"] = {name: getattr(s, name) for name in fields}
-    result["machine_device"] = addon.defaults.machine_device()
+    result["machine_device"] = addon.logic.defaults.machine_device()
     backend.connection = "connected"
     backend.capabilities = {"device": "cpu"}
     pump()
@@ -113,7 +112,7 @@ def run(zip_path: Path, out: Path) -> dict:
     bpy.ops.preferences.addon_install(filepath=str(zip_path), overwrite=True)
     bpy.ops.preferences.addon_enable(module="splatwright")
     addon = sys.modules["splatwright"]
-    backend = addon.live.backend
+    backend = addon.scene.live.backend
     requests: list[str] = []
     backend.connection = "connected"  # a stand-in: requests are recorded, none is sent
     backend.call = lambda label, fn, then=None: requests.append(label)

@@ -4,7 +4,8 @@ Rendered with the Splatwright engine, wait for a full-size frame and take a scre
 view transform and then under Filmic, keeping the frame the view showed. Writes result.json into the output
 folder for pytest, then quits.
 
-    blender --factory-startup -p 0 0 1280 800 --python tests/blender_gui_scenario.py -- --zip Z --ply P --python PY --out DIR
+    PYTHONPATH=tests:. blender --factory-startup --enable-event-simulate -p 0 0 1280 800 \
+        --python tests/blender/scenarios/viewport_gui.py -- --zip Z --ply P --python PY --out DIR
 
 Blender's event loop runs the whole time; the scenario is a generator stepped by a timer, so it never blocks it.
 """
@@ -20,10 +21,8 @@ import bpy
 import numpy as np
 from mathutils import Euler, Vector
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from blocking_calls import BlockingCalls  # noqa: E402
 from backend.bench.windowed import data_writable, run_in_window, until  # noqa: E402
+from blender.blocking_calls import BlockingCalls
 
 FRAME_TIMEOUT = 120.0
 TICKS_DURING_RENDER = 5  # a render that blocked Blender's main thread would let none through
@@ -64,22 +63,22 @@ def cancelled_capture(addon, out: Path, result: dict):
     camera, frame = scene.camera, scene.frame_current
     window, area, region, _ = view3d()
     with bpy.context.temp_override(window=window, area=area, region=region):
-        result["capture_invoked"] = list(bpy.ops.splatwright.capture("INVOKE_DEFAULT"))
+        result["capture_invoked"] = list(bpy.ops.splatwright.scene.capture("INVOKE_DEFAULT"))
     # Before its first view the backend's session is still the one before: nothing may open another or train it.
     result["blocked_during_capture"] = {
-        "import": addon.io_formats.SPLATWRIGHT_OT_import_splats.blocked(bpy.context),
-        "train": addon.operators.SPLATWRIGHT_OT_train_start.blocked(bpy.context),
-        "views_stored": addon.live.capture.done}
-    yield from until(lambda: addon.live.capture is None or addon.live.capture.done >= 5, "five captured views", 60)
+        "import": addon.ops.formats.SPLATWRIGHT_OT_import_splats.blocked(bpy.context),
+        "train": addon.ops.training.SPLATWRIGHT_OT_train_start.blocked(bpy.context),
+        "views_stored": addon.scene.live.capture.done}
+    yield from until(lambda: addon.scene.live.capture is None or addon.scene.live.capture.done >= 5, "five captured views", 60)
     window.event_simulate(type="ESC", value="PRESS")
-    yield from until(lambda: addon.live.capture is None, "the capture ends on Esc", 30)
-    yield from until(lambda: not addon.live.backend.in_flight, "captured views sent", 30)
+    yield from until(lambda: addon.scene.live.capture is None, "the capture ends on Esc", 30)
+    yield from until(lambda: not addon.scene.live.backend.in_flight, "captured views sent", 30)
     folder = Path(s.capture_folder)
     frames = {split: len(json.loads((folder / f"transforms_{split}.json").read_text())["frames"])
               for split in ("train", "test") if (folder / f"transforms_{split}.json").is_file()}
     result["cancelled_capture"] = {
         "frames": frames, "pngs": len(list(folder.glob("*/*.png"))), "points": (folder / "points3d.ply").is_file(),
-        "views_sent": addon.live.backend.status.get("views"), "camera_restored": scene.camera == camera,
+        "views_sent": addon.scene.live.backend.status.get("views"), "camera_restored": scene.camera == camera,
         "frame_restored": scene.frame_current == frame,
         "orbit_camera_left": any(o.name.startswith("Splatwright Orbit") for o in bpy.data.objects)}
 
@@ -90,7 +89,7 @@ class CapturePanelForScreenshot(bpy.types.Panel):
     bl_idname = "VIEW3D_PT_splatwright_capture_shot"
 
     def draw(self, context):
-        sys.modules["splatwright"].panels.SPLATWRIGHT_PT_capture.draw(self, context)
+        sys.modules["splatwright"].ui.panels.SPLATWRIGHT_PT_capture.draw(self, context)
 
 
 def capture_during_render(addon, out: Path, result: dict):
@@ -124,8 +123,8 @@ def capture_during_render(addon, out: Path, result: dict):
         return 0.02
     bpy.app.timers.register(tick)
     with bpy.context.temp_override(window=window, area=area, region=region):
-        result["job_capture_invoked"] = list(bpy.ops.splatwright.capture("INVOKE_DEFAULT"))
-    job = addon.live.capture
+        result["job_capture_invoked"] = list(bpy.ops.splatwright.scene.capture("INVOKE_DEFAULT"))
+    job = addon.scene.live.capture
     yield from until(lambda: job.done == 1 and bpy.app.is_job_running("RENDER"), "frame 2 rendering", 120)
     start, ticks_before, draws_before = time.monotonic(), len(ticks), len(draws)
     yield from until(lambda: len(ticks) - ticks_before >= TICKS_DURING_RENDER and len(draws) - draws_before >= 2,
@@ -134,7 +133,7 @@ def capture_during_render(addon, out: Path, result: dict):
     rendering = bpy.app.is_job_running("RENDER")
     cancel_at = time.monotonic()
     bpy.ops.splatwright.capture_cancel()
-    yield from until(lambda: addon.live.capture is None, "the capture ends on Cancel Capture", 60)
+    yield from until(lambda: addon.scene.live.capture is None, "the capture ends on Cancel Capture", 60)
     ended = time.monotonic()
     bpy.app.timers.unregister(tick)
     bpy.types.SpaceView3D.draw_handler_remove(handler, "WINDOW")
@@ -149,7 +148,7 @@ def capture_during_render(addon, out: Path, result: dict):
         "pngs": sorted(p.name for p in folder.glob("*/*.png")), "panel_screenshot": shot,
         "engine_restored": scene.render.engine == "CYCLES", "denoising_restored": scene.cycles.use_denoising,
         "without_denoising": job.without_denoising, "summary": job.summary(),
-        "render_window_after": addon.capture.render_window(bpy.context) is not None}
+        "render_window_after": addon.scene.capture.render_window(bpy.context) is not None}
     scene.animation_data_clear()
 
 
@@ -192,14 +191,14 @@ def under_filmic(addon, out: Path, result: dict):
     Filmic is ready, then through it. A screenshot then, with the frame and the inverse."""
     scene = bpy.context.scene
     scene.view_settings.view_transform = "Filmic"
-    key = addon.view_colors.view_key(scene)
-    view = next(iter(addon.engine._views))
+    key = addon.render.view_colors.view_key(scene)
+    view = next(iter(addon.render.engine._views))
     view3d()[1].tag_redraw()
     start = time.monotonic()
     yield from until(lambda: view.shown_key == key, "the view drawn through Filmic's inverse", 60)
     seconds = time.monotonic() - start
     yield 0.5  # a settled viewport
-    inverse = addon.view_colors.ready_inverse(key)
+    inverse = addon.render.view_colors.ready_inverse(key)
     np.savez(out / "filmic_inverse.npz", **vars(inverse))
     result["filmic"] = {"seconds": seconds, "screenshot": screenshot(out / "viewport_filmic.png"),
                         "frame": shown_frame(view, out, "filmic"), "inverse": str(out / "filmic_inverse.npz"),
@@ -216,7 +215,7 @@ def render_job(addon, out: Path, result: dict):
     scene.render.resolution_x, scene.render.resolution_y, scene.render.resolution_percentage = 80, 60, 100
     output = scene.render.image_settings
     output.file_format, output.color_mode, output.color_depth = "PNG", "RGB", "8"
-    engine = addon.engine.SPLATWRIGHT_RE_engine
+    engine = addon.render.engine.SPLATWRIGHT_RE_engine
     frames, threads, fetch = [], [], engine.fetch
 
     def kept_fetch(self, scene):
@@ -236,7 +235,7 @@ def render_job(addon, out: Path, result: dict):
         view.render_display_type, engine.fetch = display, fetch
     path = out / "render_job.png"
     bpy.data.images["Render Result"].save_render(str(path), scene=scene)
-    inverse = addon.view_colors.ready_inverse(addon.view_colors.view_key(scene))
+    inverse = addon.render.view_colors.ready_inverse(addon.render.view_colors.view_key(scene))
     np.savez(out / "render_job_inverse.npz", **vars(inverse))
     np.save(out / "render_job_frame.npy", frames[-1])
     result["render_job"] = {"png": str(path), "frame": str(out / "render_job_frame.npy"),
@@ -250,8 +249,8 @@ def scenario(args: dict, result: dict):
     bpy.ops.preferences.addon_install(filepath=args["zip"], overwrite=True)
     bpy.ops.preferences.addon_enable(module="splatwright")
     addon = sys.modules["splatwright"]
-    backend = addon.live.backend
-    prefs = bpy.context.preferences.addons["splatwright"].preferences
+    backend = addon.scene.live.backend
+    prefs = bpy.context.preferences.addons["splatwright"].ui.preferences
     prefs.python, prefs.workdir = args["python"], str(out / "sessions")  # the checkout's environment
     bpy.ops.splatwright.backend_start()
     yield from until(lambda: backend.connection == "connected", "backend start", 120)
@@ -273,7 +272,7 @@ def scenario(args: dict, result: dict):
     rv3d.view_location = Vector((0.0, 0.0, 0.0))
     rv3d.view_rotation = Euler((1.1, 0.0, 0.7)).to_quaternion()
     rv3d.view_distance = 6.0
-    engine = addon.engine
+    engine = addon.render.engine
     view_draws = watch_view_draw(engine)
     space.shading.type = "RENDERED"
     area.tag_redraw()
@@ -305,7 +304,7 @@ def scenario(args: dict, result: dict):
                    "view_draws": view_draws})
 
     # The upload the main thread does per frame, at 1920x1080, from the buffer the stream thread prepares.
-    pixels = addon.colors.display_pixels(np.zeros((UPLOAD_SIZE[1], UPLOAD_SIZE[0], 4), np.uint8))
+    pixels = addon.logic.colors.display_pixels(np.zeros((UPLOAD_SIZE[1], UPLOAD_SIZE[0], 4), np.uint8))
     timings = []
     for _ in range(5):
         t0 = time.perf_counter()

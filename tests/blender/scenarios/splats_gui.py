@@ -3,11 +3,10 @@ test_splats_gui.py): install the built zip as a legacy add-on, start a CPU backe
 Add Model to Scene, and look at it in Solid shading past a cube in front of it and a wall through its middle.
 Screenshots with the splat object shown, hidden, and moved, then cropped by a crop box with a second session's
 model in front of it; the frames drawn and the cameras are saved for pytest. Then F12 with Cycles as render jobs, and the .blend for `blender -b scene.blend -f 1`. Writes
-result.json into the output folder, then quits. The scene (add_wall_and_cube) is blender_splats_scenario.py's
-too.
+result.json into the output folder, then quits. The scene is splat_scene.py's, which splats.py renders too.
 
-    blender --factory-startup -p 0 0 W H --python tests/blender_splats_gui_scenario.py -- --zip Z --workdir W \
-        --session S --second S2 --moving S3 --python PY --out DIR
+    PYTHONPATH=tests:. blender --factory-startup -p 0 0 W H --python tests/blender/scenarios/splats_gui.py -- \
+        --zip Z --workdir W --session S --second S2 --moving S3 --python PY --out DIR
 
 Blender's event loop runs the whole time; the scenario is a generator stepped by a timer, so it never blocks it.
 """
@@ -19,21 +18,16 @@ from pathlib import Path
 
 import bpy
 import numpy as np
-from mathutils import Euler, Matrix, Vector
+from mathutils import Euler, Vector
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from blocking_calls import BlockingCalls  # noqa: E402
 from backend.bench.windowed import data_writable, run_in_window, until  # noqa: E402
+from blender.blocking_calls import BlockingCalls
+from blender.splat_scene import (CROP_LOCATION, CROP_SCALE, CUBE_COLOR, MOVE, SECOND_AT, WALL_COLOR, add_wall_and_cube,
+                                 render_with_cycles)
 
 FRAME_TIMEOUT = 120.0
-WALL_COLOR, CUBE_COLOR, BACKGROUND_COLOR = (0.1, 0.45, 0.2), (0.05, 0.1, 0.6), (0.05, 0.05, 0.05)
-CUBE_AT, CUBE_SIZE = (0.45, -2.0, 0.0), 0.5  # in front of the model, which sits around the origin
-CAMERA_AT, LOOK_AT, RENDER_SIZE = (0.0, -6.0, 0.6), (0.0, 0.0, 0.2), (64, 48)
-MOVE = Matrix.Translation((-0.3, 0.0, -0.2)) @ Euler((0.0, 0.0, 0.35)).to_matrix().to_4x4()
-SECOND_AT = Matrix.Translation((0.35, -3.4, 0.25)) @ Matrix.Scale(0.5, 4)  # a second model, in front of the first
+BACKGROUND_COLOR = (0.05, 0.05, 0.05)
 TIMELINE_END = 24  # the scene's last frame while a 4D model is shown: time 1
-CROP_LOCATION, CROP_SCALE = (0.45, 0.0, 0.1), (0.6, 1.5, 1.5)  # in the first model object's space: its right part
 
 
 def view3d():
@@ -41,45 +35,6 @@ def view3d():
     area = next(a for a in window.screen.areas if a.type == "VIEW_3D")
     region = next(r for r in area.regions if r.type == "WINDOW")
     return window, area, region, area.spaces.active
-
-
-def emitting(obj, rgb) -> None:
-    """`rgb` as the object's Solid colour and as its material's Emission, which renders it as it is."""
-    obj.color = (*rgb, 1.0)
-    material = bpy.data.materials.new(obj.name)
-    material.use_nodes = True
-    nodes = material.node_tree.nodes
-    nodes.clear()
-    emission, output = nodes.new("ShaderNodeEmission"), nodes.new("ShaderNodeOutputMaterial")
-    emission.inputs["Color"].default_value = (*rgb, 1.0)
-    material.node_tree.links.new(emission.outputs["Emission"], output.inputs["Surface"])
-    obj.data.materials.append(material)
-
-
-def add_wall_and_cube(scene) -> None:
-    """A wall (the plane y = 0, facing -y) through the model's middle, a cube in front of it, and a camera
-    looking at them; the display values as the renders hold them."""
-    scene.view_settings.view_transform = "Standard"
-    scene.render.dither_intensity = 0.0  # the display transform's noise would blur the comparisons
-    bpy.ops.mesh.primitive_plane_add(size=20.0, rotation=(1.5707963, 0.0, 0.0))
-    bpy.context.active_object.name = "Wall"
-    emitting(bpy.context.active_object, WALL_COLOR)
-    bpy.ops.mesh.primitive_cube_add(size=CUBE_SIZE, location=CUBE_AT)
-    bpy.context.active_object.name = "Cube"
-    emitting(bpy.context.active_object, CUBE_COLOR)
-    bpy.ops.object.select_all(action="DESELECT")
-    camera = bpy.data.objects.new("Camera", bpy.data.cameras.new("Camera"))
-    camera.location = CAMERA_AT
-    camera.rotation_euler = (Vector(LOOK_AT) - Vector(CAMERA_AT)).to_track_quat("-Z", "Y").to_euler()
-    scene.collection.objects.link(camera)
-    scene.camera = camera
-
-
-def render_with_cycles(scene) -> None:
-    scene.render.engine = "CYCLES"
-    scene.cycles.device, scene.cycles.samples, scene.cycles.use_denoising, scene.cycles.seed = "CPU", 1, False, 1
-    scene.render.resolution_x, scene.render.resolution_y = RENDER_SIZE
-    scene.render.resolution_percentage = 100
 
 
 def show_solid(space) -> None:
@@ -137,11 +92,11 @@ def saved_frame(addon, name: str, out: Path, layer, model_name: str) -> dict:
     rgba, depth = addon.core.codecs.unpacked_layer(frame.pixels)
     np.save(out / f"{name}_rgba.npy", rgba.reshape(*size, 4))
     np.save(out / f"{name}_depth.npy", depth.reshape(size))
-    view = addon.scene_io.region_camera(region, space.region_3d)
+    view = addon.scene.reading.region_camera(region, space.region_3d)
     return {"rgba": str(out / f"{name}_rgba.npy"), "depth": str(out / f"{name}_depth.npy"),
             "camera": addon.core.codecs.camera_to_wire(view), "background": frame.fields["background"],
-            "model_matrix": addon.scene_splats.model_matrix(bpy.data.objects[model_name]).tolist(),
-            "strips": layer.strips, "rows_per_strip": addon.overlay.STRIP_PIXELS // frame.fields["width"]}
+            "model_matrix": addon.scene.splats.model_matrix(bpy.data.objects[model_name]).tolist(),
+            "strips": layer.strips, "rows_per_strip": addon.render.overlay.STRIP_PIXELS // frame.fields["width"]}
 
 
 def snapshot(addon, name: str, out: Path, result: dict, layer=None):
@@ -161,8 +116,8 @@ def snapshot(addon, name: str, out: Path, result: dict, layer=None):
 def several_models(addon, args: dict, out: Path, result: dict):
     """The first model cropped by a crop box, and a second session's model in front of it: both drawn."""
     window, area, region, space = view3d()
-    model, overlay = bpy.data.objects[args["session"]], addon.overlay
-    other = addon.scene_splats.add_model_object(bpy.context.view_layer, bpy.context.scene.collection,
+    model, overlay = bpy.data.objects[args["session"]], addon.render.overlay
+    other = addon.scene.splats.add_model_object(bpy.context.view_layer, bpy.context.scene.collection,
                                                 args["second"], (0.0, 0.0, 0.0), 0.5)
     other.matrix_world = SECOND_AT
     bpy.context.view_layer.objects.active = model
@@ -175,7 +130,7 @@ def several_models(addon, args: dict, out: Path, result: dict):
     yield from until(lambda: all(k in overlay._layers and settled(overlay._layers[k], region) for k in keys),
                      "frames of the cropped model and the second one", FRAME_TIMEOUT)
     yield from snapshot(addon, "several", out, result)
-    result["several"].update(crop=addon.scene_splats.model_choice(model, bpy.context.scene)["crop"].tolist(), frames={
+    result["several"].update(crop=addon.scene.splats.model_choice(model, bpy.context.scene)["crop"].tolist(), frames={
         label: saved_frame(addon, f"several_{label}", out, overlay._layers[key], key[1])
         for key, label in zip(keys, ("first", "second"))})
     bpy.data.objects.remove(box)
@@ -185,17 +140,17 @@ def several_models(addon, args: dict, out: Path, result: dict):
 def timeline(addon, args: dict, out: Path, result: dict):
     """A 4D session's model (the first one hidden) at the scene's first and last frames."""
     window, area, region, space = view3d()
-    scene, overlay = bpy.context.scene, addon.overlay
+    scene, overlay = bpy.context.scene, addon.render.overlay
     first = bpy.data.objects[args["session"]]
     first.hide_set(True)
-    moving = addon.scene_splats.add_model_object(bpy.context.view_layer, scene.collection, args["moving"],
+    moving = addon.scene.splats.add_model_object(bpy.context.view_layer, scene.collection, args["moving"],
                                                  (0.0, 0.0, 0.0), 0.5)
     scene.frame_start, scene.frame_end = 1, TIMELINE_END
     key = (region.as_pointer(), moving.name)
     for frame in (1, TIMELINE_END):
         scene.frame_set(frame)
         area.tag_redraw()
-        time = addon.scene_splats.scene_time(scene)
+        time = addon.scene.splats.scene_time(scene)
 
         def shows_the_frame():
             layer = overlay._layers.get(key)
@@ -233,8 +188,8 @@ def final_renders(addon, out: Path, result: dict):
         result[name] = str(out / f"{name}.png")
     bpy.app.handlers.render_complete.remove(completed)
     model.hide_render = False
-    result["render_camera"] = addon.core.codecs.camera_to_wire(addon.scene_io.camera_of(scene.camera, scene))
-    result["render_model_matrix"] = addon.scene_splats.model_matrix(model).tolist()
+    result["render_camera"] = addon.core.codecs.camera_to_wire(addon.scene.reading.camera_of(scene.camera, scene))
+    result["render_model_matrix"] = addon.scene.splats.model_matrix(model).tolist()
     scene.render.filepath = str(out / "cli_")
     bpy.ops.wm.save_userpref()  # the add-on enabled, with its Python and sessions folder
     bpy.ops.wm.save_as_mainfile(filepath=str(out / "scene.blend"))
@@ -247,8 +202,8 @@ def scenario(args: dict, result: dict):
     bpy.ops.preferences.addon_install(filepath=args["zip"], overwrite=True)
     bpy.ops.preferences.addon_enable(module="splatwright")
     addon = sys.modules["splatwright"]
-    backend = addon.live.backend
-    prefs = bpy.context.preferences.addons["splatwright"].preferences
+    backend = addon.scene.live.backend
+    prefs = bpy.context.preferences.addons["splatwright"].ui.preferences
     prefs.python, prefs.workdir = args["python"], args["workdir"]
     for obj in list(bpy.data.objects):
         bpy.data.objects.remove(obj)
@@ -262,7 +217,7 @@ def scenario(args: dict, result: dict):
     model = bpy.data.objects[args["session"]]
 
     window, area, region, space = view3d()
-    overlay = addon.overlay
+    overlay = addon.render.overlay
     draws = watch_draws(overlay)
     show_solid(space)
     area.tag_redraw()
@@ -295,5 +250,4 @@ def scenario(args: dict, result: dict):
     result["errors"] = backend.last_error
 
 
-if __name__ == "__main__":  # as Blender runs it; blender_splats_scenario.py imports the scene from here
-    run_in_window(scenario)
+run_in_window(scenario)

@@ -5,7 +5,8 @@ environment that is there, start the backend from the installed add-on, capture 
 steps. Reports every path the add-on and its backend use, and the add-on's own warnings, for pytest to check.
 Prints `RESULT <json>`.
 
-    python tests/blender_install_scenario.py --zip Z --install legacy|extension --out DIR [--python PY]
+    PYTHONPATH=tests python tests/blender/scenarios/install.py --zip Z --install legacy|extension --out DIR \
+        [--python PY]
 """
 from __future__ import annotations
 
@@ -17,8 +18,7 @@ from pathlib import Path
 
 import bpy
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from blender_scenario import addon, build_scene, draw_everything, op, report, wait_for  # noqa: E402
+from blender.kit import addon, build_scene, draw_everything, op, report, wait_for
 
 SETUP_TIMEOUT = 900.0  # creating the venv and installing torch from pip's index
 
@@ -73,15 +73,15 @@ def run(zip_path: Path, how: str, out: Path, python: str | None) -> dict:
     bpy.ops.wm.save_as_mainfile(filepath=str(out / "scene.blend"))  # the dataset folder is relative to it
     install(zip_path, how)
     package = addon()
-    live = package.live
-    prefs = bpy.context.preferences.addons[package.__name__].preferences
+    live = package.scene.live
+    prefs = bpy.context.preferences.addons[package.__name__].ui.preferences
     result: dict = {"package": package.__name__}
     if python:
         prefs.python = python  # an environment the user already has
     else:
         result["setup"] = set_up(live)
     settings = prefs.connect_settings()
-    result["addon"] = {"file": package.__file__, "data_folder": str(package.preferences.data_folder()),
+    result["addon"] = {"file": package.__file__, "data_folder": str(package.ui.preferences.data_folder()),
                        "python": settings.python, "sources": settings.sources, "workdir": settings.workdir}
 
     op("backend_start")
@@ -92,7 +92,7 @@ def run(zip_path: Path, how: str, out: Path, python: str | None) -> dict:
     s = bpy.context.scene.splatwright
     s.source, s.orbit_count, s.test_every, s.point_count = "ORBIT", 6, 0, 500
     s.custom_steps, s.iterations, s.sh_degree = True, 20, 0
-    result["capture"] = list(bpy.ops.splatwright.capture())
+    result["capture"] = list(bpy.ops.splatwright.scene.capture())
     wait_for(lambda: live.backend.status.get("views") == 6 and not live.backend.in_flight, "views sent", 300)
     op("train_start")
     wait_for(lambda: live.backend.status.get("state") == "finished", "training finishes", 300)

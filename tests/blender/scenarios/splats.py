@@ -1,15 +1,14 @@
 """Splats in the scene's final renders, in real Blender (the bpy module, 4.5 or 5.0; test_scene_splats_bpy.py runs
 it): install the built zip, start a CPU backend that reopens a trained session, Add Model to Scene, move the
 model object, and render F12 with Cycles a wall through the model's middle and a cube in front of it (the
-scene of blender_splats_gui_scenario.py): hidden
-(Blender's own render, also with compositing off), shown (composited by depth), and shown again after the .blend
-is saved and opened. Then a second session's model (one the backend does not show) in front of the first, both
-rendered; the first cropped by a crop box, rendered alone, and exported cropped and in world space. Writes the
-renders, the Depth pass, the splat images and the exports into the output folder; prints `RESULT <json>` for
-pytest.
+scene of splat_scene.py, which splats_gui.py shows in a window): hidden (Blender's own render, also with
+compositing off), shown (composited by depth), and shown again after the .blend is saved and opened. Then a
+second session's model (one the backend does not show) in front of the first, both rendered; the first cropped
+by a crop box, rendered alone, and exported cropped and in world space. Writes the renders, the Depth pass, the
+splat images and the exports into the output folder; prints `RESULT <json>` for pytest.
 
-    python tests/blender_splats_scenario.py --zip Z --workdir SESSIONS --session NAME --second NAME2 --out DIR \
-        [--python PY]
+    PYTHONPATH=tests python tests/blender/scenarios/splats.py --zip Z --workdir SESSIONS --session NAME \
+        --second NAME2 --out DIR [--python PY]
 """
 from __future__ import annotations
 
@@ -20,29 +19,14 @@ from pathlib import Path
 import bpy
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from blender_scenario import (WithLayout, addon, blender_reports, op, report, stop_and_disable, wait_for,  # noqa: E402
-                              pump)  # (it also catches the add-on's timers and Blender's reports)
-from blender_splats_gui_scenario import (CROP_LOCATION, CROP_SCALE, CUBE_AT, CUBE_COLOR, CUBE_SIZE, MOVE,  # noqa: E402
-                                         SECOND_AT, WALL_COLOR, add_wall_and_cube, render_with_cycles)
-
-SIZE = (80, 60)
-
-
-def build_scene():
-    bpy.ops.wm.read_factory_settings(use_empty=True)
-    scene = bpy.context.scene
-    add_wall_and_cube(scene)
-    render_with_cycles(scene)
-    scene.cycles.samples = 4
-    scene.render.resolution_x, scene.render.resolution_y = SIZE
-    scene.render.image_settings.file_format, scene.render.image_settings.color_mode = "PNG", "RGBA"
-    return scene
+from blender.kit import (WithLayout, addon, blender_reports, op, placed_model, pump, report, stop_and_disable,
+                         wait_for)  # (it also catches the add-on's timers and Blender's reports)
+from blender.splat_scene import CROP_LOCATION, CROP_SCALE, CUBE_AT, CUBE_COLOR, CUBE_SIZE, MOVE, SECOND_AT, WALL_COLOR
 
 
 def add_depth_output(scene, folder: Path) -> None:
     """The Render Layers' Depth pass into a float EXR, through a File Output node added to the compositor."""
-    tree = addon().composite.compositor_tree(scene, create=False)
+    tree = addon().render.composite.compositor_tree(scene, create=False)
     layers = next(n for n in tree.nodes if n.bl_idname == "CompositorNodeRLayers")
     output = tree.nodes.new("CompositorNodeOutputFile")
     if bpy.app.version >= (5, 0, 0):  # the node names its folder and files apart and has an input per item
@@ -70,20 +54,20 @@ def image_pixels(name: str) -> np.ndarray:
 
 def export(path: Path, **options) -> str:
     op("export_splats", filepath=str(path), **options)
-    wait_for(lambda: path.is_file() and not addon().live.backend.in_flight, f"export {path.name}")
+    wait_for(lambda: path.is_file() and not addon().scene.live.backend.in_flight, f"export {path.name}")
     return str(path)
 
 
 def several_models_and_a_crop_box(scene, session: str, second: str, out: Path) -> dict:
     """A second session's model in front of the first, rendered with it; then the first alone, cropped, rendered
     and exported (cropped, and whole in world space)."""
-    scene_splats = addon().scene_splats
+    splats = addon().scene.splats
     model = bpy.data.objects[session]
-    other = scene_splats.add_model_object(bpy.context.view_layer, scene.collection, second, (0.0, 0.0, 0.0), 0.5)
+    other = splats.add_model_object(bpy.context.view_layer, scene.collection, second, (0.0, 0.0, 0.0), 0.5)
     other.matrix_world = SECOND_AT
     bpy.context.view_layer.update()
     several = render(scene, out / "several.png")
-    matrices = {name: scene_splats.model_matrix(bpy.data.objects[name]).tolist() for name in (session, second)}
+    matrices = {name: splats.model_matrix(bpy.data.objects[name]).tolist() for name in (session, second)}
 
     other.hide_render = True
     bpy.context.view_layer.objects.active = model
@@ -94,31 +78,13 @@ def several_models_and_a_crop_box(scene, session: str, second: str, out: Path) -
     box.location, box.scale = CROP_LOCATION, CROP_SCALE
     bpy.context.view_layer.update()
     panel = []
-    scene_splats.SPLATWRIGHT_PT_scene_splats.draw(WithLayout(None, panel), bpy.context)
+    addon().ui.panels.SPLATWRIGHT_PT_splats.draw(WithLayout(None, panel), bpy.context)
     cropped = render(scene, out / "cropped.png")
     bpy.context.view_layer.objects.active = box  # the export takes the model of the box's object
     exports = {"cropped": export(out / "cropped.ply", cropped=True),
                "world": export(out / "world.ply", cropped=False, world_space=True)}
     return {"several": several, "matrices": matrices, "crop_box": added_box, "crop_panel": panel,
-            "cropped": cropped, "crop": scene_splats.model_choice(model, bpy.context.scene)["crop"].tolist(), "exports": exports}
-
-
-def placed_model(zip_path: Path, workdir: Path, session: str, python: str):
-    """The scene of build_scene with the add-on installed, its backend started on `session` and that session's
-    model added to the scene: (scene, the add-on's live state, the model object)."""
-    scene = build_scene()
-    bpy.ops.preferences.addon_install(filepath=str(zip_path), overwrite=True)
-    bpy.ops.preferences.addon_enable(module="splatwright")
-    live = addon().live
-    prefs = bpy.context.preferences.addons["splatwright"].preferences
-    prefs.python, prefs.workdir = python, str(workdir)
-    scene.splatwright.session = session
-    op("backend_start")  # reopens the session and its checkpoint
-    wait_for(lambda: live.backend.connection == "connected" and live.backend.status.get("gaussians")
-             and not live.backend.in_flight, "backend start", 120)
-    op("add_model")
-    wait_for(lambda: session in bpy.data.objects and not live.backend.in_flight, "Add Model to Scene")
-    return scene, live, bpy.data.objects[session]
+            "cropped": cropped, "crop": splats.model_choice(model, bpy.context.scene)["crop"].tolist(), "exports": exports}
 
 
 def run(zip_path: Path, workdir: Path, session: str, second: str, out: Path, python: str) -> dict:
@@ -128,7 +94,7 @@ def run(zip_path: Path, workdir: Path, session: str, second: str, out: Path, pyt
     model.matrix_world = MOVE @ model.matrix_world
     bpy.context.view_layer.update()
     panel = []
-    addon().scene_splats.SPLATWRIGHT_PT_scene_splats.draw(WithLayout(None, panel), bpy.context)
+    addon().ui.panels.SPLATWRIGHT_PT_splats.draw(WithLayout(None, panel), bpy.context)
 
     add_depth_output(scene, out / "depth")
     model.hide_render = True
@@ -138,7 +104,7 @@ def run(zip_path: Path, workdir: Path, session: str, second: str, out: Path, pyt
     scene.render.use_compositing = True
     model.hide_render = False
     shown = render(scene, out / "shown.png")
-    _, color_image, depth_image = addon().composite.rank_names(0)
+    _, color_image, depth_image = addon().render.composite.rank_names(0)
     np.save(out / "splats.npy", image_pixels(color_image))
     np.save(out / "splats_depth.npy", image_pixels(depth_image)[..., 0])
     exr = bpy.data.images.load(str(next((out / "depth").glob("*.exr"))))
@@ -163,8 +129,8 @@ def run(zip_path: Path, workdir: Path, session: str, second: str, out: Path, pyt
               "reopened": reopened, "reports": blender_reports.lines,
               "splats": str(out / "splats.npy"), "splats_depth": str(out / "splats_depth.npy"),
               "depth": str(out / "depth.npy"),
-              "camera": addon().core.codecs.camera_to_wire(addon().scene_io.camera_of(scene.camera, scene)),
-              "model_matrix": addon().scene_splats.model_matrix(bpy.data.objects[session]).tolist(),
+              "camera": addon().core.codecs.camera_to_wire(addon().scene.reading.camera_of(scene.camera, scene)),
+              "model_matrix": addon().scene.splats.model_matrix(bpy.data.objects[session]).tolist(),
               "reopened_object": bpy.data.objects[session].get("splatwright_session"),
               "cube": [list(CUBE_AT), CUBE_SIZE, list(CUBE_COLOR)], "wall_color": list(WALL_COLOR),
               "errors": live.backend.last_error}

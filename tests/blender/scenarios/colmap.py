@@ -4,7 +4,7 @@ add-on converts them, its point cloud in the world) and a distorted one refused.
 Python): also every splat format imported and exported through a CPU backend, bad files refused, and the
 COLMAP photos sent and trained a few steps. Prints `RESULT <json>`.
 
-    python tests/blender_colmap_scenario.py --zip Z --out DIR --colmap FOLDER --distorted FOLDER
+    PYTHONPATH=tests python tests/blender/scenarios/colmap.py --zip Z --out DIR --colmap FOLDER --distorted FOLDER
         [--python PY --splats tests/data/splats]
 """
 from __future__ import annotations
@@ -17,8 +17,7 @@ from pathlib import Path
 import bpy
 import bmesh  # importable once bpy is
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from blender_scenario import RecordingLayout, addon, blender_reports, op, pump, report, wait_for  # noqa: E402
+from blender.kit import RecordingLayout, addon, blender_reports, op, pump, report, wait_for
 
 FORMATS = ("sh3.ply", "sh3.compressed.ply", "sh3.spz", "ours-sh3.splat")  # in tests/data/splats
 EXPORTS = ("out.ply", "out.compressed.ply", "out.spz", "out.splat")
@@ -54,10 +53,10 @@ def imported(empty) -> dict:
         if obj.type == "CAMERA":
             background = obj.data.background_images[0].image if obj.data.background_images else None
             cameras[obj["splatwright_photo"]] = {
-                "camera": core.codecs.camera_to_wire(addon().scene_io.camera_of(obj, scene)),
+                "camera": core.codecs.camera_to_wire(addon().scene.reading.camera_of(obj, scene)),
                 "split": obj["splatwright_split"], "photo": background.filepath if background else "",
                 "shows_photo": obj.data.show_background_images}
-    xyz, rgb = addon().colmap_import.world_points(empty)
+    xyz, rgb = addon().scene.colmap.world_points(empty)
     return {"empty": empty.name, "matrix": [list(row) for row in empty.matrix_world], "cameras": cameras,
             "points": xyz.tolist(), "colors": rgb.tolist(), "objects": len(empty.children),
             "render": [scene.render.resolution_x, scene.render.resolution_y, scene.render.pixel_aspect_x,
@@ -85,7 +84,7 @@ def formats(live, splats: Path, out: Path) -> dict:
     wait_for(lambda: not live.backend.in_flight, "import sh3.ply")
     op("add_model")  # an imported file's session is placed in the scene as a trained one is
     wait_for(lambda: not live.backend.in_flight, "add the imported model to the scene")
-    scene_splats = addon().scene_splats
+    scene_splats = addon().scene.splats
     result["placed"] = {"session": live.backend.status.get("session"), "error": live.backend.last_error,
                         "objects": [o[scene_splats.SESSION_KEY] for o in scene_splats.splat_objects(bpy.context.scene)]}
     for name in EXPORTS:
@@ -123,7 +122,7 @@ def photos(live, empty, out: Path) -> dict:
     op("send_photos")
     wait_for(lambda: not live.backend.in_flight, "send photos")
     result = {"sent": reports_since(start), "status": dict(live.backend.status), "session": s.session,
-              "send_seconds": time.perf_counter() - began, "points": addon().colmap_import.world_points(empty)[0].tolist()}
+              "send_seconds": time.perf_counter() - began, "points": addon().scene.colmap.world_points(empty)[0].tolist()}
     for steps, name in ((1, "first_step.ply"), (STEPS, "trained.ply")):
         s.iterations = steps
         op("train_start", start="OVER")  # the second time from the same start (its seed) again
@@ -154,8 +153,8 @@ def run(zip_path: Path, out: Path, colmap: Path, distorted: Path, python: str, s
     result["drawn"] = [t for t in draw_panels() if "photos" in t]
     lap("cameras")
     if python:
-        live = addon().live
-        prefs = bpy.context.preferences.addons["splatwright"].preferences
+        live = addon().scene.live
+        prefs = bpy.context.preferences.addons["splatwright"].ui.preferences
         prefs.python, prefs.workdir = python, str(out / "sessions")
         op("backend_start")
         wait_for(lambda: live.backend.connection == "connected", "backend start", 120)
@@ -175,7 +174,7 @@ def run(zip_path: Path, out: Path, colmap: Path, distorted: Path, python: str, s
 
 def draw_panels() -> list[str]:
     texts: list[str] = []
-    for panel in addon().panels.CLASSES:
+    for panel in addon().ui.panels.CLASSES:
         panel.draw(type("Panel", (), {"layout": RecordingLayout(texts)})(), bpy.context)
     return texts
 

@@ -4,7 +4,7 @@ at this checkout's backend and a folder of sessions and saves them, then saves a
 of its camera with the Splatwright engine from the given session, and a copy of it under Filmic. Writes
 setup.json (the camera) beside them.
 
-    blender -b --python tests/blender_batch_setup.py -- --zip Z --python PY --workdir W --session S --out DIR
+    blender -b --python tests/blender/batch_setup.py -- --zip Z --python PY --workdir W --session S --out DIR
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def main() -> None:
     out = Path(args["out"])
     bpy.ops.preferences.addon_install(filepath=args["zip"], overwrite=True)
     bpy.ops.preferences.addon_enable(module="splatwright")
-    prefs = bpy.context.preferences.addons["splatwright"].preferences
+    prefs = bpy.context.preferences.addons["splatwright"].ui.preferences
     prefs.python, prefs.workdir = args["python"], args["workdir"]
     bpy.ops.wm.save_userpref()
 
@@ -37,7 +37,7 @@ def main() -> None:
     scene.frame_start, scene.frame_end = 1, 2
     scene.splatwright.session = args["session"]
     addon = sys.modules["splatwright"]
-    cam = addon.scene_io.camera_of(scene.camera, scene)
+    cam = addon.scene.reading.camera_of(scene.camera, scene)
     (out / "setup.json").write_text(json.dumps(addon.core.codecs.camera_to_wire(cam)))
     bpy.ops.wm.save_as_mainfile(filepath=str(out / "scene.blend"))
     # The same under Filmic, Blender 3.4's default, whose render builds the view transform's inverse.

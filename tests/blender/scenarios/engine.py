@@ -7,8 +7,8 @@ places its model elsewhere (PLACEMENT): F12 again, and the camera the viewport a
 imported PLY's session is added to the scene twice and shown by Show Model (imported_session). Prints
 `RESULT <json>` for pytest.
 
-    python tests/blender_engine_scenario.py --zip dist/splatwright-X.zip --ply model.ply --session NAME \
-        --out DIR [--python PY] [--model4d splats4d.pt]
+    PYTHONPATH=tests python tests/blender/scenarios/engine.py --zip dist/splatwright-X.zip --ply model.ply \
+        --session NAME --out DIR [--python PY] [--model4d splats4d.pt]
 """
 from __future__ import annotations
 
@@ -22,9 +22,8 @@ import bpy
 import numpy as np
 from mathutils import Euler, Matrix
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from blender_scenario import (addon, blender_reports, build_scene, draw_everything, op, report,  # noqa: E402
-                              stop_and_disable, wait_for)  # (also catches the add-on's timers)
+from blender.kit import (addon, blender_reports, build_scene, draw_everything, op, report, stop_and_disable,
+                         wait_for)  # (also catches the add-on's timers)
 
 SIZE = (80, 60)
 BORDER = (0.25, 0.8, 0.1, 0.6)  # render border: min x, max x, min y, max y (fractions, y from the bottom)
@@ -62,7 +61,7 @@ def depth_to_file(scene, folder: Path) -> None:
 
 def depth_folder(scene, folder: Path) -> None:
     """Where the File Output node writes the Depth pass from now on."""
-    tree = addon().composite.compositor_tree(scene, create=False)
+    tree = addon().render.composite.compositor_tree(scene, create=False)
     output = next(n for n in tree.nodes if n.bl_idname == "CompositorNodeOutputFile")
     if bpy.app.version >= (5, 0, 0):
         output.directory = str(folder)
@@ -101,7 +100,7 @@ def render_views(scene, frames: list, out: Path) -> list[dict]:
         start = time.perf_counter()
         bpy.ops.render.render(write_still=True)
         seconds = time.perf_counter() - start
-        colors = addon().view_colors
+        colors = addon().render.view_colors
         inverse = colors.render_inverse(colors.view_key(scene), lambda: False)  # the one the render made
         np.savez(out / f"{name}_inverse.npz", **vars(inverse))
         np.save(out / f"{name}_frame.npy", frames[-1])
@@ -116,8 +115,8 @@ def placed_render(scene, session: str, out: Path) -> dict:
     """Session `session`'s model, opened by Show Model on a splat object that PLACEMENT moves: F12 with its Depth
     pass, the object's placement, and the camera the viewport asks the backend through for the scene camera's
     view (what engine.placed makes of it)."""
-    a, live = addon(), addon().live
-    obj = a.scene_splats.add_model_object(bpy.context.view_layer, scene.collection, session, (0.0, 0.0, 0.0), 1.0)
+    a, live = addon(), addon().scene.live
+    obj = a.scene.splats.add_model_object(bpy.context.view_layer, scene.collection, session, (0.0, 0.0, 0.0), 1.0)
     op("show_model")
     wait_for(lambda: live.backend.status.get("session") == session and live.backend.status.get("gaussians")
              and not live.backend.in_flight, "Show Model")
@@ -130,7 +129,7 @@ def placed_render(scene, session: str, out: Path) -> dict:
     cam = a.scene_io.camera_of(scene.camera, scene)
     viewport_cam, _, _ = a.engine.placed(scene, cam, session, lambda o: True)
     placed = {"png": str(out / "placed.png"), "depth": saved_depth(out / "placed_depth", out / "placed_depth.npy"),
-              "camera": a.core.codecs.camera_to_wire(cam), "model_matrix": a.scene_splats.model_matrix(obj).tolist(),
+              "camera": a.core.codecs.camera_to_wire(cam), "model_matrix": a.scene.splats.model_matrix(obj).tolist(),
               "viewport_camera": a.core.codecs.camera_to_wire(viewport_cam)}
     bpy.context.view_layer.objects.active = obj
     op("add_crop_box")
@@ -139,7 +138,7 @@ def placed_render(scene, session: str, out: Path) -> dict:
     bpy.context.view_layer.update()
     scene.render.filepath = str(out / "cropped.png")
     bpy.ops.render.render(write_still=True)
-    placed.update(cropped_png=str(out / "cropped.png"), crop=a.scene_splats.model_choice(obj, bpy.context.scene)["crop"].tolist())
+    placed.update(cropped_png=str(out / "cropped.png"), crop=a.scene.splats.model_choice(obj, bpy.context.scene)["crop"].tolist())
     bpy.data.objects.remove(box)
     return placed
 
@@ -148,10 +147,10 @@ def moving_files(scene, model4d: Path, out: Path) -> dict:
     """A 4D model through File > Import and Export over a frame range of SEQUENCE_FRAMES: the splat object's static
     model as a PLY sequence is refused; with the object gone, Import the 4D model, F12 at the last frame, Export a
     PLY sequence, then at frame 2 one PLY and the model's own .pt file."""
-    a, live = addon(), addon().live
+    a, live = addon(), addon().scene.live
     scene.frame_start, scene.frame_end = 1, SEQUENCE_FRAMES
     scene.frame_set(1)
-    obj = a.scene_splats.splat_objects(scene)[0]
+    obj = a.scene.splats.splat_objects(scene)[0]
     bpy.context.view_layer.objects.active = obj
     folder = out / "sequence"
     folder.mkdir()
@@ -184,7 +183,7 @@ def imported_session(scene, trained: str) -> dict:
     """The session the PLY's import made: the panels drawn, Add Model to Scene pressed twice; then with the
     trained session `trained` open, Show Model on the imported model's object, its load held until the panels
     are drawn (the session open, its model not loaded yet). The objects are removed again."""
-    a, live = addon(), addon().live
+    a, live = addon(), addon().scene.live
     session = live.backend.status["session"]
     result = {"session": session, "drawn": draw_everything()}
     reported = len(blender_reports.lines)
@@ -192,19 +191,19 @@ def imported_session(scene, trained: str) -> dict:
         op("add_model")
         wait_for(lambda: not live.backend.in_flight, "Add Model to Scene")
     result["add_reports"] = blender_reports.lines[reported:]
-    placed = [o for o in a.scene_splats.splat_objects(scene) if o[a.scene_splats.SESSION_KEY] == session]
+    placed = [o for o in a.scene.splats.splat_objects(scene) if o[a.scene.splats.SESSION_KEY] == session]
     result["objects"] = [o.name for o in placed]
 
-    other = a.scene_splats.add_model_object(bpy.context.view_layer, scene.collection, trained, (0.0, 0.0, 0.0), 1.0)
+    other = a.scene.splats.add_model_object(bpy.context.view_layer, scene.collection, trained, (0.0, 0.0, 0.0), 1.0)
     op("show_model")
     wait_for(lambda: live.backend.status.get("session") == trained and not live.backend.in_flight, "Show Model")
-    real_open, drawn = a.scene_splats.open_model, threading.Event()
+    real_open, drawn = a.ops.splats.open_model, threading.Event()
 
     def held_open(client, name):  # on the worker: the session opens, its model loads once the panels are drawn
         client.call("open_session", name=name, create=False)
         drawn.wait(60)
         return real_open(client, name)
-    a.scene_splats.open_model = held_open
+    a.ops.splats.open_model = held_open
     try:
         bpy.context.view_layer.objects.active = placed[0]
         op("show_model")
@@ -212,7 +211,7 @@ def imported_session(scene, trained: str) -> dict:
         result["drawn_loading"] = draw_everything()
     finally:
         drawn.set()
-        a.scene_splats.open_model = real_open
+        a.ops.splats.open_model = real_open
     wait_for(lambda: live.backend.status.get("gaussians") and not live.backend.in_flight, "its model loads")
     result["drawn_loaded"] = draw_everything()
     for obj in (*placed, other):
@@ -224,9 +223,9 @@ def run(zip_path: Path, ply: Path, session: str, out: Path, python: str, model4d
     build_scene()
     bpy.ops.preferences.addon_install(filepath=str(zip_path), overwrite=True)
     bpy.ops.preferences.addon_enable(module="splatwright")
-    live = addon().live
-    frames = keep_frames(addon().engine)
-    prefs = bpy.context.preferences.addons["splatwright"].preferences
+    live = addon().scene.live
+    frames = keep_frames(addon().render.engine)
+    prefs = bpy.context.preferences.addons["splatwright"].ui.preferences
     prefs.python, prefs.workdir = python, str(out / "sessions")
     op("backend_start")
     wait_for(lambda: live.backend.connection == "connected", "backend start", 120)
@@ -247,7 +246,7 @@ def run(zip_path: Path, ply: Path, session: str, out: Path, python: str, model4d
     bpy.ops.render.render(write_still=True)
     seconds = time.perf_counter() - start
     saved_depth(out / "depth", out / "depth.npy")
-    cam = addon().scene_io.camera_of(scene.camera, scene)
+    cam = addon().scene.reading.camera_of(scene.camera, scene)
     scene.render.use_compositing = False
     scene.render.use_border = True
     scene.render.border_min_x, scene.render.border_max_x = BORDER[0], BORDER[1]

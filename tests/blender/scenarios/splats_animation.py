@@ -1,12 +1,12 @@
 """Splats in an animation render, in real Blender (the bpy module, 4.5 or 5.0; test_splats_animation.py runs it):
 install the built zip, start a CPU backend that reopens a trained session, Add Model to Scene, keyframe the scene
 camera and the model object to move on each of FRAMES frames, and render the animation with Cycles (the scene of
-blender_splats_scenario.py: a wall through the model's middle, a cube in front of it) with the model object left
-out and with it. Each frame's camera and model placement, as Blender evaluates them at that frame, are kept for
+splat_scene.py: a wall through the model's middle, a cube in front of it) with the model object left out and
+with it. Each frame's camera and model placement, as Blender evaluates them at that frame, are kept for
 pytest. Prints `RESULT <json>`.
 
-    python tests/blender_splats_animation_scenario.py --zip Z --workdir SESSIONS --session NAME --out DIR \
-        [--python PY]
+    PYTHONPATH=tests python tests/blender/scenarios/splats_animation.py --zip Z --workdir SESSIONS --session NAME \
+        --out DIR [--python PY]
 """
 from __future__ import annotations
 
@@ -17,10 +17,8 @@ from pathlib import Path
 import bpy
 from mathutils import Euler, Matrix, Vector
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from blender_scenario import addon, blender_reports, report, stop_and_disable  # noqa: E402  (also catches the add-on's timers)
-from blender_splats_gui_scenario import LOOK_AT, WALL_COLOR  # noqa: E402
-from blender_splats_scenario import placed_model  # noqa: E402
+from blender.kit import addon, blender_reports, placed_model, report, stop_and_disable  # (catches the add-on's timers)
+from blender.splat_scene import LOOK_AT, WALL_COLOR
 
 # Per frame: where the camera is (it looks at LOOK_AT), and how the model object is moved from where it was added.
 CAMERA_PATH = ((0.0, -6.0, 0.6), (0.9, -5.7, 1.0), (-0.8, -5.4, 0.3))
@@ -51,7 +49,7 @@ def poses(scene, model) -> list[dict]:
     for frame in range(1, FRAMES + 1):
         scene.frame_set(frame)
         frames.append({"camera": a.core.codecs.camera_to_wire(a.scene_io.camera_of(scene.camera, scene)),
-                       "model_matrix": a.scene_splats.model_matrix(model).tolist()})
+                       "model_matrix": a.scene.splats.model_matrix(model).tolist()})
     scene.frame_set(kept)
     return frames
 
