@@ -23,7 +23,7 @@ from mathutils import Euler, Vector
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from blocking_calls import BlockingCalls  # noqa: E402
-from backend.bench.windowed import data_writable, run_in_window, until  # noqa: E402
+from backend.tools.bench.windowed import data_writable, run_in_window, until  # noqa: E402
 
 FRAME_TIMEOUT = 120.0
 TICKS_DURING_RENDER = 5  # a render that blocked Blender's main thread would let none through

@@ -24,7 +24,7 @@ from mathutils import Euler, Matrix, Vector
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from blocking_calls import BlockingCalls  # noqa: E402
-from backend.bench.windowed import data_writable, run_in_window, until  # noqa: E402
+from backend.tools.bench.windowed import data_writable, run_in_window, until  # noqa: E402
 
 FRAME_TIMEOUT = 120.0
 WALL_COLOR, CUBE_COLOR, BACKGROUND_COLOR = (0.1, 0.45, 0.2), (0.05, 0.1, 0.6), (0.05, 0.05, 0.05)

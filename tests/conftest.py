@@ -63,7 +63,7 @@ def write_scene(folder: Path, model: Gaussians, cameras: list[Camera], split: st
 
 def viewing_model(folder: Path) -> tuple[Gaussians, Path]:
     """The small model the Blender engine tests view, and its PLY in `folder`."""
-    from backend.ply import write_ply
+    from backend.formats.ply import write_ply
     model = random_gaussians(400, seed=3, sh_degree=1)
     model.means *= 1.5
     write_ply(folder / "model.ply", model)

@@ -4,7 +4,7 @@ import torch
 from plyfile import PlyData, PlyElement
 
 from blender_addon.core.errors import SplatwrightError
-from backend.ply import read_ply, write_ply
+from backend.formats.ply import read_ply, write_ply
 from backend.render import render
 from conftest import DONUT, orbit_cameras, random_gaussians
 

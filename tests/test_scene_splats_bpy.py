@@ -19,7 +19,7 @@ from blender_addon.core.codecs import camera_from_wire
 from blender_addon.placement import camera_in_model
 from backend.dynamic import DynamicGaussians
 from backend.gaussians import Gaussians, rgb_to_sh_dc
-from backend.ply import read_ply
+from backend.formats.ply import read_ply
 from backend.render import render
 from backend.render.reference import quat_to_rotmat
 from conftest import ROOT, orbit_cameras, random_gaussians
@@ -62,7 +62,7 @@ def moving_model() -> DynamicGaussians:
 
 def trained_session(workdir: Path, model: Gaussians, name: str = SESSION) -> str:
     """A backend session in `workdir` whose checkpoint holds `model`, as training leaves one (two small views)."""
-    from backend.session import Session
+    from backend.service.session import Session
     from backend.train import TrainConfig, Trainer
     workdir.mkdir(parents=True, exist_ok=True)
     session = Session.open(workdir, name, create=True)
