@@ -60,7 +60,8 @@ def build(out_dir: Path) -> Path:
     heavy = [name for name, p in files.items() if p.suffix == ".py" and torch_imports(p)]
     if heavy:
         raise SystemExit(f"the add-on must not import torch, but these do: {', '.join(heavy)}")
-    backend = [*tree(ROOT / "backend"), *tree(ROOT / "cuda"), ADDON / "__init__.py", *tree(ADDON / "core")]
+    backend = [*(p for p in tree(ROOT / "backend") if ROOT / "backend" / "tools" not in p.parents),  # no tools
+               *tree(ROOT / "cuda"), ADDON / "__init__.py", *tree(ADDON / "core")]
     files.update({f"{PACKAGE}/{SOURCES}/{p.relative_to(ROOT).as_posix()}": p for p in backend})
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / f"{PACKAGE}-{v}.zip"

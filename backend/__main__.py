@@ -1,5 +1,6 @@
+"""`python -m backend ...`: the command line (tools/cli.py), the one entry point that imports the tools."""
 import sys
 
-from .cli import main
+from .tools.cli import main
 
 sys.exit(main())

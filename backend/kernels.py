@@ -1,5 +1,8 @@
 """The compiled CUDA extension (the kernels in cuda/: rasterizer, loss, optimizer, densification statistics).
 
+The sources are cuda/ beside the backend package in a checkout and in the add-on's zip (backend_src/cuda), and
+the package data backend/cuda/ where the backend is installed (pyproject.toml maps it from cuda/).
+
 It is built at first use with torch.utils.cpp_extension.load (ninja) into a cache directory keyed by a hash of
 the sources, the torch version and the target architectures: ~/.cache/splatwright/ext-<hash>, or
 $SPLATWRIGHT_EXT_CACHE/ext-<hash>. Architectures come from TORCH_CUDA_ARCH_LIST, else the GPUs present.
@@ -16,7 +19,13 @@ import torch
 
 from blender_addon.core.errors import SplatwrightError
 
-CUDA_DIR = Path(__file__).resolve().parents[1] / "cuda"
+try:
+    import fcntl
+except ImportError:  # not on Windows: building() then takes torch's own lock alone
+    fcntl = None
+
+_PACKAGE = Path(__file__).resolve().parent
+CUDA_DIR = _PACKAGE / "cuda" if (_PACKAGE / "cuda").is_dir() else _PACKAGE.parent / "cuda"  # see above
 SOURCES = ("bindings.cpp", "projection_fwd.cu", "projection_bwd.cu", "motion.cu", "binning.cu", "rasterize_fwd.cu",
            "rasterize_bwd.cu", "training.cu")
 CUDA_FLAGS = ["-O3", "-std=c++17", "--ftz=true"]  # flush denormals: leaner exp/rcp in the pixel loops
@@ -57,7 +66,7 @@ def extension():
         if _ext is None:
             if not torch.cuda.is_available():
                 raise SplatwrightError("the CUDA kernels need a CUDA GPU, and torch sees none")
-            from torch.utils.cpp_extension import load
+            from torch.utils.cpp_extension import load  # lazy: it imports setuptools and the compiler's tooling
             directory = build_dir()
             directory.mkdir(parents=True, exist_ok=True)
             try:
@@ -76,9 +85,7 @@ def building(directory: Path):
     build leaves behind when a process is killed while building: torch would wait for it forever. The hold is
     an flock, which the system releases when its process dies; where there is none (Windows), only torch's own
     lock is taken."""
-    try:
-        import fcntl
-    except ImportError:
+    if fcntl is None:
         yield
         return
     with open(directory / "build.flock", "w") as hold:

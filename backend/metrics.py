@@ -1,5 +1,5 @@
 """Image losses and metrics on (H, W, 3) tensors in [0, 1]. A target (gt) may also be a dataset's stored uint8
-view (backend.data: v / 255)."""
+view (backend.data.images: v / 255)."""
 from __future__ import annotations
 
 import functools
@@ -7,7 +7,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from .data import as_float
+from .data.images import as_float
 from .kernels import extension
 
 

@@ -10,6 +10,7 @@ import torch
 
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.settings import CPU_STEPS, PRESETS as PRESET_NAMES, SCHEDULE_STEPS, training_settings
+from .kernels import is_available
 from .strategy import DensifyConfig
 from .train import LearningRates, TrainConfig, with_steps
 
@@ -105,6 +106,5 @@ def system_report() -> dict:
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         report["gpu"], report["gpu_memory_gb"] = props.name, round(props.total_memory / 2**30, 1)
-        from .kernels import is_available
         report["cuda_rasterizer"], report["cuda_rasterizer_detail"] = is_available()
     return report

@@ -12,7 +12,8 @@ from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.files import replacing
 from blender_addon.core.settings import stretched_steps
 from blender_addon.core.cameras import Camera, intrinsics_from_fov_x, look_at
-from .data import Dataset, as_float, camera_extent, quantise, scene_bounds
+from .data.dataset import Dataset, camera_extent, scene_bounds
+from .data.images import as_float, quantise
 from .distributed import SINGLE, Group
 from .dynamic import DynamicGaussians, gaussians_from_tensors
 from .gaussians import Gaussians

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import build_addon
-from backend.render import render  # noqa: E402
+from backend.render import render
 from blender.runner import SCREEN
 from helpers import orbit_cameras, random_gaussians, write_scene
 from server_helpers import SIZE, ServerProcess

@@ -12,8 +12,8 @@ import torch
 from PIL import Image
 
 from blender_addon.core.cameras import BLENDER_TO_OPENCV, Camera, intrinsics_from_fov_x, look_at  # noqa: E402
-from backend.gaussians import Gaussians  # noqa: E402
-from backend.render import render  # noqa: E402
+from backend.gaussians import Gaussians
+from backend.render import render
 
 ROOT = Path(__file__).resolve().parent.parent
 DONUT = ROOT.parent / "shared" / "data" / "splats" / "donut_sh0.ply"
@@ -61,7 +61,7 @@ def write_scene(folder: Path, model: Gaussians, cameras: list[Camera], split: st
 
 def viewing_model(folder: Path) -> tuple[Gaussians, Path]:
     """The small model the Blender engine tests view, and its PLY in `folder`."""
-    from backend.ply import write_ply
+    from backend.formats.ply import write_ply
     model = random_gaussians(400, seed=3, sh_degree=1)
     model.means *= 1.5
     write_ply(folder / "model.ply", model)

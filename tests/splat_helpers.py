@@ -43,7 +43,7 @@ def second_model() -> Gaussians:
 
 def trained_session(workdir: Path, model: Gaussians, name: str = SESSION) -> str:
     """A backend session in `workdir` whose checkpoint holds `model`, as training leaves one (two small views)."""
-    from backend.session import Session
+    from backend.service.session import Session
     from backend.train import TrainConfig, Trainer
     workdir.mkdir(parents=True, exist_ok=True)
     session = Session.open(workdir, name, create=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from backend.data import load_split
-from backend.ply import read_ply
+from backend.formats.ply import read_ply
 from blender.runner import BLENDERS, REPO, SCENARIOS, blender_env, bpy_folder, bpy_python, run_scenario
 from helpers import DONUT, assert_same_model, moving_model, viewing_model
 from splat_helpers import BACKGROUND, inside_crop, subset, trained_session

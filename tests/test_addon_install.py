@@ -58,7 +58,7 @@ def backend_runs_the_bundled_sources(result: dict) -> None:
     sources = Path(addon["file"]).parent / "backend_src"
     assert Path(addon["sources"]) == sources
     assert Path(backend["cwd"]) == sources and backend["pythonpath"] == str(sources)
-    assert backend["cmdline"][:4] == [addon["python"], "-u", "-m", "backend"]
+    assert backend["cmdline"][:4] == [addon["python"], "-u", "-m", "backend.service"]
     venv = Path(addon["python"]).parent.parent
     assert any(Path(f).is_relative_to(venv) and "torch" in f for f in backend["mapped_files"])  # its torch
     assert backend["cmdline"][backend["cmdline"].index("--workdir") + 1] == addon["workdir"]

@@ -8,7 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
-from backend.bench.dynamic import check_bars, frame_sets, render_fps, report, subset, views_by_time
+from backend.tools.bench.dynamic import check_bars, frame_sets, render_fps, report, subset, views_by_time
 from backend.data import load_split
 from backend.dynamic import DynamicGaussians
 from blender_addon.core.errors import SplatwrightError

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from backend.bench import BENCHMARKS
-from backend.bench.memory import main, orbit_cameras
+from backend.tools.bench import BENCHMARKS
+from backend.tools.bench.memory import main, orbit_cameras
 from helpers import random_gaussians
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from backend.bench.profile import OTHER, stage_of
+from backend.tools.bench.profile import OTHER, stage_of
 
 CUDA_DIR = Path(__file__).resolve().parent.parent / "cuda"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.bench import write_results
-from backend.bench.raster import frame_size, main, model_scenes, on_device
-from backend.ply import write_ply
+from backend.tools.bench import write_results
+from backend.tools.bench.raster import frame_size, main, model_scenes, on_device
+from backend.formats.ply import write_ply
 from backend.render import reference
 from backend.render.constants import TILE
 from helpers import random_gaussians

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from backend.bench import scrub, serve
+from backend.tools.bench import scrub, serve
 from backend.dynamic import DynamicGaussians, gaussians_from_tensors
 from backend.policy import resolve_device
 from backend.train import load_checkpoint

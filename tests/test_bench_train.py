@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from backend.bench import train as bench_train
+from backend.tools.bench import train as bench_train
 from backend.train import TrainConfig, mean_scores
 
 

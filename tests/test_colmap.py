@@ -17,8 +17,8 @@ import pytest
 import torch
 from PIL import Image
 
-from backend import cli, colmap
-from backend.data import load_cameras, load_split
+from backend.data import colmap, load_cameras, load_split
+from backend.tools import cli
 from backend.render import render
 from blender_addon.core.cameras import Camera
 from blender_addon.core.errors import SplatwrightError

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from backend import colmap
+from backend.data import colmap
 from backend.data import load_split
 
 DATA = Path(__file__).resolve().parent / "data" / "colmap_skull"

@@ -17,9 +17,10 @@ import pytest
 import torch
 
 from blender_addon.core.client import Client
-from backend.engine import Engine, TrainingCopies
+from backend.service.engine import Engine
+from backend.service.training import TrainingCopies
 from backend.policy import make_config
-from backend.server import Server
+from backend.service.server import Server
 from backend.data import load_split
 from backend.gaussians import Gaussians
 from backend.metrics import photometric_loss, torch_photometric_loss
@@ -124,7 +125,7 @@ def test_training_copies_are_the_model_after_their_step(tiny_scene, monkeypatch)
     torch.cuda.synchronize()
     assert copies.finished(trainer).step == 2
     assert copies.finished(Trainer(data, cfg, DEV)) is None  # another trainer's model
-    monkeypatch.setattr("backend.engine.WATCH_SECONDS", 0.0)
+    monkeypatch.setattr("backend.service.training.WATCH_SECONDS", 0.0)
     copies.finished(trainer)
     copies.publish(trainer)
     assert copies.copies == []

@@ -5,7 +5,9 @@ import pytest
 import torch
 from PIL import Image
 
-from backend.data import Dataset, as_float, load_cameras, load_rgb, load_split, parse_background, quantise, scene_bounds
+from backend.data.dataset import Dataset, scene_bounds
+from backend.data.images import as_float, load_rgb, parse_background, quantise
+from backend.data import load_cameras, load_split
 from blender_addon.core.errors import SplatwrightError
 from backend.data import LEGO
 from blender_addon.core.cameras import Camera

@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from backend import cli
+from backend.tools import cli
 from backend.data import load_split
 from backend.dynamic import DynamicGaussians, read_dynamic, split_in_time
 from backend.gaussians import Gaussians
@@ -267,9 +267,9 @@ def test_timed_views_sent_to_the_server_train_a_4d_model_it_shows_at_any_time(mo
     through the server fits a 4D model, renders at two times differ, and the reopened session keeps the times."""
     import threading
 
-    from backend.engine import Engine
-    from backend.server import Server
-    from backend.session import Session
+    from backend.service.engine import Engine
+    from backend.service.server import Server
+    from backend.service.session import Session
     from blender_addon.core.client import Client, decode_frame
     data = load_split(moving_scene, "train")
     server = Server(Engine(tmp_path, "cpu", "reference"))
@@ -303,7 +303,7 @@ def test_cli_converts_a_4d_model_to_a_ply_sequence_one_file_per_frame(tmp_path):
     """convert --frames N: N official-layout PLYs (name_0001.ply ...) at evenly spaced times, each reading
     back as the model at its time; a static model with --frames, and no --frames, say what they do."""
     from backend.dynamic import write_dynamic
-    from backend.ply import read_ply, write_ply
+    from backend.formats.ply import read_ply, write_ply
     model = moving_model()
     write_dynamic(tmp_path / "splats4d.pt", model)
     r = run_cli("convert", str(tmp_path / "splats4d.pt"), str(tmp_path / "seq" / "moving.ply"), "--frames", "3")

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from backend.ply import read_ply
+from backend.formats.ply import read_ply
 from backend.render import camera_tensors, reference
 from helpers import orbit_cameras, random_gaussians
 

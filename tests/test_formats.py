@@ -23,13 +23,13 @@ import pytest
 import torch
 from plyfile import PlyData
 
-from backend import cli
+from backend.tools import cli
 from backend import formats
 from backend.formats import compressed_ply, spz
 from backend.formats.common import columns, gaussians_from_columns
 from backend.gaussians import Gaussians
 from backend.metrics import psnr
-from backend.ply import encode_ply, read_ply
+from backend.formats.ply import encode_ply, read_ply
 from backend.render import render
 from backend.sh import SH_C0, sh_to_rgb
 from blender_addon.core.cameras import Camera, intrinsics_from_fov_x, look_at

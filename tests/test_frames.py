@@ -16,10 +16,10 @@ from blender_addon.logic.colors import display_pixels
 from blender_addon.core.client import Client, MappedFrames, RemoteError, decode_depth, decode_frame, decode_pixels
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.protocol import ProtocolError
-from backend import shared_frames
-from backend.frames import finish_frame, frame_bytes, packed_layer, queue_frame
+from backend.service import shared_frames
+from backend.service.frames import finish_frame, frame_bytes, packed_layer, queue_frame
 from backend.policy import resolve_device
-from backend.ply import write_ply
+from backend.formats.ply import write_ply
 from backend.render import camera_tensors, render
 from helpers import orbit_cameras, random_gaussians, wait_until
 from server_helpers import FakeClient

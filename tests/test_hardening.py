@@ -23,11 +23,11 @@ from blender_addon.core import codecs, protocol
 from blender_addon.core.client import Client, RemoteError
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.protocol import REQUESTS
-from backend import cli
+from backend.tools import cli
 from backend.gaussians import _nearest_neighbour_distance
-from backend.ply import write_ply
-from backend.server import FIRST_MESSAGE, read_token
-from backend.session import Session
+from backend.formats.ply import write_ply
+from backend.service.server import FIRST_MESSAGE, read_token
+from backend.service.session import Session
 from backend.train import load_checkpoint, previous_checkpoint
 from helpers import orbit_cameras, random_gaussians
 from server_helpers import SIZE, add_scene_views, png_bytes, raw_connect, read_until_closed, wait_for
@@ -401,7 +401,7 @@ def test_checkpoints_by_time_and_a_fresh_start_keeps_the_old_model_until_its_fir
 
 
 def test_checkpoint_seconds_in_the_command_line_loop(tiny_scene, tmp_path, monkeypatch):
-    from backend.commands import run_training
+    from backend.tools.commands import run_training
     from backend.data import load_split
     from backend.policy import make_config
     from backend.train import Trainer

@@ -10,12 +10,10 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parent
 HARNESS = TESTS / "blender"
 SCENARIOS = HARNESS / "scenarios"
-# The panel defaults' benchmark scenario, run by backend/bench/defaults.py rather than by the harness.
-NOT_THE_HARNESS = {TESTS / "blender_defaults_scenario.py"}
 
 
 def sources() -> list[Path]:
-    return sorted(p for p in TESTS.rglob("*.py") if p not in NOT_THE_HARNESS)
+    return sorted(TESTS.rglob("*.py"))
 
 
 def imported(path: Path) -> list[str]:

@@ -15,7 +15,7 @@ from blender_addon.core.cameras import Camera, intrinsics_from_fov_x, look_at
 from blender_addon.core.client import PendingReply
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.protocol import Message
-from backend.ply import write_ply
+from backend.formats.ply import write_ply
 from backend.render import render
 from helpers import random_gaussians, wait_until
 

@@ -4,7 +4,7 @@ import torch
 from plyfile import PlyData, PlyElement
 
 from blender_addon.core.errors import SplatwrightError
-from backend.ply import read_ply, write_ply
+from backend.formats.ply import read_ply, write_ply
 from backend.render import render
 from helpers import DONUT, orbit_cameras, random_gaussians
 
@@ -22,7 +22,7 @@ def test_write_read_round_trips_exactly(tmp_path, degree):
 def test_layout_is_the_official_3dgs_one(tmp_path):
     g = random_gaussians(4, sh_degree=3)
     write_ply(tmp_path / "s.ply", g)
-    names = [p.name for p in PlyData.read(str(tmp_path / "s.ply"))["vertex"].ui.properties]
+    names = [p.name for p in PlyData.read(str(tmp_path / "s.ply"))["vertex"].properties]
     assert names[:9] == ["x", "y", "z", "nx", "ny", "nz", "f_dc_0", "f_dc_1", "f_dc_2"]
     assert names[9:54] == [f"f_rest_{i}" for i in range(45)]
     assert names[54:] == ["opacity", "scale_0", "scale_1", "scale_2", "rot_0", "rot_1", "rot_2", "rot_3"]

@@ -12,7 +12,7 @@ import pytest
 
 from blender_addon.logic.colors import linear_to_srgb, srgb_to_linear
 from blender_addon.core.codecs import camera_from_wire
-from backend.ply import read_ply
+from backend.formats.ply import read_ply
 from backend.render.reference import quat_to_rotmat
 from blender.runner import BLENDERS, SCENARIOS, run_scenario
 from splat_helpers import (DEPTH_MARGIN, LEVEL, SECOND, SESSION, inside_crop, placed_frame, png, second_model,

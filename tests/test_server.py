@@ -24,10 +24,10 @@ from blender_addon.core import codecs, protocol
 from blender_addon.core.cameras import Camera
 from blender_addon.core.client import Client, PendingReply, RemoteError, decode_depth, decode_frame, wait_done
 from blender_addon.core.protocol import REQUESTS
-from backend.engine import Engine
-from backend.ply import read_ply, write_ply
+from backend.service.engine import Engine
+from backend.formats.ply import read_ply, write_ply
 from backend.render import render
-from backend.server import Server
+from backend.service.server import Server
 from backend.train import Trainer, load_checkpoint
 from helpers import ROOT
 from server_helpers import SIZE, add_scene_views, expected_frame, png_bytes, raw_connect, read_until_closed, wait_for
@@ -429,7 +429,7 @@ def test_nan_loss_and_out_of_memory_are_reported_and_survived(local_server, scen
         def render_out_of_memory(*args, **kwargs):
             raise torch.cuda.OutOfMemoryError("CUDA out of memory")
         with monkeypatch.context() as m:
-            m.setattr("backend.frames.render", render_out_of_memory)
+            m.setattr("backend.service.frames.render", render_out_of_memory)
             with pytest.raises(RemoteError) as e:
                 client.render(scene[1][0])
         assert e.value.code == "out_of_memory"

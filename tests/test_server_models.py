@@ -15,13 +15,14 @@ from blender_addon.core import codecs, protocol
 from blender_addon.core.cameras import Camera
 from blender_addon.core.client import Client, RemoteError, decode_frame
 from blender_addon.core.protocol import REQUESTS, SERVER_MESSAGES
-from backend.engine import Engine, read_model_file
+from backend.service.engine import Engine
+from backend.service.saved_models import read_model_file
 from backend.formats import encode_any
 from backend.gaussians import Gaussians
-from backend.ply import encode_ply, read_ply
+from backend.formats.ply import encode_ply, read_ply
 from backend.render.reference import quat_to_rotmat
-from backend.server import Server
-from backend.session import Session, imported_file
+from backend.service.server import Server
+from backend.service.session import Session, imported_file
 from backend.train import TrainConfig, Trainer
 from helpers import assert_same_model, moving_model, orbit_cameras, random_gaussians
 from server_helpers import expected_frame, raw_connect, wait_for
@@ -278,14 +279,14 @@ def test_an_imported_file_is_kept_in_a_session_named_after_it(tmp_path):
 def test_renders_of_a_kept_imported_model_read_its_session_file_once(tmp_path, monkeypatch):
     """A viewer draws an imported session's model frame after frame: its session.json is read when the model is
     first loaded, not for every frame."""
-    import backend.engine
+    import backend.service.saved_models
     reads = []
 
     def counted(folder):
         reads.append(folder.name)
         return imported_file(folder)
 
-    monkeypatch.setattr(backend.engine, "imported_file", counted)
+    monkeypatch.setattr(backend.service.saved_models, "imported_file", counted)
     model = random_gaussians(60, seed=5, sh_degree=0)
     cam = orbit_cameras(1, SIZE, SIZE)[0]
     with serving(tmp_path / "sessions") as client:
@@ -360,7 +361,7 @@ def test_a_loaded_4d_model_file_is_drawn_and_exported_at_each_requests_time(view
 
 def test_a_foreign_pt_file_and_a_static_models_pt_export_are_refused_in_one_line(viewer, tmp_path):
     import io
-    from backend.ply import write_ply
+    from backend.formats.ply import write_ply
     still = random_gaussians(30, seed=4, sh_degree=0)
     write_ply(tmp_path / "still.ply", still)
     ply = (tmp_path / "still.ply").read_bytes()

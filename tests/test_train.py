@@ -8,11 +8,12 @@ import pytest
 import torch
 
 from backend.policy import cpu_config
-from backend.data import Dataset, load_split, scene_bounds
+from backend.data.dataset import Dataset, scene_bounds
+from backend.data import load_split
 from blender_addon.core.errors import SplatwrightError
 from backend.gaussians import Gaussians, rgb_to_sh_dc
 from backend.optim import Adam
-from backend.ply import read_ply
+from backend.formats.ply import read_ply
 from blender_addon.core.points import POINTS_FILE, write_points
 from backend.strategy import DefaultStrategy, edit_rows
 from backend.metrics import photometric_loss
@@ -285,7 +286,7 @@ def test_the_progress_bar_shows_a_value_not_measured_yet_as_a_dash():
     import io
     import math
 
-    from backend.progress import Progress
+    from backend.tools.progress import Progress
     out = io.StringIO()
     Progress(10, "train", out).update(10, loss=math.nan, psnr=31.25)
     assert "loss -  psnr 31.25" in out.getvalue()

@@ -3,7 +3,7 @@ found from its content, never from its name alone; the format written is named b
 
 | format                      | module                   | recognised by                                  | written for       |
 |-----------------------------|--------------------------|------------------------------------------------|-------------------|
-| official 3DGS PLY           | backend.ply              | a "ply" header without a `chunk` element       | *.ply             |
+| official 3DGS PLY           | formats.ply              | a "ply" header without a `chunk` element       | *.ply             |
 | PlayCanvas compressed PLY   | formats.compressed_ply   | a "ply" header with a `chunk` element          | *.compressed.ply  |
 | Niantic SPZ                 | formats.spz              | gzip's bytes 1f 8b, or "NGSP" (version 4)      | *.spz             |
 | antimatter15 .splat         | formats.splat            | no magic: a name ending .splat, then checked   | *.splat           |
@@ -17,7 +17,7 @@ import torch
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.files import write_atomic
 from ..gaussians import Gaussians, sh_coeff_count
-from ..ply import encode_ply, read_ply
+from .ply import encode_ply, read_ply
 from . import compressed_ply, splat, spz
 
 FORMATS = ("ply", "compressed_ply", "spz", "splat")

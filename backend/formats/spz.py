@@ -34,6 +34,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+try:
+    import zstandard
+except ImportError:  # optional: only version 4 files need it, and reading one says how to install it
+    zstandard = None
+
 from blender_addon.core.errors import SplatwrightError
 from ..gaussians import Gaussians
 from .common import (OTHER_COMPONENTS, byte_logit, columns, gaussians_from_columns, round_half_away, sh_degree_of,
@@ -166,11 +171,9 @@ def _read_ngsp(data: bytes, name: str) -> tuple[Header, list[bytes], dict[int, b
     start = toc + 16 * n_streams
     if toc < NGSP_HEADER.size or start > len(data):
         raise SplatwrightError(f"{name}: truncated SPZ: its table of contents ends past the file's end")
-    try:
-        import zstandard
-    except ImportError:
+    if zstandard is None:
         raise SplatwrightError(f"{name}: SPZ version 4 is zstd-compressed; install the zstandard package "
-                               "(pip install zstandard) to read it") from None
+                               "(pip install zstandard) to read it")
     table = np.frombuffer(data, "<u8", 2 * n_streams, toc).reshape(-1, 2)
     streams, offset = [], start
     for i, ((packed, unpacked), size) in enumerate(zip(table.tolist(), stored)):

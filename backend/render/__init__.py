@@ -5,7 +5,7 @@ import torch
 
 from blender_addon.core.cameras import Camera
 from ..gaussians import Gaussians
-from . import reference
+from . import cuda, reference
 from .reference import RasterOutput
 
 RASTERIZERS = ("reference", "cuda")
@@ -21,8 +21,7 @@ def rasterizer_fn(name: str):
     if name == "reference":
         return reference.rasterize
     if name == "cuda":
-        from . import cuda  # builds the extension at first use
-        return cuda.rasterize
+        return cuda.rasterize  # builds the extension at first use
     raise ValueError(f"unknown rasterizer {name!r}; choose one of {RASTERIZERS}")
 
 

@@ -36,12 +36,12 @@ EXIT_GRACE = 2.0  # seconds a lost local backend gets to exit, so its exit statu
 
 
 class LocalServer:
-    """`python -m backend serve` on loopback with a fresh random token, run from `sources` (the backend's
+    """`python -m backend.service` on loopback with a fresh random token, run from `sources` (the backend's
     sources bundled in the add-on): its working folder and its only PYTHONPATH entry."""
 
     def __init__(self, python: str, sources: str, workdir: str):
         root = Path(sources)
-        if not (root / "backend" / "__main__.py").is_file():
+        if not (root / "backend" / "service" / "__main__.py").is_file():
             raise SplatwrightError(f"{root} holds no backend/ package; reinstall the add-on from its zip")
         if not (os.path.isfile(python) and os.access(python, os.X_OK)):
             raise SplatwrightError(f"Python {python!r} not found; press Set Up Backend in the add-on "
@@ -52,7 +52,7 @@ class LocalServer:
         token_file.write_text(self.token)
         self._ports: queue.Queue[int] = queue.Queue()
         self.port: int | None = None  # known once ready; a reconnect to the running server reuses it
-        self.proc = spawn([python, "-u", "-m", "backend", "serve", "--port", "0", "--workdir", workdir,
+        self.proc = spawn([python, "-u", "-m", "backend.service", "--port", "0", "--workdir", workdir,
                            "--token-file", str(token_file), "--exit-with-parent"], root,
                           child_env(PYTHONPATH=str(root)))
         self.log = LogTail(on_line=self._ready_line)

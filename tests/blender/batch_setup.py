@@ -23,7 +23,7 @@ def main() -> None:
     out = Path(args["out"])
     bpy.ops.preferences.addon_install(filepath=args["zip"], overwrite=True)
     bpy.ops.preferences.addon_enable(module="splatwright")
-    prefs = bpy.context.preferences.addons["splatwright"].ui.preferences
+    prefs = bpy.context.preferences.addons["splatwright"].preferences
     prefs.python, prefs.workdir = args["python"], args["workdir"]
     bpy.ops.wm.save_userpref()
 

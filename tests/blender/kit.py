@@ -124,7 +124,7 @@ def draw_everything() -> list[str]:
     panels = addon().ui.panels
     for panel in panels.CLASSES:
         timed(f"draw:{panel.__name__}", lambda: panel.draw(WithLayout(None, texts), bpy.context))
-    prefs = bpy.context.preferences.addons[addon().__name__].ui.preferences
+    prefs = bpy.context.preferences.addons[addon().__name__].preferences
     timed("draw:preferences", lambda: type(prefs).draw(WithLayout(prefs, texts), bpy.context))
     return texts
 
@@ -195,7 +195,7 @@ def placed_model(zip_path: Path, workdir: Path, session: str, python: str):
     bpy.ops.preferences.addon_install(filepath=str(zip_path), overwrite=True)
     bpy.ops.preferences.addon_enable(module="splatwright")
     live = addon().scene.live
-    prefs = bpy.context.preferences.addons["splatwright"].ui.preferences
+    prefs = bpy.context.preferences.addons["splatwright"].preferences
     prefs.python, prefs.workdir = python, str(workdir)
     scene.splatwright.session = session
     op("backend_start")  # reopens the session and its checkpoint

@@ -8,7 +8,7 @@ with Blender's user folders of its own, and returns what the scenario reports.
 
 A scenario imports the harness as the package `blender`, found through PYTHONPATH (tests/), which the bpy
 module's Python and Debian's Blender (the system's Python) both read. The windowed scenarios also import the
-backend's window driver (backend.bench.windowed) from the checkout; the others cannot import the checkout's
+backend's window driver (backend.tools.bench.windowed) from the checkout; the others cannot import the checkout's
 packages, so the add-on they test is the one installed from the zip.
 """
 from __future__ import annotations

@@ -43,7 +43,7 @@ def run(zip_path: Path, out: Path, foreign_ply: Path) -> dict:
     bpy.ops.preferences.addon_install(filepath=str(zip_path), overwrite=True)
     bpy.ops.preferences.addon_enable(module="splatwright")
     live = addon().scene.live
-    prefs = bpy.context.preferences.addons["splatwright"].ui.preferences
+    prefs = bpy.context.preferences.addons["splatwright"].preferences
     prefs.python, prefs.workdir = sys.executable, str(out / "sessions")
 
     s = bpy.context.scene.splatwright

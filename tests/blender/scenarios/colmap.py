@@ -154,7 +154,7 @@ def run(zip_path: Path, out: Path, colmap: Path, distorted: Path, python: str, s
     lap("cameras")
     if python:
         live = addon().scene.live
-        prefs = bpy.context.preferences.addons["splatwright"].ui.preferences
+        prefs = bpy.context.preferences.addons["splatwright"].preferences
         prefs.python, prefs.workdir = python, str(out / "sessions")
         op("backend_start")
         wait_for(lambda: live.backend.connection == "connected", "backend start", 120)

@@ -225,7 +225,7 @@ def run(zip_path: Path, ply: Path, session: str, out: Path, python: str, model4d
     bpy.ops.preferences.addon_enable(module="splatwright")
     live = addon().scene.live
     frames = keep_frames(addon().render.engine)
-    prefs = bpy.context.preferences.addons["splatwright"].ui.preferences
+    prefs = bpy.context.preferences.addons["splatwright"].preferences
     prefs.python, prefs.workdir = python, str(out / "sessions")
     op("backend_start")
     wait_for(lambda: live.backend.connection == "connected", "backend start", 120)

@@ -74,14 +74,14 @@ def run(zip_path: Path, how: str, out: Path, python: str | None) -> dict:
     install(zip_path, how)
     package = addon()
     live = package.scene.live
-    prefs = bpy.context.preferences.addons[package.__name__].ui.preferences
+    prefs = bpy.context.preferences.addons[package.__name__].preferences
     result: dict = {"package": package.__name__}
     if python:
         prefs.python = python  # an environment the user already has
     else:
         result["setup"] = set_up(live)
     settings = prefs.connect_settings()
-    result["addon"] = {"file": package.__file__, "data_folder": str(package.ui.preferences.data_folder()),
+    result["addon"] = {"file": package.__file__, "data_folder": str(package.scene.addon.data_folder()),
                        "python": settings.python, "sources": settings.sources, "workdir": settings.workdir}
 
     op("backend_start")

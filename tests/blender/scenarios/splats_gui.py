@@ -20,7 +20,7 @@ import bpy
 import numpy as np
 from mathutils import Euler, Vector
 
-from backend.bench.windowed import data_writable, run_in_window, until  # noqa: E402
+from backend.tools.bench.windowed import data_writable, run_in_window, until
 from blender.blocking_calls import BlockingCalls
 from blender.splat_scene import (CROP_LOCATION, CROP_SCALE, CUBE_COLOR, MOVE, SECOND_AT, WALL_COLOR, add_wall_and_cube,
                                  render_with_cycles)
@@ -203,7 +203,7 @@ def scenario(args: dict, result: dict):
     bpy.ops.preferences.addon_enable(module="splatwright")
     addon = sys.modules["splatwright"]
     backend = addon.scene.live.backend
-    prefs = bpy.context.preferences.addons["splatwright"].ui.preferences
+    prefs = bpy.context.preferences.addons["splatwright"].preferences
     prefs.python, prefs.workdir = args["python"], args["workdir"]
     for obj in list(bpy.data.objects):
         bpy.data.objects.remove(obj)

@@ -21,7 +21,7 @@ import bpy
 import numpy as np
 from mathutils import Euler, Vector
 
-from backend.bench.windowed import data_writable, run_in_window, until  # noqa: E402
+from backend.tools.bench.windowed import data_writable, run_in_window, until
 from blender.blocking_calls import BlockingCalls
 
 FRAME_TIMEOUT = 120.0
@@ -250,7 +250,7 @@ def scenario(args: dict, result: dict):
     bpy.ops.preferences.addon_enable(module="splatwright")
     addon = sys.modules["splatwright"]
     backend = addon.scene.live.backend
-    prefs = bpy.context.preferences.addons["splatwright"].ui.preferences
+    prefs = bpy.context.preferences.addons["splatwright"].preferences
     prefs.python, prefs.workdir = args["python"], str(out / "sessions")  # the checkout's environment
     bpy.ops.splatwright.backend_start()
     yield from until(lambda: backend.connection == "connected", "backend start", 120)

@@ -1,0 +1,54 @@
+"""Datasets: a scene folder loaded into memory as tensors, whichever kind it is: NeRF-synthetic / instant-ngp
+`transforms*.json` files (nerf.py) or a COLMAP capture (colmap.py); the views' images (images.py) in a
+Dataset (dataset.py)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from blender_addon.core.cameras import Camera
+from blender_addon.core.errors import SplatwrightError
+from blender_addon.core.points import POINTS_FILE, read_points
+from . import colmap, nerf
+from .dataset import Dataset
+
+# NeRF-synthetic lego where the project's shared data sits beside the checkout: the demo's fallback scene and
+# the benchmarks' and tests' scene.
+LEGO = Path(__file__).resolve().parents[3] / "shared" / "data" / "lego"
+
+
+def scene_point_cloud(root: str | Path) -> tuple[Path, np.ndarray, np.ndarray] | None:
+    """The scene's own points, if it has any: its points3d.ply (a capture's surface points), else its COLMAP
+    model's; (where they come from, positions (N, 3), uint8 colours (N, 3)), or None."""
+    path, model = Path(root) / POINTS_FILE, colmap.find_model(root)
+    if path.is_file():
+        xyz, rgb = read_points(path)
+    elif model is not None:
+        path, (xyz, rgb) = model, colmap.read_points(root)
+    else:
+        return None
+    return (path, xyz, rgb) if len(xyz) else None
+
+
+def load_split(root: str | Path, split: str, background=(1.0, 1.0, 1.0), downscale: float = 1.0) -> Dataset | None:
+    """Load one split, or None if the scene has no file for it (only 'train' is required). A folder without
+    transforms files but with a COLMAP model (sparse/0) is a COLMAP capture (backend.data.colmap)."""
+    if nerf.transforms_path(root, "train") is None and colmap.find_model(root) is not None:
+        return colmap.load_split(root, split, background, downscale)
+    path = nerf.transforms_path(root, split)
+    if path is None:
+        if split == "train":
+            raise SplatwrightError(f"{root}: no transforms_train.json or transforms.json; expected a NeRF-synthetic "
+                                   "or instant-ngp scene folder, or a COLMAP one (images/ and sparse/0/)")
+        return None
+    return nerf.load_transforms(path, background, downscale)
+
+
+def load_cameras(path: str | Path, downscale: float = 1.0) -> tuple[list[Camera], list[str]]:
+    """Only the cameras of a transforms file (or of a COLMAP capture folder); image sizes come from its w/h or
+    from the image headers."""
+    path = Path(path)
+    if path.is_dir() and colmap.find_model(path) is not None:
+        return colmap.load_cameras(path, downscale)
+    return nerf.load_cameras(path, downscale)

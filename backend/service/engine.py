@@ -1,0 +1,142 @@
+"""The engine behind the server: the open session and its model (shown.py), the training thread and the states it
+goes through (training.py, protocol.STATES), the render thread (renderer.py), sessions' saved models
+(saved_models.py) and exports (exports.py). Its methods answer the server's requests with reply fields and raise
+SplatwrightError with a message for the user; it knows nothing about sockets."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from blender_addon.core import protocol
+from blender_addon.core.cameras import Camera
+from blender_addon.core.errors import SplatwrightError
+from ..policy import system_report
+from .exports import Exports
+from .frames import view_rgb
+from .limits import Limits
+from .render_queue import RenderJob
+from .renderer import Renderer
+from .saved_models import SavedModels, read_model_file
+from .session import Session
+from .shown import Shown
+from .training import Training, TrainingCopies
+
+
+class Engine:
+    """The model of the open session (its trainer) or a model file loaded for viewing, a training thread and a
+    render thread. Methods return reply fields and raise SplatwrightError with a message for the user."""
+
+    def __init__(self, workdir: Path, device: str, rasterizer: str, limits: Limits = Limits()):
+        self.workdir, self.device, self.rasterizer, self.limits = workdir, device, rasterizer, limits
+        self.emit: Callable[[dict], None] = lambda event: None  # the server points this at its client
+        self.shown = Shown()
+        self.saved = SavedModels(workdir, device)
+        self.training_copies = TrainingCopies()
+        self.renderer = Renderer(self.shown, self.saved, self.training_copies, limits, device, rasterizer)
+        # Training's events go wherever emit points when they happen.
+        self.training = Training(self.shown, limits, device, rasterizer, self.training_copies, self.renderer.queue,
+                                 lambda event: self.emit(event))
+        self.exports = Exports(self.shown, self.saved)
+        self._capabilities: dict | None = None
+
+    # ---- status and capabilities ----
+
+    def status(self) -> dict:
+        return self.training.status()
+
+    def capabilities(self) -> dict:
+        if self._capabilities is None:
+            report = {**system_report(), "numpy": np.__version__, "protocol": protocol.PROTOCOL_VERSION,
+                      "device": self.device, "rasterizer": self.rasterizer}
+            self._capabilities = report
+        return self._capabilities
+
+    # ---- sessions and their data ----
+
+    def open_session(self, name: str, create: bool) -> dict:
+        session = self.shown.session
+        if session is not None and session.name == name:
+            return self.status()  # already open, e.g. a client reconnecting to the session it left training
+        if self.training.running():
+            raise SplatwrightError(f"session {session.name!r} is training; stop it before opening another")
+        self.training.show(Session.open(self.workdir, name, create))
+        return self.status()
+
+    def load_ply(self, data: bytes, background, name: str = "") -> dict:
+        """Show the splat file `data` (any format, told by its content; `name`, its file name, tells a .splat),
+        or a 4D model's file (splats4d.pt: a *.pt name or a torch file's content), drawn at each request's
+        time. The file is kept in a new session named after it, which opens: a splat object can place that
+        session's model in a scene, and renders naming it draw it after a restart too."""
+        if self.training.running():
+            raise SplatwrightError("training is running; stop it before loading a model to view")
+        data = bytes(data)
+        g = read_model_file(data, name).to(self.device)  # a file that cannot be read makes no session
+        session = Session.create_imported(self.workdir, name, data, background)
+        self.training.show(session, (g, tuple(background)))
+        # and the status says whether it is 4D
+        return {"gaussians": len(g), "sh_degree": g.max_sh_degree, "session": session.name}
+
+    def check_view(self, camera: Camera) -> None:
+        """Refuse a view over the limits before its image is decoded."""
+        session = self.shown.require_session()
+        self.limits.check("views", len(session.cameras) + 1, "views in the session")
+        self.limits.check("view_pixels", camera.width * camera.height, f"the {camera.width}x{camera.height} view")
+        self.limits.check("session_pixels", session.pixels + camera.width * camera.height,
+                          "pixels of the session's views with this one")
+
+    def add_view(self, camera: Camera, image: np.ndarray, name: str, time: float | None = None) -> dict:
+        session = self.shown.require_session()
+        self.check_view(camera)
+        with self.shown.lock:
+            index = session.add_view(camera, image, name, time)
+            trainer = self.shown.trainer
+            if trainer is not None:
+                trainer.add_view(camera, view_rgb(image, trainer.cfg.background), session.names[index], time or 0.0)
+        return {"index": index, "views": index + 1}
+
+    def set_points(self, xyz: np.ndarray, rgb: np.ndarray) -> dict:
+        """Stores them only: the Gaussians are made from them (a neighbour search) when training starts, on the
+        training thread."""
+        session = self.shown.require_session()
+        self.limits.check("points", len(xyz), "initial points")
+        with self.shown.lock:
+            session.set_points(xyz, rgb)
+        return {"points": len(xyz), "note": "used when training starts from scratch"}
+
+    # ---- training (training.py) ----
+
+    def start_training(self, fields: dict) -> dict:
+        return self.training.start(fields)
+
+    def resume(self) -> dict:
+        return self.training.resume()
+
+    def pause(self) -> dict:
+        return self.training.pause()
+
+    def stop(self) -> dict:
+        return self.training.stop()
+
+    def save_checkpoint(self) -> dict:
+        return self.training.save_checkpoint()
+
+    def load_checkpoint(self) -> dict:
+        return self.training.load_checkpoint()
+
+    # ---- frames and exports ----
+
+    def submit_render(self, job: RenderJob) -> None:
+        self.renderer.submit(job)
+
+    def export_ply(self, name: str = "splats.ply", model: str | None = None, crop: np.ndarray | None = None,
+                   time: float | None = None, placement: np.ndarray | None = None) -> tuple[dict, bytes]:
+        return self.exports.export(name, model, crop, time, placement)
+
+    def close(self, render_wait: float = 0.2) -> bool:
+        """Stop training (with a checkpoint) and the render thread; returns whether the render thread ended
+        within `render_wait` seconds (a long CPU render cannot be interrupted: the process then exits without
+        waiting for it)."""
+        self.stop()
+        return self.renderer.close(render_wait)

@@ -1,0 +1,71 @@
+"""Exports: the model a request names (protocol.MODEL_CHOICE), chosen and placed, as a file in the format its
+name asks for, or as a 4D model's own file."""
+from __future__ import annotations
+
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from blender_addon.core.errors import SplatwrightError
+from ..dynamic import DYNAMIC_FILE, DynamicGaussians, write_dynamic
+from ..formats import encode_any, format_for_path, notes
+from ..formats.ply import encode_ply
+from ..placement import chosen, kept, placed
+from .saved_models import DYNAMIC_SUFFIX, SavedModels
+from .shown import Shown
+
+DYNAMIC_FORMAT = "4d"  # what export_ply's reply calls that format
+
+
+class Exports:
+    """Exports of the shown model or of a session's saved model (`saved`); the whole trained model of the open
+    session is also kept beside its checkpoint."""
+
+    def __init__(self, shown: Shown, saved: SavedModels):
+        self.shown, self.saved = shown, saved
+
+    def export(self, name: str = "splats.ply", model: str | None = None, crop: np.ndarray | None = None,
+               time: float | None = None, placement: np.ndarray | None = None) -> tuple[dict, bytes]:
+        """Session `model`'s model (None: the shown one; protocol.MODEL_CHOICE), at `time` if it is 4D, cropped
+        and placed, in the format the file `name` is for; a *.pt name asks for a 4D model's own file (the one
+        training writes), its motion placed with it and cropped to the Gaussians inside the box at `time`."""
+        dynamic_file = Path(name).suffix.lower() == DYNAMIC_SUFFIX
+        fmt = DYNAMIC_FORMAT if dynamic_file else format_for_path(name)
+        with self.shown.lock:  # a snapshot only: encoding a large model must not hold up training or rendering
+            source = self.shown.live_model(model)
+            if source is not None:
+                source = replace(source, g=source.g.detached())
+        source = source or self.saved.get(model)
+        dynamic = isinstance(source.g, DynamicGaussians)
+        if dynamic_file:
+            if not dynamic:
+                what = "the model shown" if model is None else f"the model of session {model!r}"
+                raise SplatwrightError(f"{name}: {what} is a static model, the same at every time, and a .pt file "
+                                       f"holds a 4D model ({DYNAMIC_FILE} from training on views with times); "
+                                       "export it as .ply, .compressed.ply, .spz or .splat")
+            g = placed(kept(source.g, crop, time), placement)
+            data = dynamic_file_bytes(g)
+            said = [] if crop is None else [f"the crop box kept the Gaussians inside it at time {time or 0.0:g}"]
+        else:
+            g = placed(chosen(source.g, crop, time), placement)
+            data = encode_any(g, fmt)
+            said = notes(g, fmt)
+        path = ""
+        whole = crop is None and placement is None and (time is None or not dynamic)  # a static one at any time
+        if source.trained and whole and not dynamic_file:
+            # the session's whole trained model is also kept beside its checkpoint, as a PLY; a viewed one is not
+            path = self.shown.session.write_file("splats.ply", data if fmt == "ply" else encode_ply(g))
+        fields = {"path": path, "gaussians": len(g), "step": source.step, "format": fmt, "note": "; ".join(said),
+                  "dynamic": dynamic}
+        return fields, data
+
+
+def dynamic_file_bytes(g: DynamicGaussians) -> bytes:
+    """The file of 4D model `g` as training writes it: by write_dynamic itself (one definition of the file), in
+    a temporary folder."""
+    with tempfile.TemporaryDirectory(prefix="splatwright-") as folder:
+        path = Path(folder) / DYNAMIC_FILE
+        write_dynamic(path, g)
+        return path.read_bytes()

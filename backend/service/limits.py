@@ -1,0 +1,37 @@
+"""What a session may hold and ask for: the server's caps, each a `serve` flag."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+from blender_addon.core.errors import SplatwrightError
+
+
+def _limit(default: int, meaning: str):
+    return field(default=default, metadata={"help": meaning})
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a session may hold and ask for, so no request can exhaust the server's memory; each is a
+    `serve` flag, --max-<name> (arguments.py), and a request over one is refused with a message naming it."""
+    views: int = _limit(2000, "views a session may hold")
+    view_pixels: int = _limit(4096 * 4096, "pixels (width x height) of one view")
+    session_pixels: int = _limit(500_000_000, "pixels of all of a session's views together (about 16 bytes "
+                                              "of memory each while training)")
+    render_pixels: int = _limit(4096 * 4096, "pixels of one rendered frame")
+    points: int = _limit(2_000_000, "initial points or random initial Gaussians of a session")
+
+    @staticmethod
+    def flag(name: str) -> str:
+        return "--max-" + name.replace("_", "-")
+
+    def check(self, name: str, value: int, what: str) -> None:
+        """SplatwrightError if `value` (of `what`) is over the limit `name`."""
+        cap = getattr(self, name)
+        if value > cap:
+            raise SplatwrightError(f"{what}: {value:,} is over the cap of {cap:,} {self.meaning(name)}; start the "
+                                   f"backend with serve {self.flag(name)} N to allow more")
+
+    @staticmethod
+    def meaning(name: str) -> str:
+        return next(f.metadata["help"] for f in fields(Limits) if f.name == name)

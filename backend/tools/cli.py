@@ -1,0 +1,109 @@
+"""Command line: python -m backend {train,render,convert,info,demo,serve,bench} ..."""
+from __future__ import annotations
+
+import argparse
+
+from blender_addon.core.errors import SplatwrightError
+from blender_addon.core.schema import Float, Str
+from blender_addon.core.settings import TRAINING
+from ..data.images import parse_background
+from ..service import server
+from ..service.arguments import Parser, add_serve_arguments, positive_int, run
+from . import bench, commands, convert, demo
+from .bench import BENCHMARKS
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = Parser(prog="python -m backend", description="Splatwright backend")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train Gaussians on a transforms*.json scene")
+    p.add_argument("data", help="scene folder with transforms_train.json (and transforms_test.json)")
+    p.add_argument("--out", required=True, help="output folder for splats.ply, metrics.json, checkpoint.pt")
+    add_training_arguments(p)
+    p.add_argument("--random-init", action="store_true",
+                   help="start from random Gaussians even where the scene has a points3d.ply")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    p.add_argument("--init", default=None, metavar="FILE",
+                   help="start from the Gaussians of a splat file (.ply, .compressed.ply, .spz or .splat)")
+    p.add_argument("--dynamic", action="store_true",
+                   help="train a 4D model of moving Gaussians (OUT/splats4d.pt) even when the frames have no "
+                   "'time'; frames with times always train one")
+
+    p = sub.add_parser("render", help="render a splat file through the cameras of a transforms file")
+    p.add_argument("splats", help="splat file: 3DGS PLY, compressed PLY, SPZ or .splat; or a 4D model (splats4d.pt)")
+    p.add_argument("--time", type=unit_interval, default=None,
+                   help="time in [0, 1] over the captured frames at which to render a 4D model (default: 0)")
+    p.add_argument("--cameras", required=True, help="transforms*.json (or a COLMAP capture folder) with the cameras")
+    p.add_argument("--out", required=True, help="output folder for the PNGs")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--background", default="white")
+    p.add_argument("--downscale", type=float, default=1.0)
+
+    p = sub.add_parser("convert", help="convert a splat file to the format OUT's name gives")
+    p.add_argument("input", help="splat file: 3DGS PLY, PlayCanvas compressed PLY, SPZ or .splat (found by content); "
+                   "or a 4D model (splats4d.pt)")
+    p.add_argument("output", help="file to write: *.ply (3DGS), *.compressed.ply, *.spz or *.splat")
+    p.add_argument("--sh-degree", type=int, choices=range(4), default=None, help="drop SH bands above this degree")
+    p.add_argument("--frames", type=positive_int, default=None,
+                   help="a 4D model as N files, one per frame at evenly spaced times (OUT name_0001.ply ...)")
+
+    sub.add_parser("info", help="report Python, torch, CUDA, the GPU and whether the CUDA rasterizer builds")
+
+    p = sub.add_parser("demo", help="the Blender add-on end to end (capture, train, novel views, report); "
+                       "training on a scene folder when one is given or bpy 4.5 is missing")
+    p.add_argument("data", nargs="?", default=None,
+                   help="scene folder to train on instead (default: the Blender demo, or the lego scene without bpy)")
+    p.add_argument("--out", default=None, help="output folder (default: out/demo-<time>)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+
+    add_serve_arguments(sub.add_parser("serve", help="serve training and rendering to the Blender add-on over TCP"))
+
+    p = sub.add_parser("bench", help=f"benchmarks ({', '.join(BENCHMARKS)})", add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # named by the command's own parser, not the top level's
+        sub.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)} (--help lists the options)")
+    command = {"train": commands.train, "render": commands.render_views, "info": commands.info, "demo": demo.demo,
+               "convert": convert.convert, "serve": server.serve, "bench": lambda args: bench.main(args.rest)}
+    return run(command[args.command], args)
+
+
+def add_training_arguments(p: argparse.ArgumentParser) -> None:
+    """--device, --downscale and every training setting of the one table (settings.TRAINING) but the progress
+    interval (the CLI draws a progress bar), with its default, range and help; --iters is --iterations."""
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--downscale", type=float, default=1.0, help="divide image sizes by this factor")
+    for name, field in TRAINING.fields.items():
+        if name == "progress_interval":
+            continue
+        flags = ["--" + name.replace("_", "-")] + (["--iters"] if name == "iterations" else [])
+        if isinstance(field.kind, Str):
+            p.add_argument(*flags, dest=name, default=field.default, choices=field.kind.choices, help=field.help)
+        else:
+            p.add_argument(*flags, dest=name, default=field.default, type=setting_parser(name, field.kind),
+                           help=f"{field.help} (default: {field.default})" if field.default is not None else field.help)
+
+
+def unit_interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{value} is not in [0, 1]")
+    return value
+
+
+def setting_parser(name: str, kind):
+    """The argparse type of a setting: the text parsed, then checked against the setting's range."""
+    def parse(text: str):
+        try:
+            value = parse_background(text) if name == "background" else float(text) if isinstance(
+                kind, Float) else int(text)
+            return kind.check(list(value) if name == "background" else value)
+        except (ValueError, SplatwrightError) as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    parse.__name__ = name  # argparse names the setting in its message
+    return parse
