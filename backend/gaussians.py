@@ -80,7 +80,7 @@ class Gaussians:
         return self
 
     @classmethod
-    def from_points(cls, points: torch.Tensor, colors: torch.Tensor, sh_degree: int = 3,
+    def from_points(cls, points: torch.Tensor, colors: torch.Tensor, sh_degree: int,
                     opacity: float = 0.1, cancelled: "Cancelled | None" = None) -> "Gaussians":
         """Isotropic Gaussians at `points` (N, 3) with `colors` (N, 3) in [0, 1]; scale from the
         mean distance to the three nearest neighbours, as the reference 3DGS does. `cancelled()`: see
@@ -108,7 +108,7 @@ class Gaussians:
         return cls.from_points(points, colors, sh_degree, cancelled=cancelled)
 
     @classmethod
-    def random_in_box(cls, n: int, center, half_extent: float, sh_degree: int = 3, seed: int = 0,
+    def random_in_box(cls, n: int, center, half_extent: float, sh_degree: int, seed: int,
                       color=None) -> "Gaussians":
         """n Gaussians at uniform random positions in the cube; each of `color` ((r, g, b) in [0, 1]), or
         of a random colour where it is None."""

@@ -9,7 +9,7 @@ from dataclasses import replace
 import torch
 
 from blender_addon.core.errors import SplatwrightError
-from blender_addon.core.settings import CPU_STEPS, PRESETS as PRESET_NAMES, SCHEDULE_STEPS, training_settings
+from blender_addon.core.settings import CPU_STEPS, PRESETS as PRESET_NAMES, SCHEDULE_STEPS
 from .kernels import is_available
 from .strategy import DensifyConfig
 from .train import LearningRates, TrainConfig, with_steps
@@ -74,11 +74,11 @@ def cpu_config(iterations: int) -> TrainConfig:
                               max_gaussians=20_000))
 
 
-def make_config(device: str, rasterizer: str, settings: dict | None = None, **chosen) -> TrainConfig:
+def make_config(device: str, rasterizer: str, s: dict) -> TrainConfig:
     """The training configuration for a device: a preset's schedule on the GPU, the short CPU schedule on the
-    reference path, with the settings on top (a settings dict, or settings by name; None keeps the
-    schedule's own value)."""
-    s = training_settings(**{**(settings or {}), **chosen})
+    reference path, with the settings `s` on top (every setting of the table, checked where they came in:
+    the protocol's request, the command line's options, training_settings; None keeps the schedule's own
+    value)."""
     if device == "cuda":
         cfg = PRESETS[s["preset"]]
         if s["iterations"]:

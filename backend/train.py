@@ -10,7 +10,7 @@ import torch
 
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.files import replacing
-from blender_addon.core.settings import stretched_steps
+from blender_addon.core.settings import default, stretched_steps
 from blender_addon.core.cameras import Camera, intrinsics_from_fov_x, look_at
 from .data.dataset import Dataset, camera_extent, scene_bounds
 from .data.images import as_float, quantise
@@ -49,14 +49,17 @@ POSITION_RATES = ("means", "velocities", "accelerations")  # scaled by the exten
 
 @dataclass
 class TrainConfig:
+    """A training run's whole configuration. The training settings' defaults are the table's
+    (core/settings.py); the schedule's own values (steps, start, densification) are the original 3DGS ones,
+    which the presets (policy.py) replace."""
     iterations: int = 30_000
-    sh_degree: int = 3
+    sh_degree: int = default("sh_degree")
     sh_interval: int = 1000  # the active SH degree grows by one every this many steps
     ssim_weight: float = 0.2
-    background: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    background: tuple[float, float, float] = tuple(default("background"))
     init_points: int = 100_000  # random initialisation when no points are given
     rasterizer: str = "reference"
-    seed: int = 0
+    seed: int = default("seed")
     log_every: int = 50  # steps between loss read-backs (each is a host synchronisation)
     batch_views: int = 1  # views per step, shared out among a distributed group's processes
     dynamic: bool = False  # train a 4D model (backend.dynamic) even when the views have no times
@@ -70,7 +73,7 @@ class TrainConfig:
         d = dict(d)
         d["lr"] = LearningRates(**d.get("lr", {}))
         d["densify"] = DensifyConfig(**d.get("densify", {}))
-        d["background"] = tuple(d.get("background", (1.0, 1.0, 1.0)))
+        d["background"] = tuple(d.get("background", cls.background))
         return cls(**d)
 
 

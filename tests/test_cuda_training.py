@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from blender_addon.core.client import Client
+from blender_addon.core.settings import training_settings
 from backend.service.engine import Engine
 from backend.service.training import TrainingCopies
 from backend.policy import make_config
@@ -86,7 +87,7 @@ def test_gpu_training_on_byte_views(tiny_scene):
     """The views stay uint8 on the GPU (the fused loss reads them as they are), a view added during training
     is stored the same way, and training fits."""
     data = load_split(tiny_scene, "train")
-    cfg = make_config("cuda", "cuda", iterations=300, init_points=2000)
+    cfg = make_config("cuda", "cuda", training_settings(iterations=300, init_points=2000))
     cfg = replace(cfg, sh_interval=50, densify=replace(cfg.densify, start=50, every=50, stop=250,
                                                        reset_opacity_every=150))
     trainer = Trainer(data, cfg, DEV)
@@ -104,7 +105,7 @@ def test_training_copies_are_the_model_after_their_step(tiny_scene, monkeypatch)
     """A watched trainer leaves a copy of its model after each step (the newest two are kept); a frame gets the
     newest the GPU has finished, of that trainer only, and the copies go once nobody watches."""
     data = load_split(tiny_scene, "train")
-    cfg = make_config("cuda", "cuda", iterations=50, init_points=500)
+    cfg = make_config("cuda", "cuda", training_settings(iterations=50, init_points=500))
     trainer = Trainer(data, cfg, DEV)
     copies = TrainingCopies()
     copies.publish(trainer)
@@ -214,7 +215,7 @@ def test_gpu_training_fits_and_resumes_exactly(tiny_scene, tmp_path):
     reset) fits the scene, and, every kernel being deterministic, a run resumed from a checkpoint ends with
     exactly the model of an uninterrupted one."""
     data = load_split(tiny_scene, "train")
-    cfg = make_config("cuda", "cuda", iterations=300, init_points=2000)
+    cfg = make_config("cuda", "cuda", training_settings(iterations=300, init_points=2000))
     cfg = replace(cfg, sh_interval=50, densify=replace(cfg.densify, start=50, every=50, stop=250,
                                                        reset_opacity_every=150))
     straight = Trainer(data, cfg, DEV)
@@ -271,7 +272,7 @@ def test_training_without_autograd_equals_training_through_it(tiny_scene):
     """The trainer's step without autograd (a static model on the CUDA rasterizer) and the same step through
     autograd train the same model bit for bit, densification, opacity reset and SH growth included."""
     data = load_split(tiny_scene, "train")
-    cfg = make_config("cuda", "cuda", iterations=160, init_points=2000)
+    cfg = make_config("cuda", "cuda", training_settings(iterations=160, init_points=2000))
     cfg = replace(cfg, sh_interval=40, densify=replace(cfg.densify, start=20, every=20, stop=140,
                                                        reset_opacity_every=100))
     trainers = [Trainer(data, cfg, DEV) for _ in range(2)]

@@ -23,6 +23,7 @@ from blender_addon.core import codecs, protocol
 from blender_addon.core.client import Client, RemoteError
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.protocol import REQUESTS
+from blender_addon.core.settings import training_settings
 from backend.tools import cli
 from backend.gaussians import _nearest_neighbour_distance
 from backend.formats.ply import write_ply
@@ -405,7 +406,7 @@ def test_checkpoint_seconds_in_the_command_line_loop(tiny_scene, tmp_path, monke
     from backend.data import load_split
     from backend.policy import make_config
     from backend.train import Trainer
-    trainer = Trainer(load_split(tiny_scene, "train"), make_config("cpu", "reference", iterations=40, init_points=50),
+    trainer = Trainer(load_split(tiny_scene, "train"), make_config("cpu", "reference", training_settings(iterations=40, init_points=50)),
                       "cpu")
     saved, save = [], Trainer.save_checkpoint
 

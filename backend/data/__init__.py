@@ -12,6 +12,7 @@ from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.points import POINTS_FILE, read_points
 from . import colmap, nerf
 from .dataset import Dataset
+from .images import BACKGROUND
 
 # NeRF-synthetic lego where the project's shared data sits beside the checkout: the demo's fallback scene and
 # the benchmarks' and tests' scene.
@@ -31,7 +32,7 @@ def scene_point_cloud(root: str | Path) -> tuple[Path, np.ndarray, np.ndarray] |
     return (path, xyz, rgb) if len(xyz) else None
 
 
-def load_split(root: str | Path, split: str, background=(1.0, 1.0, 1.0), downscale: float = 1.0) -> Dataset | None:
+def load_split(root: str | Path, split: str, background=BACKGROUND, downscale: float = 1.0) -> Dataset | None:
     """Load one split, or None if the scene has no file for it (only 'train' is required). A folder without
     transforms files but with a COLMAP model (sparse/0) is a COLMAP capture (backend.data.colmap)."""
     if nerf.transforms_path(root, "train") is None and colmap.find_model(root) is not None:

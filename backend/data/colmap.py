@@ -15,14 +15,14 @@ from blender_addon.core.colmap import (IMAGES_FOLDER, ColmapCamera, ColmapImage,
                                        read_model, split_images)
 from blender_addon.core.errors import SplatwrightError
 from .dataset import Dataset
-from .images import check_downscale, load_rgb, quantise, resized
+from .images import BACKGROUND, check_downscale, load_rgb, quantise, resized
 
 # The reader's names are this module's too (the tests and the data loaders use them from here).
 __all__ = ["ColmapCamera", "ColmapImage", "Model", "camera_of", "find_model", "read_model", "split_images",
            "load_split", "load_cameras", "read_points"]
 
 
-def load_split(root: str | Path, split: str, background=(1.0, 1.0, 1.0), downscale: float = 1.0) -> Dataset | None:
+def load_split(root: str | Path, split: str, background=BACKGROUND, downscale: float = 1.0) -> Dataset | None:
     """The images of `split` with their cameras (None for an empty test split)."""
     root = Path(root)
     model = read_model(find_model(root))

@@ -8,6 +8,9 @@ import torch
 from PIL import Image
 
 from blender_addon.core.errors import SplatwrightError
+from blender_addon.core.settings import default
+
+BACKGROUND = tuple(default("background"))  # what a loader composites RGBA images over, unless told
 
 
 def quantise(image) -> torch.Tensor:

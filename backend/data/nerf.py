@@ -14,7 +14,7 @@ from blender_addon.core.cameras import Camera, from_blender_c2w, intrinsics, int
 from blender_addon.core.codecs import MAX_IMAGE_SIDE
 from blender_addon.core.errors import SplatwrightError
 from .dataset import Dataset, scene_times
-from .images import check_downscale, load_rgb, quantise, resized
+from .images import BACKGROUND, check_downscale, load_rgb, quantise, resized
 
 
 def transforms_path(root: str | Path, split: str) -> Path | None:
@@ -31,7 +31,7 @@ def transforms_path(root: str | Path, split: str) -> Path | None:
     return None
 
 
-def load_transforms(path: Path, background=(1.0, 1.0, 1.0), downscale: float = 1.0) -> Dataset:
+def load_transforms(path: Path, background=BACKGROUND, downscale: float = 1.0) -> Dataset:
     meta = _read_meta(path)
     frames = meta["frames"]
     check_downscale(downscale)

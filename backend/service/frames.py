@@ -68,18 +68,23 @@ def frame_bytes(out, format: str, depth: bool) -> tuple[torch.Tensor, int | None
     """The frame's bytes as the reply carries them, made where it was rendered, and where its depth plane
     starts when one follows the image: flat uint8 of the raw formats' rows bottom-up (codecs), a "layer" packed
     as codecs.layer_pixels packs it; for "png" the RGBA rows top-down, which the host encodes, then the depth."""
+    encoding = codecs.FRAME_ENCODINGS[format]
     rgba = (torch.cat([out.image, out.alpha[..., None]], dim=-1).clamp(0, 1) * 255 + 0.5).to(torch.uint8)
-    if format != "png":
+    if encoding.bottom_up:
         rgba = rgba.flip(0)
-    if format == "rgba32f":  # the bytes' values in float32, as colors.display_pixels makes them (tested equal)
+    if encoding.packs_depth:
+        return packed_layer(rgba.contiguous(), depth_plane(out)), None
+    if encoding.float_pixels:  # the bytes' values in float32, as colors.display_pixels makes them (tested equal)
         rgba = (rgba.to(torch.float32) * (1.0 / 255.0)).view(torch.uint8)
-    if not depth and format != "layer":
+    if not depth:
         return rgba.reshape(-1), None
+    return torch.cat([rgba.reshape(-1), depth_plane(out).reshape(-1).view(torch.uint8)]), rgba.numel()
+
+
+def depth_plane(out) -> torch.Tensor:
+    """The alpha-normalised view depth, rows bottom-up (codecs.DEPTH_BACKGROUND where nothing is drawn)."""
     z = torch.where(out.alpha > 0, out.depth / out.alpha.clamp_min(1e-12), codecs.DEPTH_BACKGROUND)
-    z = z.to(torch.float32).flip(0).contiguous()
-    if format == "layer":
-        return packed_layer(rgba.contiguous(), z), None
-    return torch.cat([rgba.reshape(-1), z.reshape(-1).view(torch.uint8)]), rgba.numel()
+    return z.to(torch.float32).flip(0).contiguous()
 
 
 def packed_layer(rgba: torch.Tensor, z: torch.Tensor) -> torch.Tensor:

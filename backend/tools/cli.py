@@ -37,7 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cameras", required=True, help="transforms*.json (or a COLMAP capture folder) with the cameras")
     p.add_argument("--out", required=True, help="output folder for the PNGs")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--background", default="white")
+    background = TRAINING.fields["background"]
+    p.add_argument("--background", default=background.default, type=setting_parser("background", background.kind),
+                   help=f"{background.help} (default: {background.default})")
     p.add_argument("--downscale", type=float, default=1.0)
 
     p = sub.add_parser("convert", help="convert a splat file to the format OUT's name gives")

@@ -14,7 +14,6 @@ from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.settings import TRAINING
 from ..data import load_cameras, load_split, scene_point_cloud
 from ..data.dataset import Dataset
-from ..data.images import parse_background
 from ..dynamic import DYNAMIC_FILE, DynamicGaussians, read_dynamic, write_dynamic
 from ..formats import read_any, with_sh_degree
 from ..formats.ply import write_ply
@@ -33,7 +32,7 @@ def training_config(args, device: str, rasterizer: str) -> TrainConfig:
 
 
 def run_training(trainer: Trainer, checkpoint: Path | None, checkpoint_every: int,
-                 checkpoint_seconds: float = 0.0) -> None:
+                 checkpoint_seconds: float) -> None:
     """Train to the configured step count with a progress bar, checkpointing every `checkpoint_every` steps
     and `checkpoint_seconds` of training; on Ctrl-C the last state is checkpointed first, so nothing is lost
     (a diverged run keeps the last periodic checkpoint, not the diverged state)."""
@@ -144,7 +143,7 @@ def render_views(args) -> int:
     g = g.at(args.time or 0.0)
     cameras, names = load_cameras(args.cameras, args.downscale)
     out = output_folder(args.out)
-    background = parse_background(args.background)
+    background = tuple(args.background)
     bar = Progress(len(cameras), "render")
     with torch.no_grad():
         for i, (cam, name) in enumerate(zip(cameras, names)):

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from blender_addon.core.errors import SplatwrightError
+from blender_addon.core.settings import training_settings
 from ..data import LEGO, load_cameras, load_split
 from ..data.images import load_rgb
 from ..metrics import psnr
@@ -89,7 +90,7 @@ def scene_demo(args, data: Path, out: Path) -> int:
     """Train on a scene end to end: the GPU at full size, or the CPU reference path at about 100 px."""
     device, rasterizer = resolve_device(args.device)
     out.mkdir(parents=True, exist_ok=True)
-    cfg = make_config(device, rasterizer, preset="fast", iterations=None if device == "cuda" else 600)
+    cfg = make_config(device, rasterizer, training_settings(preset="fast", iterations=None if device == "cuda" else 600))
     downscale = 1.0 if device == "cuda" else None
     print(f"demo: {data} on {device_name(device)}, output in {out}", file=sys.stderr)
     if downscale is None:  # CPU: about 100 px wide
@@ -99,7 +100,7 @@ def scene_demo(args, data: Path, out: Path) -> int:
     test_set = load_split(data, "test", cfg.background, downscale) or train_set
     trainer = Trainer(train_set, cfg, device, scene_points(data, cfg, device))
     initial = evaluate(trainer.g, test_set, 0, cfg.background, rasterizer)
-    run_training(trainer, out / CHECKPOINT, 0)
+    run_training(trainer, out / CHECKPOINT, 0, 0.0)  # one checkpoint, at the end
     metrics = finish(trainer, test_set, out, device, initial_psnr=initial["psnr"])
 
     views = out / "views"

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     s.orbit_lens, s.test_every, s.folder = ORBIT_LENS, 8, str(out / "dataset")
     s.point_count = 20000 if gpu else 3000  # the CPU reference rasterizer's time grows with the Gaussians
     start = time.monotonic()
-    if bpy.ops.splatwright.scene.capture() != {"FINISHED"}:
+    if bpy.ops.splatwright.capture() != {"FINISHED"}:
         raise RuntimeError(f"capture failed: {live.backend.last_error}")
     wait(lambda: not live.backend.in_flight, "views sent", 300)
     capture_seconds = time.monotonic() - start

@@ -36,7 +36,7 @@ def capture_and_train(addon, out: Path) -> dict:
     result = {"settings": settings_of(addon, scene), "size": list(addon.scene.reading.capture_size(scene)),
               "engine": scene.render.engine}
     start = time.monotonic()
-    if bpy.ops.splatwright.scene.capture() != {"FINISHED"}:
+    if bpy.ops.splatwright.capture() != {"FINISHED"}:
         raise RuntimeError(f"capture failed: {live.backend.last_error}")
     wait(lambda: not live.backend.in_flight, "views sent", TIMEOUT)
     result["capture_seconds"] = time.monotonic() - start

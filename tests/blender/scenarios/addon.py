@@ -50,7 +50,7 @@ def run(zip_path: Path, out: Path, foreign_ply: Path) -> dict:
     s.folder, s.point_count, s.test_every = str(out / "dataset"), 2000, 5
     for source, step in (("RIG_ANIMATION", 10), ("CAMERAS", 1), ("ANIMATION", 10)):  # offline: the dataset only
         s.source, s.frame_step = source, step
-        result[f"capture_{source}"] = list(bpy.ops.splatwright.scene.capture())
+        result[f"capture_{source}"] = list(bpy.ops.splatwright.capture())
         result[f"dataset_{source}"] = str(newest(out / "dataset"))
     result["frame_after_capture"] = bpy.context.scene.frame_current
     scene = bpy.context.scene
@@ -82,7 +82,7 @@ def run(zip_path: Path, out: Path, foreign_ply: Path) -> dict:
     s.source, s.orbit_shape, s.orbit_count = "ORBIT", "HEMISPHERE", 10
     s.custom_steps, s.iterations, s.sh_degree = True, 150, 1
     start = time.perf_counter()
-    result["capture"] = list(bpy.ops.splatwright.scene.capture())
+    result["capture"] = list(bpy.ops.splatwright.capture())
     result["capture_seconds"] = time.perf_counter() - start
     wait_for(lambda: live.backend.status.get("views") == 8 and not live.backend.in_flight, "views sent")
     result["views_sent"] = live.backend.status["views"]

@@ -21,7 +21,7 @@ STALL_SECONDS = 240  # under test_capture_bpy's timeout
 def capture(out: Path) -> dict:
     """Run Capture Views; what it returned, the one line it reported and what it made."""
     try:
-        returned, report = list(bpy.ops.splatwright.scene.capture()), ""
+        returned, report = list(bpy.ops.splatwright.capture()), ""
     except RuntimeError as e:  # an operator's error report, raised by bpy.ops
         returned, report = ["CANCELLED"], str(e)
     folders = sorted(p.name for p in (out / "dataset").iterdir()) if (out / "dataset").is_dir() else []

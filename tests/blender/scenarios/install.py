@@ -92,7 +92,7 @@ def run(zip_path: Path, how: str, out: Path, python: str | None) -> dict:
     s = bpy.context.scene.splatwright
     s.source, s.orbit_count, s.test_every, s.point_count = "ORBIT", 6, 0, 500
     s.custom_steps, s.iterations, s.sh_degree = True, 20, 0
-    result["capture"] = list(bpy.ops.splatwright.scene.capture())
+    result["capture"] = list(bpy.ops.splatwright.capture())
     wait_for(lambda: live.backend.status.get("views") == 6 and not live.backend.in_flight, "views sent", 300)
     op("train_start")
     wait_for(lambda: live.backend.status.get("state") == "finished", "training finishes", 300)

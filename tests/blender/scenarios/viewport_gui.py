@@ -63,7 +63,7 @@ def cancelled_capture(addon, out: Path, result: dict):
     camera, frame = scene.camera, scene.frame_current
     window, area, region, _ = view3d()
     with bpy.context.temp_override(window=window, area=area, region=region):
-        result["capture_invoked"] = list(bpy.ops.splatwright.scene.capture("INVOKE_DEFAULT"))
+        result["capture_invoked"] = list(bpy.ops.splatwright.capture("INVOKE_DEFAULT"))
     # Before its first view the backend's session is still the one before: nothing may open another or train it.
     result["blocked_during_capture"] = {
         "import": addon.ops.formats.SPLATWRIGHT_OT_import_splats.blocked(bpy.context),
@@ -123,7 +123,7 @@ def capture_during_render(addon, out: Path, result: dict):
         return 0.02
     bpy.app.timers.register(tick)
     with bpy.context.temp_override(window=window, area=area, region=region):
-        result["job_capture_invoked"] = list(bpy.ops.splatwright.scene.capture("INVOKE_DEFAULT"))
+        result["job_capture_invoked"] = list(bpy.ops.splatwright.capture("INVOKE_DEFAULT"))
     job = addon.scene.live.capture
     yield from until(lambda: job.done == 1 and bpy.app.is_job_running("RENDER"), "frame 2 rendering", 120)
     start, ticks_before, draws_before = time.monotonic(), len(ticks), len(draws)
