@@ -264,7 +264,8 @@ def test_schedule_steps_are_the_backends():
     for preset, cfg in policy.PRESETS.items():
         for views in (1, 100, 160, 400):  # a few views keep the preset's count, many stretch it
             assert defaults.schedule_steps("cuda", preset, None, views) == train.fit_to_views(cfg, views).iterations
-    assert defaults.schedule_steps("cpu", "quality", None, 400) == policy.make_config("cpu", "reference", training_settings()).iterations
+    cpu_schedule = policy.make_config("cpu", "reference", training_settings())
+    assert defaults.schedule_steps("cpu", "quality", None, 400) == cpu_schedule.iterations
     assert defaults.schedule_steps("cuda", "quality", 123, 400) == 123
 
 

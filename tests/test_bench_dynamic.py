@@ -1,6 +1,6 @@
-"""bench dynamic's data handling on the CPU: a JPEG dataset over time as backend/bench/blender_dynamic.py writes it
-(DatasetWriter with an image extension), its views grouped by time into per-frame sets, the bars and the
-report, and the render-rate timer on the reference rasterizer."""
+"""bench dynamic's data handling on the CPU: a JPEG dataset over time as backend/tools/bench/blender_dynamic.py
+writes it (DatasetWriter with an image extension), its views grouped by time into per-frame sets, the bars and
+the report, and the render-rate timer on the reference rasterizer."""
 from dataclasses import replace
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""The backend's environment as Set Up Backend makes it (blender_addon/environment.py, no bpy): the torch build
+"""The backend's environment as Set Up Backend makes it (blender_addon/logic/environment.py, no bpy): the torch build
 for the machine, the commands, the readiness check, progress, cancel and re-runs. The job runs against a
 stand-in Python that records its calls; the real venv and pip run in tests/test_addon_install.py."""
 from __future__ import annotations

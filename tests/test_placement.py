@@ -1,4 +1,4 @@
-"""Splat models placed in the scene (blender_addon/placement.py, bpy-free): the camera taken into the model's
+"""Splat models placed in the scene (blender_addon/logic/placement.py, bpy-free): the camera taken into the model's
 space sees what the placed model would show, depths scale with the model, uneven scales are refused; frame
 streams carry depth for composited views."""
 from __future__ import annotations

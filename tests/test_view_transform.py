@@ -1,4 +1,4 @@
-"""The inverse of a view transform (blender_addon/view_transform.py), built from samples of synthetic
+"""The inverse of a view transform (blender_addon/logic/view_transform.py), built from samples of synthetic
 transforms as Blender would give them: one per channel, one that mixes the channels as AgX does."""
 from __future__ import annotations
 

@@ -90,7 +90,8 @@ def scene_demo(args, data: Path, out: Path) -> int:
     """Train on a scene end to end: the GPU at full size, or the CPU reference path at about 100 px."""
     device, rasterizer = resolve_device(args.device)
     out.mkdir(parents=True, exist_ok=True)
-    cfg = make_config(device, rasterizer, training_settings(preset="fast", iterations=None if device == "cuda" else 600))
+    settings = training_settings(preset="fast", iterations=None if device == "cuda" else 600)
+    cfg = make_config(device, rasterizer, settings)
     downscale = 1.0 if device == "cuda" else None
     print(f"demo: {data} on {device_name(device)}, output in {out}", file=sys.stderr)
     if downscale is None:  # CPU: about 100 px wide

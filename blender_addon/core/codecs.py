@@ -119,7 +119,7 @@ def layer_pixels(rgba: np.ndarray, depth: np.ndarray) -> np.ndarray:
     takes without conversion (flat float32): the colour as the integer r + 256 g + 65536 b, which a float holds
     exactly, and the depth with alpha in its lowest 8 mantissa bits (a relative error below 2^-15). Half the
     bytes of a float colour texture and a depth one, and uploaded as they are (render/overlay.py unpacks them). The
-    "layer" frame format; the backend packs it on the GPU the same way (backend/frames.py, tested equal)."""
+    "layer" frame format; the backend packs it on the GPU the same way (backend/service/frames.py, tested equal)."""
     words = np.ascontiguousarray(rgba, dtype=np.uint8).view("<u4").reshape(-1)  # r | g << 8 | b << 16 | a << 24
     out = np.empty((len(words), 2), dtype=np.float32)
     bits = out.view(np.uint32)

@@ -126,8 +126,8 @@ def placed_render(scene, session: str, out: Path) -> dict:
     depth_folder(scene, out / "placed_depth")
     scene.render.filepath = str(out / "placed.png")
     bpy.ops.render.render(write_still=True)
-    cam = a.scene_io.camera_of(scene.camera, scene)
-    viewport_cam, _, _ = a.engine.placed(scene, cam, session, lambda o: True)
+    cam = a.scene.reading.camera_of(scene.camera, scene)
+    viewport_cam, _, _ = a.render.engine.placed(scene, cam, session, lambda o: True)
     placed = {"png": str(out / "placed.png"), "depth": saved_depth(out / "placed_depth", out / "placed_depth.npy"),
               "camera": a.core.codecs.camera_to_wire(cam), "model_matrix": a.scene.splats.model_matrix(obj).tolist(),
               "viewport_camera": a.core.codecs.camera_to_wire(viewport_cam)}
@@ -159,10 +159,10 @@ def moving_files(scene, model4d: Path, out: Path) -> dict:
     wait_for(lambda: not live.backend.in_flight, "export a static model as a PLY sequence")
     static_reports = blender_reports.lines[reported:]
     bpy.data.objects.remove(obj)
-    may_move = [a.io_formats.may_move(None)]
+    may_move = [a.ops.formats.may_move(None)]
     op("import_splats", filepath=str(model4d))
     wait_for(lambda: live.backend.status.get("dynamic") and not live.backend.in_flight, "import the 4D model")
-    may_move.append(a.io_formats.may_move(None))
+    may_move.append(a.ops.formats.may_move(None))
     scene.frame_set(SEQUENCE_FRAMES)
     scene.render.use_compositing = False
     scene.render.filepath = str(out / "moving.png")
@@ -176,7 +176,7 @@ def moving_files(scene, model4d: Path, out: Path) -> dict:
     return {"static_reports": static_reports, "may_move": may_move, "png": str(out / "moving.png"),
             "folder": str(folder), "files": sorted(p.name for p in folder.iterdir()), "frame2": str(out / "frame2.ply"),
             "copy": str(out / "copy.pt"), "reports": blender_reports.lines[reported:],
-            "camera": a.core.codecs.camera_to_wire(a.scene_io.camera_of(scene.camera, scene))}
+            "camera": a.core.codecs.camera_to_wire(a.scene.reading.camera_of(scene.camera, scene))}
 
 
 def imported_session(scene, trained: str) -> dict:

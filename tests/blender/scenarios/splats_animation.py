@@ -48,7 +48,7 @@ def poses(scene, model) -> list[dict]:
     frames = []
     for frame in range(1, FRAMES + 1):
         scene.frame_set(frame)
-        frames.append({"camera": a.core.codecs.camera_to_wire(a.scene_io.camera_of(scene.camera, scene)),
+        frames.append({"camera": a.core.codecs.camera_to_wire(a.scene.reading.camera_of(scene.camera, scene)),
                        "model_matrix": a.scene.splats.model_matrix(model).tolist()})
     scene.frame_set(kept)
     return frames
