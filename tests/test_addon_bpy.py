@@ -39,7 +39,8 @@ def test_zip_holds_the_add_on_and_the_backend_and_no_path_of_this_machine(addon_
     bundled = "splatwright/backend_src/"
     expected = {"splatwright/" + p.relative_to(addon).as_posix(): p for p in tree_files(addon)}
     expected |= {bundled + p.relative_to(REPO).as_posix(): p
-                 for p in [*tree_files(REPO / "backend", REPO / "cuda", addon / "core"), addon / "__init__.py"]}
+                 for p in [*tree_files(REPO / "backend", REPO / "cuda", addon / "core"), addon / "__init__.py"]
+                 if REPO / "backend" / "tools" not in p.parents}  # the tools stay out
     assert set(zipped) == set(expected) | {bundled + "requirements.txt"}
     assert [n for n, p in expected.items() if zipped[n] != p.read_bytes()] == []  # the files as in the tree
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
