@@ -1,9 +1,5 @@
-"""PLY I/O in the official 3DGS layout, readable by other 3DGS viewers and trainers.
-
-Vertex properties, all float32: x y z nx ny nz f_dc_0..2 f_rest_0..(3*(K-1)-1) opacity scale_0..2 rot_0..3,
-where K = (degree+1)^2 and f_rest is channel-major (all of red's coefficients, then green's, then blue's).
-Opacity is stored as a logit and scales as logarithms, exactly the trained parameters.
-"""
+"""PLY I/O in the official 3DGS layout (blender_addon/core/splats.py defines its columns), readable by other 3DGS
+viewers and trainers."""
 from __future__ import annotations
 
 import io
@@ -15,11 +11,11 @@ from plyfile import PlyData, PlyElement
 
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.files import write_atomic
+from blender_addon.core.splats import SH_DEGREES, ply_columns
 from ..gaussians import Gaussians
 
 _REQUIRED = ["x", "y", "z", "f_dc_0", "f_dc_1", "f_dc_2", "opacity",
              "scale_0", "scale_1", "scale_2", "rot_0", "rot_1", "rot_2", "rot_3"]
-_REST_COUNTS = {0: 0, 9: 1, 24: 2, 45: 3}  # number of f_rest columns -> SH degree
 
 
 def write_ply(path: str | Path, g: Gaussians) -> None:
@@ -34,9 +30,7 @@ def encode_ply(g: Gaussians) -> bytes:
     rest = t["sh_rest"].transpose(0, 2, 1).reshape(n, -1)  # (N, 3, K-1) -> channel-major
     columns = ([t["means"], np.zeros((n, 3), np.float32), t["sh_dc"].reshape(n, 3), rest,
                 t["opacity_logits"][:, None], t["log_scales"], t["quats"]])
-    names = (["x", "y", "z", "nx", "ny", "nz", "f_dc_0", "f_dc_1", "f_dc_2"]
-             + [f"f_rest_{i}" for i in range(rest.shape[1])]
-             + ["opacity", "scale_0", "scale_1", "scale_2", "rot_0", "rot_1", "rot_2", "rot_3"])
+    names = ply_columns(SH_DEGREES[rest.shape[1]])
     data = np.concatenate(columns, axis=1).astype(np.float32)
     vertex = np.empty(n, dtype=[(name, "f4") for name in names])
     for i, name in enumerate(names):
@@ -71,7 +65,7 @@ def read_ply(source: str | Path | bytes | bytearray, name: str = "the PLY") -> G
     if missing:
         raise SplatwrightError(f"{path}: not a 3DGS PLY, missing columns: {', '.join(missing)}")
     n_rest = sum(1 for c in names if c.startswith("f_rest_"))
-    if n_rest not in _REST_COUNTS:
+    if n_rest not in SH_DEGREES:
         raise SplatwrightError(f"{path}: {n_rest} f_rest_* columns; a 3DGS PLY has 0, 9, 24 or 45")
     absent = [f"f_rest_{i}" for i in range(n_rest) if f"f_rest_{i}" not in names]
     if absent:

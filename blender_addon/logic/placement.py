@@ -13,7 +13,6 @@ import numpy as np
 from ..core import codecs
 from ..core.cameras import Camera
 from ..core.errors import SplatwrightError
-from ..core.points import read_points
 from ..core.protocol import placement_scale
 
 BOUNDS_PERCENTILES = (1.0, 99.0)  # a few stray Gaussians do not make the model's box
@@ -59,10 +58,9 @@ def crop_matrix(box_matrix, box_size: float, model_matrix, what: str = "the crop
     return crop
 
 
-def model_bounds(ply_path) -> tuple[np.ndarray, float]:
-    """Centre and half the largest side of the box around a model's Gaussians (a 3DGS PLY), leaving out the
+def model_bounds(xyz: np.ndarray) -> tuple[np.ndarray, float]:
+    """Centre and half the largest side of the box around a model's Gaussians (their means), leaving out the
     few farthest along each axis."""
-    xyz, _ = read_points(ply_path)
     if len(xyz) == 0:
         raise SplatwrightError("the model has no Gaussians")
     lo, hi = np.percentile(xyz.astype(np.float64), BOUNDS_PERCENTILES, axis=0)

@@ -1,18 +1,18 @@
 """Splat objects: Add Model to Scene, Show Model (open an object's session and load its model), Add Crop Box."""
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 import bpy
 from bpy.types import Operator
 
+from ..core.splats import read_ply_bytes
 from ..logic.messages import at_step
+from ..logic.native import to_attributes
 from ..logic.placement import model_bounds
 from ..render import composite
-from ..scene import live
+from ..scene import live, native
 from ..scene.session import SHOW_MODEL, capture_runs, nothing_to_show, not_connected, set_status, training_runs
-from ..scene.splats import SESSION_KEY, active_model, add_crop_box, add_model_object, crop_box, splat_objects
+from ..scene.splats import (SESSION_KEY, active_model, add_crop_box, add_model_object, add_native_object, crop_box,
+                            splat_objects)
 from .base import Guarded
 
 
@@ -24,8 +24,9 @@ def open_model(client, session: str) -> dict:
 
 
 class SPLATWRIGHT_OT_add_model(Guarded, Operator):
-    """Put the backend's model of the open session in the scene as an Empty around it: its transform moves the
-    splats in the viewport and in final renders, which composite them with the scene's meshes by depth"""
+    """Put the backend's model of the open session in the scene: as Blender's own splats where Blender draws
+    them (5.3 and later), else as an Empty around it whose splats final renders composite with the scene's
+    meshes by depth. Its transform moves the splats"""
     bl_idname = "splatwright.add_model"
     bl_label = "Add Model to Scene"
 
@@ -39,25 +40,27 @@ class SPLATWRIGHT_OT_add_model(Guarded, Operator):
             self.report({"ERROR"}, reason)
             return {"CANCELLED"}
         session, scene, view_layer = live.backend.status["session"], context.scene, context.view_layer
-        collection = context.collection
+        collection, natively = context.collection, native.available()
 
-        def bounds(client):  # on the worker: the model's box from its Gaussians
-            reply = client.request("export_ply")
-            with tempfile.TemporaryDirectory() as folder:
-                path = Path(folder) / "model.ply"
-                path.write_bytes(reply.payload)
-                return model_bounds(path)
+        def fetch(client):  # on the worker: the model, its box, and its attributes where Blender draws splats
+            model = read_ply_bytes(client.request("export_ply").payload, f"the model of session {session}")
+            centre, half_size = model_bounds(model.means)
+            return centre, half_size, to_attributes(model, centre) if natively else None
 
         def add(result) -> str:
-            centre, half_size = result
+            centre, half_size, attributes = result
             placed = [o.name for o in splat_objects(scene) if o[SESSION_KEY] == session]
+            again = (f", which the scene already held as {', '.join(placed)} (delete the new one if one copy is "
+                     "enough)") if placed else ""
+            if natively:
+                obj = add_native_object(view_layer, collection, session, centre, attributes)
+                return (f"added {obj.name}, the model of session {session}{again}, as Blender's own splats: EEVEE "
+                        "and Cycles draw it with the scene")
             obj = add_model_object(view_layer, collection, session, centre, half_size)
             composite.prepare(scene)
-            again = (f", which the scene already held as {', '.join(placed)} (delete {obj.name} if one copy is "
-                     "enough)") if placed else ""
             return (f"added {obj.name}, the model of session {session}{again}; final renders composite it through "
                     "the scene's compositor")
-        live.backend.call("add_model", bounds, add)
+        live.backend.call("add_model", fetch, add)
         return {"FINISHED"}
 
 
@@ -72,6 +75,8 @@ class SPLATWRIGHT_OT_add_crop_box(Guarded, Operator):
         obj = active_model(context)
         if obj is None:
             return "Select a splat object"  # as Show Model says: the panel shows it once
+        if obj.type != "EMPTY":
+            return f"{obj.name} holds Blender's own splats: crop it with Blender's tools (Edit Mode, Geometry Nodes)"
         box = crop_box(obj)
         return f"{obj.name} has a crop box, {box.name}: move or scale it" if box is not None else ""
 

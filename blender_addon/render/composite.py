@@ -120,7 +120,7 @@ def render_pre(scene, *args) -> None:
     # main thread; a window's render thread may change the scene only while Lock Interface is on.
     if bpy.app.background or scene.render.use_lock_interface:
         scene.frame_set(scene.frame_current, subframe=scene.frame_subframe)
-    objects = [o for o in splats.splat_objects(scene) if rendered(o, scene)]
+    objects = [o for o in splats.streamed_objects(scene) if rendered(o, scene)]
     tree = compositor_tree(scene, create=False)
     if not objects:
         if tree is not None and rank_names(0)[0] in tree.nodes:

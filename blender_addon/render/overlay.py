@@ -24,7 +24,7 @@ from ..core.errors import SplatwrightError
 from ..scene import live
 from ..scene.reading import region_camera
 from ..scene.session import not_connected
-from ..scene.splats import model_choice, placed_camera, splat_objects
+from ..scene.splats import model_choice, placed_camera, streamed_objects
 from .engine import FRAME_VERTEX, WATCH_INTERVAL, LiveView
 
 SHADINGS = {"SOLID", "MATERIAL", "RENDERED"}
@@ -261,7 +261,7 @@ def drawn_objects(context) -> list:
         return []
     if space.shading.type == "RENDERED" and context.scene.render.engine == "SPLATWRIGHT":
         return []  # the Splatwright engine draws the model itself
-    return [o for o in splat_objects(context.scene) if o.visible_get(view_layer=context.view_layer, viewport=space)]
+    return [o for o in streamed_objects(context.scene) if o.visible_get(view_layer=context.view_layer, viewport=space)]
 
 
 def draw() -> None:

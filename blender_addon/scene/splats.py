@@ -15,6 +15,7 @@ import numpy as np
 from ..core.cameras import Camera
 from ..logic.dataset import frame_time
 from ..logic.placement import camera_in_model, crop_matrix, model_to_world
+from . import native
 
 SESSION_KEY = "splatwright_session"  # the session whose model the object places
 CENTRE_KEY = "splatwright_centre"  # the model-space point at the object's origin
@@ -22,8 +23,14 @@ CROP_KEY = "splatwright_crop_box"  # on a cube-shaped Empty parented to a model 
 
 
 def splat_objects(scene) -> list:
-    """The scene's objects that place a splat model, by name."""
+    """The scene's objects that place a splat model, by name: Empties whose splats the backend draws, and
+    native splat objects (Blender 5.3 and later) that Blender draws itself."""
     return sorted((o for o in scene.objects if SESSION_KEY in o), key=lambda o: o.name)
+
+
+def streamed_objects(scene) -> list:
+    """The splat objects whose splats the backend draws (into the viewport and final renders), by name."""
+    return [o for o in splat_objects(scene) if o.type == "EMPTY"]
 
 
 def model_matrix(obj) -> np.ndarray:
@@ -95,7 +102,20 @@ def add_model_object(view_layer, collection, session: str, centre, half_size: fl
     obj = bpy.data.objects.new(session, None)
     obj.empty_display_type = "CUBE"
     obj.empty_display_size = half_size
-    obj.location = [float(c) for c in centre]  # so the model stays where it was trained
+    return placed_at_centre(view_layer, collection, obj, session, centre)
+
+
+def add_native_object(view_layer, collection, session: str, centre, attributes: dict):
+    """A native splat object (Blender 5.3 and later) holding session `session`'s model as `attributes`
+    (logic/native.to_attributes, relative to `centre`), at its centre, selected and active."""
+    cloud = bpy.data.pointclouds.new(session)
+    native.write(cloud, attributes)
+    return placed_at_centre(view_layer, collection, bpy.data.objects.new(session, cloud), session, centre)
+
+
+def placed_at_centre(view_layer, collection, obj, session: str, centre):
+    """`obj` linked to session `session`'s model, placed so the model stays where it was trained."""
+    obj.location = [float(c) for c in centre]
     obj[SESSION_KEY] = session
     obj[CENTRE_KEY] = [float(c) for c in centre]
     collection.objects.link(obj)

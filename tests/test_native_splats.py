@@ -1,0 +1,59 @@
+"""A model as Blender's native splats (bpy-free): the PLY the backend sends read back exactly, and the point
+attributes of Blender's conventions made from it and read back (blender_addon/core/splats.py,
+blender_addon/logic/native.py)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from blender_addon.core.errors import SplatwrightError
+from blender_addon.core.splats import read_ply_bytes
+from blender_addon.logic.native import BASE, POSITION, ROTATION, SCALE, from_attributes, sh_attribute, to_attributes
+from backend.formats.ply import encode_ply
+from helpers import random_gaussians
+
+
+@pytest.mark.parametrize("sh_degree", [0, 1, 3])
+def test_the_backends_ply_reads_back_exactly(sh_degree):
+    g = random_gaussians(50, seed=4, sh_degree=sh_degree)
+    model = read_ply_bytes(encode_ply(g))
+    assert len(model) == 50 and model.sh_degree == sh_degree
+    for name in ("means", "log_scales", "quats", "opacity_logits", "sh_dc", "sh_rest"):
+        np.testing.assert_array_equal(getattr(model, name), getattr(g, name).numpy().reshape(getattr(model, name).shape))
+
+
+def test_other_plys_are_refused_saying_why():
+    ply = encode_ply(random_gaussians(5, sh_degree=1))
+    with pytest.raises(SplatwrightError, match="not a PLY"):
+        read_ply_bytes(b"PK\x03\x04" + ply)
+    with pytest.raises(SplatwrightError, match="binary little-endian"):
+        read_ply_bytes(ply.replace(b"binary_little_endian", b"ascii"))
+    with pytest.raises(SplatwrightError, match="official 3DGS layout"):
+        read_ply_bytes(ply.replace(b"property float nx\n", b"property float qq\n"))
+    with pytest.raises(SplatwrightError, match="5 splats announced"):
+        read_ply_bytes(ply[:-10])
+
+
+def test_attributes_follow_blenders_conventions():
+    g = random_gaussians(30, seed=2, sh_degree=2)
+    model = read_ply_bytes(encode_ply(g))
+    origin = np.array([0.5, -1.0, 2.0], np.float32)
+    attributes = to_attributes(model, origin)
+    assert set(attributes) == {POSITION, SCALE, ROTATION, BASE} | {sh_attribute(k) for k in range(8)}
+    np.testing.assert_allclose(attributes[POSITION], g.means.numpy() - origin, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(attributes[SCALE], np.exp(g.log_scales.numpy()), rtol=1e-6)
+    np.testing.assert_allclose(np.linalg.norm(attributes[ROTATION], axis=1), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(attributes[BASE][:, :3], g.sh_dc.numpy().reshape(30, 3), rtol=1e-6)
+    np.testing.assert_allclose(attributes[BASE][:, 3], torch.sigmoid(g.opacity_logits).numpy(), rtol=1e-6)
+    np.testing.assert_allclose(attributes[sh_attribute(5)], g.sh_rest[:, 5].numpy(), rtol=1e-6)
+
+
+def test_a_native_objects_attributes_give_the_model_back():
+    model = read_ply_bytes(encode_ply(random_gaussians(40, seed=7, sh_degree=3)))
+    back = from_attributes(to_attributes(model, (1.0, 2.0, 3.0)), (1.0, 2.0, 3.0))
+    assert back.sh_degree == 3
+    np.testing.assert_allclose(back.means, model.means, atol=1e-5)
+    np.testing.assert_allclose(back.log_scales, model.log_scales, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(back.opacity_logits, model.opacity_logits, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(back.sh_rest, model.sh_rest)
