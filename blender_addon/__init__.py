@@ -22,10 +22,10 @@ def _modules():
     as the backend and the tests import them."""
     from .ops import backend, capture, colmap, formats, splats, training, view
     from .render import composite, engine, overlay
-    from .scene import live
+    from .scene import following, live
     from .ui import panels, preferences, properties
-    return (live, preferences, properties, backend, capture, training, view, formats, colmap, splats, panels, engine,
-            overlay, composite)
+    return (live, following, preferences, properties, backend, capture, training, view, formats, colmap, splats,
+            panels, engine, overlay, composite)
 
 
 def register():

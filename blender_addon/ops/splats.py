@@ -43,17 +43,18 @@ class SPLATWRIGHT_OT_add_model(Guarded, Operator):
         collection, natively = context.collection, native.available()
 
         def fetch(client):  # on the worker: the model, its box, and its attributes where Blender draws splats
-            model = read_ply_bytes(client.request("export_ply").payload, f"the model of session {session}")
+            reply = client.request("export_ply")
+            model = read_ply_bytes(reply.payload, f"the model of session {session}")
             centre, half_size = model_bounds(model.means)
-            return centre, half_size, to_attributes(model, centre) if natively else None
+            return centre, half_size, to_attributes(model) if natively else None, reply.fields["step"]
 
         def add(result) -> str:
-            centre, half_size, attributes = result
+            centre, half_size, attributes, step = result
             placed = [o.name for o in splat_objects(scene) if o[SESSION_KEY] == session]
             again = (f", which the scene already held as {', '.join(placed)} (delete the new one if one copy is "
                      "enough)") if placed else ""
             if natively:
-                obj = add_native_object(view_layer, collection, session, centre, attributes)
+                obj = add_native_object(view_layer, collection, session, attributes, step)
                 return (f"added {obj.name}, the model of session {session}{again}, as Blender's own splats: EEVEE "
                         "and Cycles draw it with the scene")
             obj = add_model_object(view_layer, collection, session, centre, half_size)

@@ -19,6 +19,13 @@ def available() -> bool:
 def write(cloud, attributes: dict[str, np.ndarray]) -> None:
     """Make point cloud `cloud` hold a model's attributes (logic/native.to_attributes): as many points, the
     attributes of its SH degree and no others."""
+    for _ in writing(cloud, attributes):
+        pass
+
+
+def writing(cloud, attributes: dict[str, np.ndarray]):
+    """write() in steps, one attribute each, for a caller that spreads them over timer ticks (a million
+    points' attribute takes tens of milliseconds)."""
     count = len(attributes[POSITION])
     cloud.type = NATIVE_TYPE
     if len(cloud.points) != count:
@@ -26,6 +33,7 @@ def write(cloud, attributes: dict[str, np.ndarray]) -> None:
     for attribute in [a for a in cloud.attributes if a.name.startswith(SH_PREFIX) and a.name not in attributes]:
         cloud.attributes.remove(attribute)
     for name, values in attributes.items():
+        yield
         kind = attribute_kind(name)
         attribute = cloud.attributes.get(name)
         if attribute is not None and (attribute.data_type != kind.data_type or attribute.domain != "POINT"):
@@ -34,7 +42,7 @@ def write(cloud, attributes: dict[str, np.ndarray]) -> None:
         if attribute is None:
             attribute = cloud.attributes.new(name, kind.data_type, "POINT")
         attribute.data.foreach_set(kind.field, values.ravel())
-    cloud.update_tag()
+        cloud.update_tag()
 
 
 def read(cloud) -> dict[str, np.ndarray]:

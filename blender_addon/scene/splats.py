@@ -19,6 +19,7 @@ from . import native
 
 SESSION_KEY = "splatwright_session"  # the session whose model the object places
 CENTRE_KEY = "splatwright_centre"  # the model-space point at the object's origin
+STEP_KEY = "splatwright_step"  # on a native splat object: the training step of the model it holds
 CROP_KEY = "splatwright_crop_box"  # on a cube-shaped Empty parented to a model object: the box it is cropped to
 
 
@@ -105,12 +106,15 @@ def add_model_object(view_layer, collection, session: str, centre, half_size: fl
     return placed_at_centre(view_layer, collection, obj, session, centre)
 
 
-def add_native_object(view_layer, collection, session: str, centre, attributes: dict):
-    """A native splat object (Blender 5.3 and later) holding session `session`'s model as `attributes`
-    (logic/native.to_attributes, relative to `centre`), at its centre, selected and active."""
+def add_native_object(view_layer, collection, session: str, attributes: dict, step: int):
+    """A native splat object (Blender 5.3 and later) holding session `session`'s model of training step `step`
+    as `attributes` (logic/native.to_attributes) where it was trained, selected and active. Its points are
+    the model's means as they are; Blender's own tools may move its origin."""
     cloud = bpy.data.pointclouds.new(session)
     native.write(cloud, attributes)
-    return placed_at_centre(view_layer, collection, bpy.data.objects.new(session, cloud), session, centre)
+    obj = bpy.data.objects.new(session, cloud)
+    obj[STEP_KEY] = step
+    return placed_at_centre(view_layer, collection, obj, session, (0.0, 0.0, 0.0))
 
 
 def placed_at_centre(view_layer, collection, obj, session: str, centre):

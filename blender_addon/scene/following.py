@@ -1,0 +1,74 @@
+"""Native splat objects follow their session's model: while the session is open, a timer asks the backend for
+the model whenever its training step moved on (at most once every REFRESH_SECONDS), and writes it into each
+object of that session, one attribute a timer tick, so that no tick holds Blender's main thread long."""
+from __future__ import annotations
+
+import time
+
+import bpy
+
+from ..core.splats import read_ply_bytes
+from ..logic.native import to_attributes
+from . import live, native
+from .session import nothing_to_show
+from .splats import CENTRE_KEY, SESSION_KEY, STEP_KEY
+
+REFRESH = "native_refresh"  # the worker job that fetches the model
+REFRESH_SECONDS = 1.0  # the least time from one refresh's start to the next
+IDLE_SECONDS = 0.25  # between looks while nothing is to be written
+
+_writes: list = []  # (object name, writing() steps, step) still under way
+_last_refresh = 0.0
+
+
+def native_objects() -> list:
+    """Every native splat object of the open file that holds a session's model."""
+    return [o for o in bpy.data.objects if SESSION_KEY in o and o.type == "POINTCLOUD"]
+
+
+def follow() -> float:
+    """The timer: advance a write by one attribute, or start a refresh where a model moved on."""
+    global _last_refresh
+    if _writes:
+        name, steps, step = _writes[0]
+        obj = bpy.data.objects.get(name)
+        try:
+            if obj is None or next(steps, StopIteration) is StopIteration:
+                _writes.pop(0)
+                if obj is not None:
+                    obj[STEP_KEY] = step
+        except (ReferenceError, RuntimeError):  # the object or its data went away meanwhile
+            _writes.pop(0)
+        return 0.0
+    b = live.backend
+    session, step = b.status.get("session"), b.status.get("step")
+    stale = [o for o in native_objects() if o[SESSION_KEY] == session and o.get(STEP_KEY) != step]
+    if not stale or nothing_to_show() or REFRESH in b.in_flight or time.monotonic() - _last_refresh < REFRESH_SECONDS:
+        return IDLE_SECONDS
+    _last_refresh = time.monotonic()
+    centres = {o.name: tuple(o[CENTRE_KEY]) for o in stale}
+
+    def fetch(client):  # on the worker: the model, and each object's attributes of it
+        reply = client.request("export_ply")
+        model = read_ply_bytes(reply.payload, f"the model of session {session}")
+        return reply.fields["step"], {name: to_attributes(model, centre) for name, centre in centres.items()}
+
+    def fetched(result) -> str:
+        fetched_step, attributes = result
+        for name, values in attributes.items():
+            obj = bpy.data.objects.get(name)
+            if obj is not None:
+                _writes.append((name, native.writing(obj.data, values), fetched_step))
+        return ""
+    b.call(REFRESH, fetch, fetched)
+    return IDLE_SECONDS
+
+
+def register():
+    bpy.app.timers.register(follow, first_interval=IDLE_SECONDS, persistent=True)
+
+
+def unregister():
+    if bpy.app.timers.is_registered(follow):
+        bpy.app.timers.unregister(follow)
+    _writes.clear()
