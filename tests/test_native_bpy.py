@@ -12,7 +12,9 @@ import torch
 
 from blender_addon.core.splats import read_ply_bytes
 from blender_addon.logic.native import BASE, POSITION, ROTATION, SCALE, sh_attribute, to_attributes
+from backend.formats import encode_any, read_any
 from backend.formats.ply import encode_ply
+from backend.placement import placed
 from blender.runner import BLENDERS, SCENARIOS, run_scenario
 from splat_helpers import SESSION, png, splat_model, trained_session
 
@@ -62,6 +64,22 @@ def test_blenders_own_import_of_our_export_is_the_same_object(native):
     assert set(ours) == set(blenders)
     for name in ours:
         np.testing.assert_allclose(ours[name], blenders[name], rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def test_export_writes_what_the_object_shows(native):
+    """Moved, turned and scaled, in world space: the backend's own placement of the model (as SPZ, both
+    through the same encoding); with points taken away: the points left."""
+    model = native["model"]
+    world = read_any(native["exports"]["world.spz"])
+    expected = read_any(encode_any(placed(model, np.array(native["placement"])), "spz"))
+    assert len(world) == len(model)
+    for name in ("means", "log_scales", "quats", "sh_dc", "sh_rest"):
+        np.testing.assert_allclose(getattr(world, name), getattr(expected, name), atol=2e-3, err_msg=name)
+    kept = read_ply_bytes(open(native["exports"]["kept.ply"], "rb").read())
+    assert len(kept) == 200
+    assert np.array_equal(kept.means, model.means[:200].numpy())
+    np.testing.assert_allclose(kept.log_scales, model.log_scales[:200].numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(kept.opacity_logits, model.opacity_logits[:200].numpy(), rtol=1e-4, atol=1e-4)
 
 
 def test_cycles_renders_the_object_without_a_compositor_or_a_backend(native):

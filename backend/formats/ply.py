@@ -7,11 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from plyfile import PlyData, PlyElement
+from plyfile import PlyData
 
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.files import write_atomic
-from blender_addon.core.splats import SH_DEGREES, ply_columns
+from blender_addon.core.splats import SH_DEGREES, SplatArrays, encode_ply_bytes
 from ..gaussians import Gaussians
 
 _REQUIRED = ["x", "y", "z", "f_dc_0", "f_dc_1", "f_dc_2", "opacity",
@@ -25,19 +25,10 @@ def write_ply(path: str | Path, g: Gaussians) -> None:
 
 def encode_ply(g: Gaussians) -> bytes:
     """The PLY file of `g` in the official 3DGS layout."""
-    n = len(g)
     t = {k: v.detach().cpu().float().numpy() for k, v in g.tensors().items()}
-    rest = t["sh_rest"].transpose(0, 2, 1).reshape(n, -1)  # (N, 3, K-1) -> channel-major
-    columns = ([t["means"], np.zeros((n, 3), np.float32), t["sh_dc"].reshape(n, 3), rest,
-                t["opacity_logits"][:, None], t["log_scales"], t["quats"]])
-    names = ply_columns(SH_DEGREES[rest.shape[1]])
-    data = np.concatenate(columns, axis=1).astype(np.float32)
-    vertex = np.empty(n, dtype=[(name, "f4") for name in names])
-    for i, name in enumerate(names):
-        vertex[name] = data[:, i]
-    out = io.BytesIO()
-    PlyData([PlyElement.describe(vertex, "vertex")]).write(out)
-    return out.getvalue()
+    return encode_ply_bytes(SplatArrays(means=t["means"], log_scales=t["log_scales"], quats=t["quats"],
+                                        opacity_logits=t["opacity_logits"], sh_dc=t["sh_dc"].reshape(len(g), 3),
+                                        sh_rest=t["sh_rest"]))
 
 
 def read_ply(source: str | Path | bytes | bytearray, name: str = "the PLY") -> Gaussians:

@@ -32,6 +32,7 @@ from ..policy import resolve_device
 from ..train import warm_up
 from . import shared_frames
 from .engine import Engine
+from .exports import convert
 from .frames import decode_upload
 from .limits import Limits
 from .log import log
@@ -195,6 +196,7 @@ class Server:
             "stop": lambda m: (self.engine.stop(), b""),
             "export_ply": lambda m: self.engine.export_ply(m.fields["name"], m.fields["model"], m.fields["crop"],
                                                            m.fields["time"], m.fields["placement"]),
+            "convert_model": lambda m: convert(m.payload, m.fields["name"], m.fields["placement"]),
             "save_checkpoint": lambda m: (self.engine.save_checkpoint(), b""),
             "load_checkpoint": lambda m: (self.engine.load_checkpoint(), b""),
             "load_ply": lambda m: (self.engine.load_ply(m.payload, m.fields["background"], m.fields["name"]), b""),

@@ -28,14 +28,14 @@ from .schema import (MAX_TEXT_CHARS, AnyObject, Bool, Fields, Float, Int, Kind, 
                      optional)
 from .settings import BACKGROUND, TRAINING, default
 
-# 10: load_ply keeps the file in a new session, which opens (its reply names it); status's `checkpoint`: the session
+# 11: convert_model (a model the client holds, as a file of another format); 10: load_ply keeps the file in a new session, which opens (its reply names it); status's `checkpoint`: the session
 # has a saved model (a checkpoint or the file it was imported from); 9: the "rgba32f" frame format, six
 # shared-memory slots; 8: frames through shared memory on one machine (hello's shared_frames, render's shared,
 # release_frame) and the "layer" frame format; 7: load_ply reads a 4D model's file and export_ply writes one (*.pt);
 # status, render and export_ply say whether the model is 4D; 6: render streams; 5: render and export_ply name a
 # session's saved model and a crop box, export_ply a placement; 4: load_ply and export_ply name their files (the
 # splat format); 3: warning events; 2: replies and events declared and checked by the client
-PROTOCOL_VERSION = 10
+PROTOCOL_VERSION = 11
 DEFAULT_PORT = 7380  # where `serve` listens and the add-on looks for a remote backend, unless told otherwise
 MAGIC = b"SPW\x00"
 PREFIX = struct.Struct(">4sI")  # magic, header length
@@ -185,6 +185,11 @@ REQUESTS: dict[str, MessageSpec] = {
     # of a Blender scene), applied to the means, rotations and scales after the crop; null: model space.
     "export_ply": MessageSpec(MODEL_CHOICE.extended(name=optional(Str(255), "splats.ply"),
                                                     placement=optional(Maybe(Matrix(placement=True)), None))),
+    # Payload: a model the client holds (a 3DGS PLY of the official layout, core/splats.py), such as what a
+    # native splat object shows; the reply's payload is it in the format `name` gives, placed as export_ply does.
+    "convert_model": MessageSpec(Fields(name=optional(Str(255), "splats.ply"),
+                                        placement=optional(Maybe(Matrix(placement=True)), None)),
+                                 MAX_PAYLOAD_BYTES),
     "save_checkpoint": MessageSpec(),
     "load_checkpoint": MessageSpec(),
     # Payload: a splat file in any format backend/formats reads, recognised by its content, or a 4D model's file
@@ -236,6 +241,7 @@ REPLIES: dict[str, Fields] = {
     # `dynamic`: the model is 4D (the file then holds it at the time asked for, unless it is its own .pt).
     "export_ply": Fields(path=Str(), gaussians=COUNT, step=COUNT, format=Str(40), note=Str(),
                          dynamic=optional(Bool(), False)),
+    "convert_model": Fields(gaussians=COUNT, format=Str(40), note=Str()),  # payload: the file
     "save_checkpoint": Fields(step=COUNT, path=Str()),
     # whether it is 4D: the status's `dynamic`
     "load_ply": Fields(gaussians=COUNT, sh_degree=Int(0, 3), session=SessionName()),

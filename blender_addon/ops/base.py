@@ -1,10 +1,18 @@
 """What every operator module shares: an operator's poll() explains itself through blocked(), whose reason the
-panels show as the button's hint, and button() makes the common one-action operator."""
+panels show as the button's hint; button() makes the common one-action operator; add_model_to_scene() puts a
+session's model in the scene (Add Model to Scene, and Import Splats where Blender draws splats)."""
 from __future__ import annotations
 
 from typing import Callable
 
 from bpy.types import Context, Operator
+
+from ..core.splats import read_ply_bytes
+from ..logic.native import to_attributes
+from ..logic.placement import model_bounds
+from ..render import composite
+from ..scene import live, native
+from ..scene.splats import SESSION_KEY, add_model_object, add_native_object, splat_objects
 
 class Guarded:
     @classmethod
@@ -30,3 +38,29 @@ def button(name: str, label: str, description: str, blocked: Callable[[Context],
         "__doc__": description, "bl_idname": f"splatwright.{name}", "bl_label": label,
         "blocked": classmethod(lambda cls, context: blocked(context)), "execute": execute})
 
+
+def add_model_to_scene(context, session: str, done: str = "") -> None:
+    """Put the backend's model of the open session `session` in the scene: as Blender's own splats where Blender
+    draws them (5.3 and later), else as an Empty whose splats final renders composite; `done` starts the report."""
+    scene, view_layer, collection, natively = context.scene, context.view_layer, context.collection, native.available()
+
+    def fetch(client):  # on the worker: the model, its box, and its attributes where Blender draws splats
+        reply = client.request("export_ply")
+        model = read_ply_bytes(reply.payload, f"the model of session {session}")
+        centre, half_size = model_bounds(model.means)
+        return centre, half_size, to_attributes(model) if natively else None, reply.fields["step"]
+
+    def add(result) -> str:
+        centre, half_size, attributes, step = result
+        placed = [o.name for o in splat_objects(scene) if o[SESSION_KEY] == session]
+        again = (f", which the scene already held as {', '.join(placed)} (delete the new one if one copy is "
+                 "enough)") if placed else ""
+        if natively:
+            obj = add_native_object(view_layer, collection, session, attributes, step)
+            return (f"{done}added {obj.name}, the model of session {session}{again}, as Blender's own splats: EEVEE "
+                    "and Cycles draw it with the scene")
+        obj = add_model_object(view_layer, collection, session, centre, half_size)
+        composite.prepare(scene)
+        return (f"{done}added {obj.name}, the model of session {session}{again}; final renders composite it "
+                "through the scene's compositor")
+    live.backend.call("add_model", fetch, add)

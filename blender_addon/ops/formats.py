@@ -23,13 +23,15 @@ from bpy_extras.io_utils import ExportHelper, ImportHelper
 from ..core.client import RemoteError
 from ..core.errors import SplatwrightError
 from ..core.files import TEMPORARY_SUFFIX, sequence_paths, sync_folder, write_atomic
+from ..core.splats import encode_ply_bytes
 from ..logic.dataset import frame_time
 from ..logic.messages import at_step
+from ..logic.native import from_attributes
 from ..logic.placement import uniform_scale
 from ..logic.training import background_rgb
-from ..scene import live, splats
+from ..scene import live, native, splats
 from ..scene.session import capture_runs, nothing_to_show, not_connected, set_status, training_runs
-from .base import Guarded
+from .base import Guarded, add_model_to_scene
 
 SPLAT_FILES = "*.ply;*.spz;*.splat;*.pt"  # what the file browsers list (a compressed PLY ends in .ply too)
 DYNAMIC_SUFFIX = ".pt"  # a 4D model's own file (splats4d.pt)
@@ -42,7 +44,7 @@ _progress_timers: set = set()  # those of sequence exports, unregistered with th
 class SPLATWRIGHT_OT_import_splats(Guarded, Operator, ImportHelper):
     """Show a Gaussian splat file through the backend: a 3DGS PLY, a compressed PLY, an SPZ, a .splat, or a 4D
     model (splats4d.pt), shown at the scene's frame. The backend keeps it in a session of its own, which Add
-    Model to Scene places in the scene"""
+    Model to Scene places in the scene (where Blender draws splats itself, the import adds it at once)"""
     bl_idname = "splatwright.import_splats"
     bl_label = "Import Splats"
 
@@ -71,8 +73,12 @@ class SPLATWRIGHT_OT_import_splats(Guarded, Operator, ImportHelper):
             if not s.session:  # a scene of its own: the backend reopens it there after a restart
                 s.session = reply["session"]
             what = " of a 4D model, shown at the scene's frame," if status["dynamic"] else ""
-            return (f"loaded {reply['gaussians']} Gaussians (SH degree {reply['sh_degree']}){what} from {path} "
-                    f"into session {reply['session']}; Add Model to Scene places it in the scene")
+            done = (f"loaded {reply['gaussians']} Gaussians (SH degree {reply['sh_degree']}){what} from {path} "
+                    f"into session {reply['session']}")
+            if not native.available():
+                return f"{done}; Add Model to Scene places it in the scene"
+            add_model_to_scene(bpy.context, reply["session"], f"{done}; ")  # Blender draws it: an object at once
+            return ""
         live.backend.call("import_splats", load, loaded)
         return {"FINISHED"}
 
@@ -129,6 +135,8 @@ class SPLATWRIGHT_OT_export_splats(Guarded, Operator, ExportHelper):
         if not path.suffix:
             path = path.with_name(path.name + DEFAULT_EXTENSION)
         obj = splats.active_model(context)
+        if obj is not None and obj.type == "POINTCLOUD":
+            return self.export_native(context, obj, path)
         try:
             fields = self.request_fields(context, path.name)
             if self.sequence and may_move(obj):
@@ -150,11 +158,38 @@ class SPLATWRIGHT_OT_export_splats(Guarded, Operator, ExportHelper):
         live.backend.call("export_splats", export, exported)
         return {"FINISHED"}
 
+    def export_native(self, context, obj, path: Path) -> set:
+        """Save what native splat object `obj` shows (as Blender evaluates it: edits and modifiers included), in
+        the format the name gives, by the backend, which encodes every format."""
+        placement = None
+        if self.world_space:
+            placement = splats.model_matrix(obj)
+            try:
+                uniform_scale(placement, obj.name)
+            except SplatwrightError as e:
+                self.report({"ERROR"}, str(e))
+                return {"CANCELLED"}
+        shown = from_attributes(native.read(obj.evaluated_get(context.evaluated_depsgraph_get()).data))
+
+        def export(client):
+            reply = client.request("convert_model", {"name": path.name, "placement": placement},
+                                   encode_ply_bytes(shown))
+            write_atomic(path, reply.payload)
+            return reply.fields
+
+        def exported(fields) -> str:
+            if fields["note"]:
+                live.report("WARNING", f"{path.name}: {fields['note']}")
+            return f"exported the {fields['gaussians']} Gaussians {obj.name} shows to {path} ({fields['format']})"
+        live.backend.call("export_splats", export, exported)
+        return {"FINISHED"}
+
 
 def may_move(obj) -> bool:
     """Whether the model exported may be 4D: the backend's status tells of the model it shows; a splat object's
-    (`obj`) only the backend knows, and says so when a sequence of a static model is asked for."""
-    return obj is not None or bool(live.backend.status.get("dynamic"))
+    (`obj`) only the backend knows, and says so when a sequence of a static model is asked for; a native splat
+    object holds one time of it."""
+    return (obj is not None and obj.type == "EMPTY") or (obj is None and bool(live.backend.status.get("dynamic")))
 
 
 class SequenceExport:

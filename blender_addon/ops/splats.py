@@ -4,16 +4,11 @@ from __future__ import annotations
 import bpy
 from bpy.types import Operator
 
-from ..core.splats import read_ply_bytes
 from ..logic.messages import at_step
-from ..logic.native import to_attributes
-from ..logic.placement import model_bounds
-from ..render import composite
-from ..scene import live, native
+from ..scene import live
 from ..scene.session import SHOW_MODEL, capture_runs, nothing_to_show, not_connected, set_status, training_runs
-from ..scene.splats import (SESSION_KEY, active_model, add_crop_box, add_model_object, add_native_object, crop_box,
-                            splat_objects)
-from .base import Guarded
+from ..scene.splats import SESSION_KEY, active_model, add_crop_box, crop_box
+from .base import Guarded, add_model_to_scene
 
 
 def open_model(client, session: str) -> dict:
@@ -39,29 +34,7 @@ class SPLATWRIGHT_OT_add_model(Guarded, Operator):
         if reason := nothing_to_show():
             self.report({"ERROR"}, reason)
             return {"CANCELLED"}
-        session, scene, view_layer = live.backend.status["session"], context.scene, context.view_layer
-        collection, natively = context.collection, native.available()
-
-        def fetch(client):  # on the worker: the model, its box, and its attributes where Blender draws splats
-            reply = client.request("export_ply")
-            model = read_ply_bytes(reply.payload, f"the model of session {session}")
-            centre, half_size = model_bounds(model.means)
-            return centre, half_size, to_attributes(model) if natively else None, reply.fields["step"]
-
-        def add(result) -> str:
-            centre, half_size, attributes, step = result
-            placed = [o.name for o in splat_objects(scene) if o[SESSION_KEY] == session]
-            again = (f", which the scene already held as {', '.join(placed)} (delete the new one if one copy is "
-                     "enough)") if placed else ""
-            if natively:
-                obj = add_native_object(view_layer, collection, session, attributes, step)
-                return (f"added {obj.name}, the model of session {session}{again}, as Blender's own splats: EEVEE "
-                        "and Cycles draw it with the scene")
-            obj = add_model_object(view_layer, collection, session, centre, half_size)
-            composite.prepare(scene)
-            return (f"added {obj.name}, the model of session {session}{again}; final renders composite it through "
-                    "the scene's compositor")
-        live.backend.call("add_model", fetch, add)
+        add_model_to_scene(context, live.backend.status["session"])
         return {"FINISHED"}
 
 

@@ -1,8 +1,9 @@
 """Native splats, in real Blender 5.3 or later (the bpy module; test_native_bpy.py runs it): install the built
 zip, start a CPU backend that reopens a trained session, Add Model to Scene, which makes Blender's own splat
 object of the model; the object's attributes are kept for pytest beside those Blender's own PLY importer makes
-of the backend's export of the same model, and the scene is rendered with Cycles with the object hidden and
-shown (no compositor set-up, no backend in the render). Prints `RESULT <json>`.
+of its export. Export Splats writes what the object shows: moved, turned and scaled (in world space, as SPZ),
+and after points are taken away. The scene is rendered with Cycles with the object hidden and shown (no
+compositor set-up, no backend in the render). Prints `RESULT <json>`.
 
     PYTHONPATH=tests python tests/blender/scenarios/native.py --zip Z --workdir SESSIONS --session NAME --out DIR \
         [--python PY]
@@ -15,13 +16,23 @@ from pathlib import Path
 
 import bpy
 import numpy as np
+from mathutils import Euler, Matrix
 
 from blender.kit import addon, blender_reports, op, placed_model, report, stop_and_disable, wait_for
+
+PLACEMENT = Matrix.Translation((0.4, -0.2, 0.3)) @ Euler((0.3, -0.2, 0.9)).to_matrix().to_4x4() @ Matrix.Scale(1.5, 4)
+KEPT = 200  # the points left after "deleting" the rest
 
 
 def attributes_file(cloud, path: Path) -> str:
     np.savez(path, **{name.replace(":", "__"): values for name, values in addon().scene.native.read(cloud).items()})
     return str(path)
+
+
+def export(live, model, path: Path, **options) -> None:
+    bpy.context.view_layer.objects.active = model
+    op("export_splats", filepath=str(path), **options)
+    wait_for(lambda: not live.backend.in_flight, f"export {path.name}")
 
 
 def render(scene, path: Path) -> str:
@@ -35,21 +46,28 @@ def run(zip_path: Path, workdir: Path, session: str, out: Path, python: str) -> 
     result = {"type": model.type, "data_type": getattr(model.data, "type", None), "points": len(model.data.points),
               "matrix_world": [list(row) for row in model.matrix_world], "ours": attributes_file(model.data,
                                                                                                 out / "ours.npz")}
-    op("export_splats", filepath=str(out / "export.ply"))
-    wait_for(lambda: not live.backend.in_flight, "export the model")
+    export(live, model, out / "export.ply")
+    model.matrix_world = PLACEMENT
+    bpy.context.view_layer.update()
+    result["placement"] = [list(row) for row in model.matrix_world]
+    export(live, model, out / "world.spz", world_space=True)
+    model.data.resize(KEPT)  # as deleting points in Blender would leave it
+    model.data.update_tag()
+    export(live, model, out / "kept.ply")
+    result["exports"] = {name: str(out / name) for name in ("export.ply", "world.spz", "kept.ply")}
+    model.matrix_world = Matrix.Identity(4)
     bpy.ops.wm.ply_import(filepath=str(out / "export.ply"))
     imported = bpy.context.selected_objects[0]
     result["blenders"] = attributes_file(imported.data, out / "blenders.npz")
     imported.hide_render = True
     scene.splatwright.session = ""  # final renders must not need the backend
-    live.backend.stop()
-    wait_for(lambda: live.backend.connection != "connected", "backend stop")
+    result["errors"] = live.backend.last_error
+    stop_and_disable()  # final renders of native splats need neither the backend nor the add-on
     model.hide_render = True
     result["hidden"] = render(scene, out / "hidden.png")
     model.hide_render = False
     result["shown"] = render(scene, out / "shown.png")
-    result.update(reports=blender_reports.lines, errors=live.backend.last_error)
-    stop_and_disable()
+    result.update(reports=blender_reports.lines)
     return result
 
 
