@@ -146,17 +146,8 @@ class SPLATWRIGHT_OT_export_splats(Guarded, Operator, ExportHelper):
             self.report({"ERROR"}, str(e))
             return {"CANCELLED"}
 
-        def export(client):
-            reply = client.request("export_ply", fields)
-            write_atomic(path, reply.payload)
-            return reply.fields
-
-        def exported(fields) -> str:
-            if fields["note"]:
-                live.report("WARNING", f"{path.name}: {fields['note']}")
-            return f"exported {fields['gaussians']} Gaussians{at_step(fields['step'])} to {path} ({fields['format']})"
-        live.backend.call("export_splats", export, exported)
-        return {"FINISHED"}
+        return write_file(path, "export_ply", fields, lambda: b"",
+                          lambda reply: f"{reply['gaussians']} Gaussians{at_step(reply['step'])}")
 
     def export_native(self, context, obj, path: Path) -> set:
         """Save what native splat object `obj` shows (as Blender evaluates it: edits and modifiers included), in
@@ -170,19 +161,25 @@ class SPLATWRIGHT_OT_export_splats(Guarded, Operator, ExportHelper):
                 self.report({"ERROR"}, str(e))
                 return {"CANCELLED"}
         shown = from_attributes(native.read(obj.evaluated_get(context.evaluated_depsgraph_get()).data))
+        return write_file(path, "convert_model", {"name": path.name, "placement": placement},
+                          lambda: encode_ply_bytes(shown),
+                          lambda reply: f"the {reply['gaussians']} Gaussians {obj.name} shows")
 
-        def export(client):
-            reply = client.request("convert_model", {"name": path.name, "placement": placement},
-                                   encode_ply_bytes(shown))
-            write_atomic(path, reply.payload)
-            return reply.fields
 
-        def exported(fields) -> str:
-            if fields["note"]:
-                live.report("WARNING", f"{path.name}: {fields['note']}")
-            return f"exported the {fields['gaussians']} Gaussians {obj.name} shows to {path} ({fields['format']})"
-        live.backend.call("export_splats", export, exported)
-        return {"FINISHED"}
+def write_file(path: Path, request: str, fields: dict, payload, what) -> set:
+    """Have the backend make the file (`request` with `fields` and the bytes `payload()` makes, on the worker)
+    and write it to `path` whole; the report names `what(reply's fields)` and what the format left out."""
+    def export(client):
+        reply = client.request(request, fields, payload())
+        write_atomic(path, reply.payload)
+        return reply.fields
+
+    def exported(reply: dict) -> str:
+        if reply["note"]:
+            live.report("WARNING", f"{path.name}: {reply['note']}")
+        return f"exported {what(reply)} to {path} ({reply['format']})"
+    live.backend.call("export_splats", export, exported)
+    return {"FINISHED"}
 
 
 def may_move(obj) -> bool:
