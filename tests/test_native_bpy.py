@@ -1,6 +1,7 @@
 """Native splats in real Blender 5.3 or later (the bpy module): Add Model to Scene makes a GAUSSIAN_SPLAT object
 whose point count and attributes are the backend's model in Blender's conventions, the same attributes Blender's
-own PLY importer makes of the backend's export, and Cycles renders it with no compositor set-up and no backend.
+own PLY importer makes of the backend's export; Export Splats writes what it shows; it follows the model as
+training moves on; and Cycles renders it with no compositor set-up and no backend.
 tests/blender/scenarios/native.py runs in Blender."""
 from __future__ import annotations
 
@@ -80,6 +81,12 @@ def test_export_writes_what_the_object_shows(native):
     assert np.array_equal(kept.means, model.means[:200].numpy())
     np.testing.assert_allclose(kept.log_scales, model.log_scales[:200].numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(kept.opacity_logits, model.opacity_logits[:200].numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_the_object_follows_the_model_as_training_moves_it_on(native):
+    followed = native["followed"]
+    assert followed["step"] > 1 and followed["object_step"] == followed["step"]
+    assert followed["points"] == followed["gaussians"]  # the points taken away before came back with the model
 
 
 def test_cycles_renders_the_object_without_a_compositor_or_a_backend(native):

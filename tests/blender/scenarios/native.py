@@ -3,7 +3,7 @@ zip, start a CPU backend that reopens a trained session, Add Model to Scene, whi
 object of the model; the object's attributes are kept for pytest beside those Blender's own PLY importer makes
 of its export. Export Splats writes what the object shows: moved, turned and scaled (in world space, as SPZ),
 and after points are taken away. The scene is rendered with Cycles with the object hidden and shown (no
-compositor set-up, no backend in the render). Prints `RESULT <json>`.
+compositor set-up, no backend in the render). Training on, the object follows the model. Prints `RESULT <json>`.
 
     PYTHONPATH=tests python tests/blender/scenarios/native.py --zip Z --workdir SESSIONS --session NAME --out DIR \
         [--python PY]
@@ -22,6 +22,7 @@ from blender.kit import addon, blender_reports, op, placed_model, report, stop_a
 
 PLACEMENT = Matrix.Translation((0.4, -0.2, 0.3)) @ Euler((0.3, -0.2, 0.9)).to_matrix().to_4x4() @ Matrix.Scale(1.5, 4)
 KEPT = 200  # the points left after "deleting" the rest
+TRAINED_STEPS = 30
 
 
 def attributes_file(cloud, path: Path) -> str:
@@ -33,6 +34,18 @@ def export(live, model, path: Path, **options) -> None:
     bpy.context.view_layer.objects.active = model
     op("export_splats", filepath=str(path), **options)
     wait_for(lambda: not live.backend.in_flight, f"export {path.name}")
+
+
+def follow_training(scene, live, model) -> dict:
+    """Train a new model for a few steps: the object follows the model as the training moves it on."""
+    s = scene.splatwright
+    s.custom_steps, s.iterations = True, TRAINED_STEPS
+    op("train_start", start="OVER")
+    wait_for(lambda: live.backend.status.get("state") == "finished", "training", 120)
+    status = live.backend.status
+    wait_for(lambda: model.get("splatwright_step") == status["step"], "the object to follow the model", 30)
+    return {"step": status["step"], "object_step": model["splatwright_step"], "gaussians": status["gaussians"],
+            "points": len(model.data.points)}
 
 
 def render(scene, path: Path) -> str:
@@ -60,6 +73,7 @@ def run(zip_path: Path, workdir: Path, session: str, out: Path, python: str) -> 
     imported = bpy.context.selected_objects[0]
     result["blenders"] = attributes_file(imported.data, out / "blenders.npz")
     imported.hide_render = True
+    result["followed"] = follow_training(scene, live, model)
     scene.splatwright.session = ""  # final renders must not need the backend
     result["errors"] = live.backend.last_error
     stop_and_disable()  # final renders of native splats need neither the backend nor the add-on
