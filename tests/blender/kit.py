@@ -152,7 +152,8 @@ def wait_for(condition, what: str, timeout: float = 60.0) -> float:
 def paint(obj, name: str, rgb) -> None:
     obj.name = name
     material = bpy.data.materials.new(name)
-    material.use_nodes = True
+    if bpy.app.version < (5, 0, 0):  # from 5.0 a material always uses its nodes
+        material.use_nodes = True
     material.node_tree.nodes["Principled BSDF"].inputs["Base Color"].default_value = (*rgb, 1.0)
     obj.data.materials.append(material)
 
