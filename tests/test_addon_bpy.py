@@ -1,6 +1,6 @@
 """The built add-on: the zip's contents, and the add-on end to end in real Blender (the bpy module) with a real
-CPU backend. The Blender part runs once, in tests/blender/scenarios/addon.py in a subprocess, and these tests
-check what it reports."""
+CPU backend. The Blender part runs once per Blender version, in tests/blender/scenarios/addon.py in a subprocess,
+and these tests check what it reports."""
 from __future__ import annotations
 
 import json
@@ -81,11 +81,11 @@ def test_blender_accepts_the_extension_manifest(addon_zip, blender):
     assert run.returncode == 0 and "Success" in run.stdout, run.stdout + run.stderr
 
 
-@pytest.fixture(scope="module")
-def scenario(addon_zip, tmp_path_factory) -> dict:
-    home = tmp_path_factory.mktemp("blender")
+@pytest.fixture(scope="module", params=BLENDERS)
+def scenario(addon_zip, tmp_path_factory, request) -> dict:
+    home = tmp_path_factory.mktemp(f"blender-{request.param}")
     return run_scenario(SCENARIO, home, "--zip", str(addon_zip), "--out", str(home / "out"), "--ply", str(DONUT),
-                        timeout=480)
+                        "--python", sys.executable, timeout=480, blender=request.param)
 
 
 def test_backend_starts_with_its_capabilities(scenario):
@@ -427,6 +427,7 @@ def test_f12_shows_the_backends_frame_under_other_view_transforms(f12):
         assert (got[..., 3] == 255).all()
 
 
+@pytest.mark.parametrize("scenario", ["4.5"], indirect=True)  # a session trained once is enough
 def test_command_line_animation_render_reopens_the_session(scenario, addon_zip, tmp_path):
     """`blender -b scene.blend -a` in Debian's Blender 3.4: the add-on starts a backend itself, reopens the
     scene's session from its checkpoint and renders every frame of the scene camera; `-f 1` of the same scene

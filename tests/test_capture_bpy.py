@@ -1,6 +1,6 @@
 """Captures that cannot run fail before anything is made, one that stores no view leaves nothing, the splats
 engine captures with Cycles, and the settings follow the backend's device: tests/blender/scenarios/capture.py in
-the bpy module (4.5, and 5.0 where .venv-bpy5 holds it), checked here."""
+the bpy module of each Blender version tested, checked here."""
 from __future__ import annotations
 
 import pytest

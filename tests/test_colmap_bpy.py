@@ -1,6 +1,6 @@
 """Import COLMAP, the splat formats in File > Import / Export, and Send Photos in real Blender:
-tests/blender/scenarios/colmap.py in the bpy module (4.5 with a CPU backend; 5.0, where .venv-bpy5 has it,
-without one), checked against tests/data/colmap_skull, COLMAP's model of 65 real photos (see its README.md)."""
+tests/blender/scenarios/colmap.py in the bpy module of each Blender version tested, with a CPU backend, checked
+against tests/data/colmap_skull, COLMAP's model of 65 real photos (see its README.md)."""
 from __future__ import annotations
 
 import shutil
@@ -93,15 +93,9 @@ def scenario(request, tmp_path_factory) -> dict:
     cameras = bytearray((distorted / "cameras.bin").read_bytes())
     cameras[12:16] = struct.pack("<i", 2)  # the camera's model id: SIMPLE_RADIAL, whose 4 parameters PINHOLE's are
     (distorted / "cameras.bin").write_bytes(bytes(cameras))
-    backend = ["--python", sys.executable, "--splats", str(SPLATS)] if request.param == "4.5" else []
     return run_scenario(SCENARIO, home, "--zip", str(build_addon.build(home / "dist")), "--out", str(home / "out"),
-                        "--colmap", str(DATA), "--distorted", str(distorted), *backend, timeout=300,
-                        blender=request.param)
-
-
-def with_backend(scenario) -> None:
-    if "photos" not in scenario:
-        pytest.skip(f"bpy {scenario['blender']} runs the import without a backend")
+                        "--colmap", str(DATA), "--distorted", str(distorted), "--python", sys.executable,
+                        "--splats", str(SPLATS), timeout=300, blender=request.param)
 
 
 def test_file_menus_hold_the_importers_and_the_exporter_until_disabled(scenario):
@@ -176,7 +170,6 @@ def test_panels_show_the_import(scenario):
 
 
 def test_every_splat_format_imports_and_exports(scenario):
-    with_backend(scenario)
     f = scenario["formats"]
     for name, loaded in f["loaded"].items():
         assert loaded == {"gaussians": 500, "error": ""}, name
@@ -201,7 +194,6 @@ def test_sent_photos_train_and_the_model_lines_up_with_their_cameras(scenario):
     """The training photos, sent at 64 pixels with the point cloud as the scene holds it (thinned to every 8th
     point), train: through the imported cameras as Blender has them, held-out ones too, the model after 40 steps
     shows the photos better than after the first step, and its Gaussians are where the points are."""
-    with_backend(scenario)
     p = scenario["photos"]
     points = np.array(p["points"], np.float32)
     assert any("sent 56 photos of COLMAP colmap_skull to session colmap-colmap_skull" in line for line in p["sent"])

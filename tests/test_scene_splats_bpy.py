@@ -1,4 +1,4 @@
-"""Splats in the scene's final renders, in real Blender (the bpy modules 4.5 and 5.0): a trained session's model
+"""Splats in the scene's final renders, in real Blender (the bpy modules 4.5, 5.2, 5.3): a trained session's model
 added to the scene as an object and moved, rendered F12 with Cycles beside a wall through its middle and a cube
 in front of it; a second session's model in front of it; the first cropped by a crop box, and exported.
 tests/blender/scenarios/splats.py runs in Blender; these tests check its renders against the backend's own render

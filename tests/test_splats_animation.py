@@ -1,4 +1,4 @@
-"""Splats in an animation render, in real Blender (the bpy modules 4.5 and 5.0): the scene camera and a trained
+"""Splats in an animation render, in real Blender (the bpy modules 4.5, 5.2, 5.3): the scene camera and a trained
 session's model object move on each of three frames, rendered with Cycles beside a wall through the model's
 middle and a cube in front of it. tests/blender/scenarios/splats_animation.py runs in Blender; these tests
 check each frame against the backend's own render of the model through that frame's camera taken into the model's

@@ -37,19 +37,32 @@ _reports: queue.SimpleQueue = queue.SimpleQueue()  # (level, message) from rende
 
 
 def compositor_tree(scene, create: bool):
-    """The scene's compositor node tree (scene.node_tree before Blender 5.0, its compositing node group from
-    5.0), made with Render Layers feeding the output where there is none and `create` says so; or None."""
+    """The scene's compositor node tree, made with Render Layers feeding the output where there is none and `create`
+    says so; or None. Before Blender 5.0 that is scene.node_tree; from 5.0 the scene's compositing node group; from
+    5.3, where a scene has a stack of compositor effects (each on the image of the one before), the node group of
+    the active effect, as compositing_node_group, deprecated there, gives it."""
+    if hasattr(scene, "compositor_effects"):
+        effect = scene.compositor_effects.active
+        if create and (effect is None or effect.node_group is None):
+            effect = effect or scene.compositor_effects.new(name="Compositor")
+            effect.node_group = new_compositor_group()
+        return effect.node_group if effect is not None else None
     if bpy.app.version >= (5, 0, 0):
         if scene.compositing_node_group is None and create:
-            tree = bpy.data.node_groups.new("Compositor", "CompositorNodeTree")
-            tree.interface.new_socket("Image", in_out="OUTPUT", socket_type="NodeSocketColor")
-            layers, output = tree.nodes.new("CompositorNodeRLayers"), tree.nodes.new("NodeGroupOutput")
-            tree.links.new(layers.outputs["Image"], output.inputs[0])
-            scene.compositing_node_group = tree
+            scene.compositing_node_group = new_compositor_group()
         return scene.compositing_node_group
     if not scene.use_nodes and create:
         scene.use_nodes = True  # makes Render Layers -> Composite
     return scene.node_tree if scene.use_nodes else None
+
+
+def new_compositor_group():
+    """A compositing node group (Blender 5.0 and later) of Render Layers feeding its output."""
+    tree = bpy.data.node_groups.new("Compositor", "CompositorNodeTree")
+    tree.interface.new_socket("Image", in_out="OUTPUT", socket_type="NodeSocketColor")
+    layers, output = tree.nodes.new("CompositorNodeRLayers"), tree.nodes.new("NodeGroupOutput")
+    tree.links.new(layers.outputs["Image"], output.inputs[0])
+    return tree
 
 
 def output_input(tree):

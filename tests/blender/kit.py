@@ -6,14 +6,17 @@ timers as the add-on registers them, which pump() calls (wait_for() pumps them e
 holds). Every timer, operator (op()) and panel drawing (draw_everything()) is timed, and each call in them that
 may block the main thread (socket I/O, waits on threads, locks' conditions, processes, sleeps) is noted
 (blocking_calls.py). Blender prints the reports of operators to stdout there, where this library collects them
-(blender_reports). A scenario ends by printing its result with report(), on the line runner.run_scenario reads.
+(blender_reports). A scenario ends by printing its result with report(), on the line runner.run_scenario reads;
+it fails where the add-on used an API that this Blender deprecates (deprecations).
 """
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import traceback
+import warnings
 from pathlib import Path
 
 import bpy
@@ -57,6 +60,23 @@ class Reports:
 
 blender_reports = Reports(sys.stdout)
 sys.stdout = blender_reports
+
+# Blender warns of a deprecated property's use with a DeprecationWarning at the line that used it. Those from the
+# add-on's files (what the scenario installed into Blender's user folders, runner.blender_env) are noted here,
+# whichever way Blender called the add-on (an operator, a timer, a handler, a drawing).
+ADDON_FOLDERS = [Path(os.environ[name]) for name in ("BLENDER_USER_SCRIPTS", "BLENDER_USER_EXTENSIONS")]
+deprecations: list[str] = []
+_show_warning = warnings.showwarning
+
+
+def note_deprecation(message, category, filename, lineno, file=None, line=None):
+    if issubclass(category, DeprecationWarning) and any(Path(filename).is_relative_to(f) for f in ADDON_FOLDERS):
+        deprecations.append(f"{filename}:{lineno}: {message}")
+    _show_warning(message, category, filename, lineno, file, line)
+
+
+warnings.filterwarnings("default", category=DeprecationWarning)  # Python shows them only in __main__ otherwise
+warnings.showwarning = note_deprecation
 
 
 def addon():
@@ -152,7 +172,8 @@ def wait_for(condition, what: str, timeout: float = 60.0) -> float:
 def paint(obj, name: str, rgb) -> None:
     obj.name = name
     material = bpy.data.materials.new(name)
-    material.use_nodes = True
+    if bpy.app.version < (5, 0, 0):  # from 5.0 a material always uses its nodes
+        material.use_nodes = True
     material.node_tree.nodes["Principled BSDF"].inputs["Base Color"].default_value = (*rgb, 1.0)
     obj.data.materials.append(material)
 
@@ -207,9 +228,13 @@ def placed_model(zip_path: Path, workdir: Path, session: str, python: str):
 
 
 def report(result_of) -> int:
-    """Print what `result_of()` returns, or how it failed, on the line the pytest side reads."""
+    """Print what `result_of()` returns, or how it failed (also where the add-on used a deprecated API), on the
+    line the pytest side reads."""
     try:
         result = result_of()
+        if deprecations:
+            raise DeprecationWarning(f"the add-on uses what Blender {bpy.app.version_string} deprecates:\n"
+                                     + "\n".join(deprecations))
     except Exception as e:
         result = {"failure": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
     print("RESULT " + json.dumps(result, default=str), flush=True)

@@ -1,8 +1,8 @@
 """The pytest side of the Blender scenarios: runs a scenario script (scenarios/) in real Blender in a subprocess,
 with Blender's user folders of its own, and returns what the scenario reports.
 
-- run_scenario: the bpy module of Blender 4.5 (in .venv, which runs the tests) or 5.0 (in .venv-bpy5); the
-  scenario prints `RESULT <json>` (kit.report).
+- run_scenario: the bpy module of Blender 4.5 (in .venv, which runs the tests), 5.2 or 5.3 (in .venv-bpy52 and
+  .venv-bpy53, on Python 3.13); the scenario prints `RESULT <json>` (kit.report).
 - run_window_scenario: Debian's Blender 3.4 in a window on an X display (conftest's xvfb); the scenario writes
   result.json into its --out folder.
 
@@ -29,8 +29,9 @@ REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 # The interpreters with the bpy module of each Blender version tested: bpy 4.5 in .venv, which runs the tests,
-# and bpy 5.0 in .venv-bpy5 (./run test makes both; the two cannot share one venv).
-BPY_PYTHONS = {"4.5": sys.executable, "5.0": str(REPO / ".venv-bpy5" / "bin" / "python")}
+# and bpy 5.2 (the LTS) and 5.3 in a Python 3.13 venv each (./run test makes them; no two bpy share a venv).
+BPY_PYTHONS = {"4.5": sys.executable, "5.2": str(REPO / ".venv-bpy52" / "bin" / "python"),
+               "5.3": str(REPO / ".venv-bpy53" / "bin" / "python")}
 BLENDERS = tuple(BPY_PYTHONS)
 # The bpy module can stall in its own exit (C++ static destructors, after Blender's "Freeing memory after the
 # leak detector has run") on a loaded machine after Cycles renders: a scenario whose RESULT line is out is
@@ -56,10 +57,13 @@ def bpy_folder(blender: str) -> Path | None:
 
 
 def bpy_python(blender: str) -> str:
-    """The interpreter with bpy `blender` (4.5 or 5.0); skips the test where it is not installed."""
+    """The interpreter with bpy `blender` (one of BLENDERS); skips the test where it is not installed, with why
+    where ./run left the reason in its venv."""
     if bpy_folder(blender) is None:
-        pytest.skip(f"the bpy {blender} module is not installed in {Path(BPY_PYTHONS[blender]).parent.parent} "
-                    "(./run test installs it)")
+        venv = Path(BPY_PYTHONS[blender]).parent.parent
+        why = venv / ".splatwright-skip"
+        pytest.skip(f"the bpy {blender} module is not installed in {venv}: "
+                    f"{why.read_text().strip() if why.is_file() else './run test installs it'}")
     return BPY_PYTHONS[blender]
 
 

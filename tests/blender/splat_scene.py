@@ -20,7 +20,8 @@ def emitting(obj, rgb) -> None:
     """`rgb` as the object's Solid colour and as its material's Emission, which renders it as it is."""
     obj.color = (*rgb, 1.0)
     material = bpy.data.materials.new(obj.name)
-    material.use_nodes = True
+    if bpy.app.version < (5, 0, 0):  # from 5.0 a material always uses its nodes
+        material.use_nodes = True
     nodes = material.node_tree.nodes
     nodes.clear()
     emission, output = nodes.new("ShaderNodeEmission"), nodes.new("ShaderNodeOutputMaterial")

@@ -3,7 +3,8 @@ install the built zip, capture a small scene with Cycles, train on a real CPU ba
 operators, export, view a PLY, kill and restart the backend, disable. Every timer and operator call is timed, and
 each call in them that may block the main thread noted (kit.py). Prints `RESULT <json>` for pytest.
 
-    PYTHONPATH=tests python tests/blender/scenarios/addon.py --zip dist/splatwright-X.zip --out DIR --ply P
+    PYTHONPATH=tests python tests/blender/scenarios/addon.py --zip dist/splatwright-X.zip --out DIR --ply P \
+        --python PY
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def newest(folder: Path) -> Path:
     return max(folder.iterdir(), key=lambda p: p.stat().st_mtime_ns)
 
 
-def run(zip_path: Path, out: Path, foreign_ply: Path) -> dict:
+def run(zip_path: Path, out: Path, foreign_ply: Path, python: str) -> dict:
     result: dict = {}
     build_scene()
     camera_positions = {}
@@ -44,7 +45,7 @@ def run(zip_path: Path, out: Path, foreign_ply: Path) -> dict:
     bpy.ops.preferences.addon_enable(module="splatwright")
     live = addon().scene.live
     prefs = bpy.context.preferences.addons["splatwright"].preferences
-    prefs.python, prefs.workdir = sys.executable, str(out / "sessions")
+    prefs.python, prefs.workdir = python, str(out / "sessions")
 
     s = bpy.context.scene.splatwright
     s.folder, s.point_count, s.test_every = str(out / "dataset"), 2000, 5
@@ -146,7 +147,7 @@ def run(zip_path: Path, out: Path, foreign_ply: Path) -> dict:
     wait_for(lambda: live.backend.connection == "disconnected" and not live.backend.in_flight, "stop")
     result["stopped_exit_code"] = server.proc.wait(30)
 
-    result["remote"] = try_remote(prefs, out)
+    result["remote"] = try_remote(prefs, out, python)
     bpy.ops.preferences.addon_disable(module="splatwright")
     time.sleep(0.5)  # let the event and log threads see their streams close
     result["left_registered"] = [n for n in dir(bpy.types) if n.startswith("SPLATWRIGHT_")]
@@ -194,12 +195,12 @@ def crash_while_training(s, out: Path) -> dict:
     return result
 
 
-def try_remote(prefs, out: Path) -> dict:
+def try_remote(prefs, out: Path, python: str) -> dict:
     """A backend someone else started, with a token: a wrong token is refused, the right one connects, and
     stopping only disconnects."""
     live = addon().scene.live
     (out / "token").write_text("remote-secret")
-    server = subprocess.Popen([sys.executable, "-m", "backend", "serve", "--port", "0", "--workdir",
+    server = subprocess.Popen([python, "-m", "backend", "serve", "--port", "0", "--workdir",
                                str(out / "remote"), "--token-file", str(out / "token")],
                               cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
@@ -226,11 +227,12 @@ def main() -> int:
     parser.add_argument("--zip", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--ply", required=True, help="a third-party PLY to view (skipped where it is missing)")
+    parser.add_argument("--python", required=True, help="the backend's Python (with torch)")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    return report(lambda: {**run(Path(args.zip), out, Path(args.ply)), "calls": calls, "blocking": waits.noted,
-                           "reports": blender_reports.lines})
+    return report(lambda: {**run(Path(args.zip), out, Path(args.ply), args.python), "calls": calls,
+                           "blocking": waits.noted, "reports": blender_reports.lines})
 
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
 """Import COLMAP, the splat formats and Send Photos in real Blender (the bpy module), with the built zip installed
-as a legacy add-on. Without --python: the File menus' entries, a COLMAP model imported (its cameras as the
-add-on converts them, its point cloud in the world) and a distorted one refused. With --python (the backend's
-Python): also every splat format imported and exported through a CPU backend, bad files refused, and the
-COLMAP photos sent and trained a few steps. Prints `RESULT <json>`.
+as a legacy add-on: the File menus' entries, a COLMAP model imported (its cameras as the add-on converts them, its
+point cloud in the world) and a distorted one refused; then, through a CPU backend run by --python, every splat
+format imported and exported, bad files refused, and the COLMAP photos sent and trained a few steps. Prints
+`RESULT <json>`.
 
-    PYTHONPATH=tests python tests/blender/scenarios/colmap.py --zip Z --out DIR --colmap FOLDER --distorted FOLDER
-        [--python PY --splats tests/data/splats]
+    PYTHONPATH=tests python tests/blender/scenarios/colmap.py --zip Z --out DIR --colmap FOLDER --distorted FOLDER \
+        --python PY --splats tests/data/splats
 """
 from __future__ import annotations
 
@@ -152,20 +152,19 @@ def run(zip_path: Path, out: Path, colmap: Path, distorted: Path, python: str, s
     result["model"] = imported(empty)
     result["drawn"] = [t for t in draw_panels() if "photos" in t]
     lap("cameras")
-    if python:
-        live = addon().scene.live
-        prefs = bpy.context.preferences.addons["splatwright"].preferences
-        prefs.python, prefs.workdir = python, str(out / "sessions")
-        op("backend_start")
-        wait_for(lambda: live.backend.connection == "connected", "backend start", 120)
-        lap("backend_start")
-        result["formats"] = formats(live, splats, out)
-        lap("formats")
-        bpy.context.view_layer.objects.active = empty.children[0]  # Send Photos finds the import from a child
-        result["photos"] = photos(live, empty, out)
-        lap("photos")
-        op("backend_stop")
-        wait_for(lambda: live.backend.connection == "disconnected" and not live.backend.in_flight, "stop")
+    live = addon().scene.live
+    prefs = bpy.context.preferences.addons["splatwright"].preferences
+    prefs.python, prefs.workdir = python, str(out / "sessions")
+    op("backend_start")
+    wait_for(lambda: live.backend.connection == "connected", "backend start", 120)
+    lap("backend_start")
+    result["formats"] = formats(live, splats, out)
+    lap("formats")
+    bpy.context.view_layer.objects.active = empty.children[0]  # Send Photos finds the import from a child
+    result["photos"] = photos(live, empty, out)
+    lap("photos")
+    op("backend_stop")
+    wait_for(lambda: live.backend.connection == "disconnected" and not live.backend.in_flight, "stop")
     pump()
     bpy.ops.preferences.addon_disable(module="splatwright")
     result["menus_after_disable"] = menu_entries()
@@ -185,8 +184,8 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--colmap", required=True, help="a COLMAP capture folder with images/ and sparse/")
     parser.add_argument("--distorted", required=True, help="a COLMAP model folder with a distorted camera model")
-    parser.add_argument("--python", default="", help="the backend's Python (with torch); none: no backend part")
-    parser.add_argument("--splats", default="", help="tests/data/splats")
+    parser.add_argument("--python", required=True, help="the backend's Python (with torch)")
+    parser.add_argument("--splats", required=True, help="tests/data/splats")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -35,10 +35,15 @@ SEQUENCE_FRAMES = 3  # the frame range a 4D model is exported over, one file per
 
 
 def compositor(scene):
-    """The scene's compositor node tree, empty: scene.node_tree before Blender 5.0, a node group from 5.0."""
+    """The scene's compositor node tree, empty: scene.node_tree before Blender 5.0, a node group from 5.0 (from 5.3
+    that of a compositor effect)."""
     if bpy.app.version >= (5, 0, 0):
-        scene.compositing_node_group = bpy.data.node_groups.new("Compositor", "CompositorNodeTree")
-        return scene.compositing_node_group
+        tree = bpy.data.node_groups.new("Compositor", "CompositorNodeTree")
+        if hasattr(scene, "compositor_effects"):
+            scene.compositor_effects.new(name="Compositor").node_group = tree
+        else:
+            scene.compositing_node_group = tree
+        return tree
     scene.use_nodes = True
     scene.node_tree.nodes.clear()
     return scene.node_tree

@@ -1,4 +1,4 @@
-"""Splats in the scene's final renders, in real Blender (the bpy module, 4.5 or 5.0; test_scene_splats_bpy.py runs
+"""Splats in the scene's final renders, in real Blender (the bpy module, each version; test_scene_splats_bpy.py runs
 it): install the built zip, start a CPU backend that reopens a trained session, Add Model to Scene, move the
 model object, and render F12 with Cycles a wall through the model's middle and a cube in front of it (the
 scene of splat_scene.py, which splats_gui.py shows in a window): hidden (Blender's own render, also with

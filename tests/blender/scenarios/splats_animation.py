@@ -1,4 +1,4 @@
-"""Splats in an animation render, in real Blender (the bpy module, 4.5 or 5.0; test_splats_animation.py runs it):
+"""Splats in an animation render, in real Blender (the bpy module, each version; test_splats_animation.py runs it):
 install the built zip, start a CPU backend that reopens a trained session, Add Model to Scene, keyframe the scene
 camera and the model object to move on each of FRAMES frames, and render the animation with Cycles (the scene of
 splat_scene.py: a wall through the model's middle, a cube in front of it) with the model object left out and
