@@ -21,7 +21,7 @@ from blender_addon.core import colmap
 from blender_addon.core.cameras import Camera, blender_intrinsics, blender_lens, intrinsics, look_at
 from blender_addon.core.codecs import camera_from_wire
 from blender_addon.core.errors import SplatwrightError
-from blender.runner import BLENDERS, SCENARIOS, run_scenario
+from blender.runner import BLENDERS, NATIVE_SPLATS, SCENARIOS, run_scenario
 from helpers import ROOT
 
 pytestmark = pytest.mark.blender
@@ -93,9 +93,10 @@ def scenario(request, tmp_path_factory) -> dict:
     cameras = bytearray((distorted / "cameras.bin").read_bytes())
     cameras[12:16] = struct.pack("<i", 2)  # the camera's model id: SIMPLE_RADIAL, whose 4 parameters PINHOLE's are
     (distorted / "cameras.bin").write_bytes(bytes(cameras))
-    return run_scenario(SCENARIO, home, "--zip", str(build_addon.build(home / "dist")), "--out", str(home / "out"),
-                        "--colmap", str(DATA), "--distorted", str(distorted), "--python", sys.executable,
-                        "--splats", str(SPLATS), timeout=300, blender=request.param)
+    result = run_scenario(SCENARIO, home, "--zip", str(build_addon.build(home / "dist")), "--out", str(home / "out"),
+                          "--colmap", str(DATA), "--distorted", str(distorted), "--python", sys.executable,
+                          "--splats", str(SPLATS), timeout=300, blender=request.param)
+    return {**result, "blender": request.param}
 
 
 def test_file_menus_hold_the_importers_and_the_exporter_until_disabled(scenario):
@@ -173,8 +174,9 @@ def test_every_splat_format_imports_and_exports(scenario):
     f = scenario["formats"]
     for name, loaded in f["loaded"].items():
         assert loaded == {"gaussians": 500, "error": ""}, name
-    placed = f["placed"]  # each import a session of its own, which Add Model to Scene places
+    placed = f["placed"]  # each import a session of its own, which Add Model to Scene places (5.3: the import)
     assert placed["session"].startswith("sh3-") and placed["objects"] == [placed["session"]], placed
+    assert placed["types"] == (["POINTCLOUD"] if scenario["blender"] in NATIVE_SPLATS else ["EMPTY"]), placed
     assert placed["error"] == "", placed
     degrees = {"out.ply": 3, "out.compressed.ply": 3, "out.spz": 3, "out.splat": 0}
     for name, exported in f["exported"].items():

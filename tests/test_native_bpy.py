@@ -16,13 +16,12 @@ from blender_addon.logic.native import BASE, POSITION, ROTATION, SCALE, sh_attri
 from backend.formats import encode_any, read_any
 from backend.formats.ply import encode_ply
 from backend.placement import placed
-from blender.runner import BLENDERS, SCENARIOS, run_scenario
+from blender.runner import BLENDERS, NATIVE_SPLATS, SCENARIOS, run_scenario
 from splat_helpers import SESSION, png, splat_model, trained_session
 
 pytestmark = pytest.mark.blender
 
 SCENARIO = SCENARIOS / "native.py"
-NATIVE_BLENDERS = [b for b in BLENDERS if tuple(map(int, b.split("."))) >= (5, 3)]
 
 
 def attributes(path: str) -> dict[str, np.ndarray]:
@@ -30,7 +29,7 @@ def attributes(path: str) -> dict[str, np.ndarray]:
         return {name.replace("__", ":"): data[name] for name in data.files}
 
 
-@pytest.fixture(scope="module", params=NATIVE_BLENDERS or [None])
+@pytest.fixture(scope="module", params=NATIVE_SPLATS or [None])
 def native(addon_zip, tmp_path_factory, request) -> dict:
     if request.param is None:
         pytest.skip(f"no tested Blender draws splats natively (5.3 or later; tested: {', '.join(BLENDERS)})")

@@ -14,7 +14,7 @@ from blender_addon.logic.colors import linear_to_srgb, srgb_to_linear
 from blender_addon.core.codecs import camera_from_wire
 from backend.formats.ply import read_ply
 from backend.render.reference import quat_to_rotmat
-from blender.runner import BLENDERS, SCENARIOS, run_scenario
+from blender.runner import SCENARIOS, STREAMED_SPLATS, run_scenario
 from splat_helpers import (DEPTH_MARGIN, LEVEL, SECOND, SESSION, inside_crop, placed_frame, png, second_model,
                            splat_model, srgb8, subset, trained_session)
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.blender
 SCENARIO = SCENARIOS / "splats.py"
 
 
-@pytest.fixture(scope="module", params=BLENDERS)
+@pytest.fixture(scope="module", params=STREAMED_SPLATS)
 def renders(addon_zip, tmp_path_factory, request) -> dict:
     home = tmp_path_factory.mktemp(f"blender-splats-{request.param}")
     model, second = splat_model(), second_model()

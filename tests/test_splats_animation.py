@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from blender_addon.core.codecs import camera_from_wire
-from blender.runner import BLENDERS, SCENARIOS, run_scenario
+from blender.runner import SCENARIOS, STREAMED_SPLATS, run_scenario
 from splat_helpers import (DEPTH_MARGIN, LEVEL, SESSION, depth_of_wall, placed_frame, png, splat_model, srgb8,
                            trained_session)
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.blender
 SCENARIO = SCENARIOS / "splats_animation.py"
 
 
-@pytest.fixture(scope="module", params=BLENDERS)
+@pytest.fixture(scope="module", params=STREAMED_SPLATS)
 def animation(addon_zip, tmp_path_factory, request) -> dict:
     home = tmp_path_factory.mktemp(f"blender-splats-animation-{request.param}")
     model = splat_model()

@@ -33,6 +33,10 @@ SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 BPY_PYTHONS = {"4.5": sys.executable, "5.2": str(REPO / ".venv-bpy52" / "bin" / "python"),
                "5.3": str(REPO / ".venv-bpy53" / "bin" / "python")}
 BLENDERS = tuple(BPY_PYTHONS)
+# Blender draws Gaussian splats itself from 5.3 on, so a model object there is a native one; the scenarios of
+# splats the backend draws into the scene (an Empty's) run on the versions before.
+NATIVE_SPLATS = tuple(b for b in BLENDERS if tuple(map(int, b.split("."))) >= (5, 3))
+STREAMED_SPLATS = tuple(b for b in BLENDERS if b not in NATIVE_SPLATS)
 # The bpy module can stall in its own exit (C++ static destructors, after Blender's "Freeing memory after the
 # leak detector has run") on a loaded machine after Cycles renders: a scenario whose RESULT line is out is
 # given this long to exit, then killed, and the stall reported as a warning, not a failure.

@@ -82,11 +82,14 @@ def formats(live, splats: Path, out: Path) -> dict:
         result["loaded"][name] = {"gaussians": live.backend.status.get("gaussians"), "error": live.backend.last_error}
     op("import_splats", filepath=str(splats / "sh3.ply"))
     wait_for(lambda: not live.backend.in_flight, "import sh3.ply")
-    op("add_model")  # an imported file's session is placed in the scene as a trained one is
-    wait_for(lambda: not live.backend.in_flight, "add the imported model to the scene")
-    scene_splats = addon().scene.splats
-    result["placed"] = {"session": live.backend.status.get("session"), "error": live.backend.last_error,
-                        "objects": [o[scene_splats.SESSION_KEY] for o in scene_splats.splat_objects(bpy.context.scene)]}
+    a = addon()
+    if not a.scene.native.available():  # where Blender draws splats the import placed it already
+        op("add_model")  # an imported file's session is placed in the scene as a trained one is
+        wait_for(lambda: not live.backend.in_flight, "add the imported model to the scene")
+    session, placed = live.backend.status.get("session"), a.scene.splats.splat_objects(bpy.context.scene)
+    result["placed"] = {"session": session, "error": live.backend.last_error,
+                        "objects": [o.name for o in placed if o[a.scene.splats.SESSION_KEY] == session],
+                        "types": sorted({o.type for o in placed})}
     for name in EXPORTS:
         start = len(blender_reports.lines)
         op("export_splats", filepath=str(out / name))
