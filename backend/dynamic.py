@@ -133,8 +133,10 @@ def gaussians_from_tensors(tensors: dict[str, torch.Tensor], name: str = "the mo
     if not isinstance(tensors, dict):
         raise SplatwrightError(f"{name}: its parameters are {type(tensors).__name__}, not tensors by name")
     cls = DynamicGaussians if "velocities" in tensors else Gaussians
-    if set(tensors) != set(cls.names()):
-        raise SplatwrightError(f"{name}: the model's parameters are {sorted(map(str, tensors))}, expected {cls.names()}")
+    missing, unknown = [k for k in cls.names() if k not in tensors], [str(k) for k in tensors if k not in cls.names()]
+    if missing or unknown:
+        said = [f"lack {', '.join(missing)}"] * bool(missing) + [f"include unknown {', '.join(unknown)}"] * bool(unknown)
+        raise SplatwrightError(f"{name}: the model's parameters {' and '.join(said)}")
     for key, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise SplatwrightError(f"{name}: {key} is {type(t).__name__}, not a tensor")

@@ -91,7 +91,7 @@ class Inflater:
                 return self.reader.read(limit)  # a frame cut short ends early: the caller counts what it got
             while True:
                 if self.z.eof:
-                    end = self.offset - len(self.tail) - len(self.z.unused_data)
+                    end = self.offset - len(self.z.unused_data)  # what was handed over past the member's end
                     if end == len(self.data):
                         return b""
                     if bytes(self.data[end:end + 2]) != b"\x1f\x8b":

@@ -33,8 +33,9 @@ def validated(g: Gaussians, name: str, budget: Budget = Budget()) -> Gaussians:
         if t.dtype != torch.float32:
             raise SplatwrightError(f"{name}: {key} holds {str(t.dtype).removeprefix('torch.')} values; a model's "
                                    "parameters are float32")
-    means = tensors["means"]
-    n = means.shape[0] if means.dim() else 0
+        if t.dim() == 0:
+            raise SplatwrightError(f"{name}: {key} is a single number; a model's parameters have a row per Gaussian")
+    n = tensors["means"].shape[0]
     if n == 0:
         raise SplatwrightError(f"{name}: the model holds no Gaussians")
     budget.check_count(n, name)
@@ -54,11 +55,11 @@ def validated(g: Gaussians, name: str, budget: Budget = Budget()) -> Gaussians:
     for key, t in tensors.items():
         bad = ~torch.isfinite(t.reshape(n, -1)).all(dim=1)
         if bool(bad.any()):
-            raise SplatwrightError(f"{name}: {int(bad.sum())} Gaussians have NaN or infinite {key} "
+            raise SplatwrightError(f"{name}: {int(bad.sum())} of {n} Gaussians have NaN or infinite {key} "
                                    f"(first at row {int(bad.int().argmax())})")
     if bool((torch.linalg.vector_norm(tensors["quats"], dim=1) < 1e-12).any()):
         raise SplatwrightError(f"{name}: some rotations are zero quaternions")
     for key in NON_NEGATIVE:
         if key in tensors and bool((tensors[key] < 0).any()):
-            raise SplatwrightError(f"{name}: {int((tensors[key] < 0).sum())} Gaussians have a negative {key}")
+            raise SplatwrightError(f"{name}: {int((tensors[key] < 0).sum())} of {n} Gaussians have a negative {key}")
     return type(g)(**{key: t.contiguous() for key, t in tensors.items()})
