@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import inspect
 import io
 import json
 import os
@@ -33,6 +34,7 @@ from blender_addon.core.protocol import REQUESTS
 from blender_addon.core.settings import training_settings
 from blender_addon.core import colmap
 from backend import formats
+from backend.formats.budget import Budget
 from backend.tools import cli
 from backend.gaussians import _nearest_neighbour_distance
 from backend.formats.ply import encode_ply, write_ply
@@ -632,6 +634,16 @@ def test_the_model_size_limit_is_a_server_flag_its_refusal_names(tmp_path, start
             client.load_ply(ply, name="thirty.ply")
         assert e.value.code == "rejected"
         assert client.load_ply(encode_ply(random_gaussians(20, sh_degree=0)), name="twenty.ply")["gaussians"] == 20
+
+
+@pytest.mark.parametrize("fmt", formats.FORMATS)
+def test_every_format_reads_against_the_model_size_limit_and_through_the_validator(fmt):
+    data = formats.encode_any(random_gaussians(30, sh_degree=0), fmt)
+    name = f"model{next(k for k, v in formats.SUFFIXES.items() if v == fmt)}"
+    with pytest.raises(SplatwrightError, match=r"30 splats, over the limit of 20 for a model read from a file; ask"):
+        formats.read_any(data, name, budget=Budget(20, "ask"))
+    assert len(formats.read_any(data, name, budget=Budget(30))) == 30
+    assert formats.DECODERS[fmt] is not None and "budget" in inspect.signature(formats.DECODERS[fmt]).parameters
 
 
 def test_a_gzip_stream_of_several_members_reads_as_one():
