@@ -135,7 +135,8 @@ def gaussians_from_tensors(tensors: dict[str, torch.Tensor], name: str = "the mo
     cls = DynamicGaussians if "velocities" in tensors else Gaussians
     missing, unknown = [k for k in cls.names() if k not in tensors], [str(k) for k in tensors if k not in cls.names()]
     if missing or unknown:
-        said = [f"lack {', '.join(missing)}"] * bool(missing) + [f"include unknown {', '.join(unknown)}"] * bool(unknown)
+        said = [f"lack {', '.join(missing)}"] if missing else []
+        said += [f"include unknown {', '.join(unknown)}"] if unknown else []
         raise SplatwrightError(f"{name}: the model's parameters {' and '.join(said)}")
     for key, t in tensors.items():
         if not isinstance(t, torch.Tensor):

@@ -822,7 +822,8 @@ def test_colmap_image_names_outside_the_images_folder_are_refused(tmp_path, caps
     sentinel = root / "sentinel-outside.png"  # a real image beside images/, that training would read
     sentinel.write_bytes((root / "images" / "frame_001.png").read_bytes())
     opened = Opened("sentinel-outside")
-    for name in ("../sentinel-outside.png", str(sentinel), "..\\sentinel-outside.png", "sub/../../sentinel-outside.png"):
+    for name in ("../sentinel-outside.png", str(sentinel), "..\\sentinel-outside.png",
+                 "sub/../../sentinel-outside.png"):
         for part in ("images.bin", "images.txt"):
             path = model / part
             if path.is_file():
@@ -880,7 +881,8 @@ def lose_no_model_to_a_failed_checkpoint(server, workdir: Path, scene, fail, rec
         wait_for(client, lambda e: e["event"] == "progress" and e["step"] >= first + 3)
         fail()
         stopped = client.call("stop")  # its checkpoint fails: a warning, and the state is stopped
-        wait_for(client, lambda e: e["event"] == "warning" and "checkpoint.pt" in e["message"] and reason in e["message"])
+        wait_for(client, lambda e: e["event"] == "warning" and "checkpoint.pt" in e["message"]
+                 and reason in e["message"])
         assert stopped["state"] == "stopped" and stopped["step"] > first
         with pytest.raises(RemoteError) as e:
             client.call("save_checkpoint")

@@ -23,7 +23,7 @@ try:
 except ImportError:  # optional: only SPZ version 4 files need it, and reading one says how to install it
     zstandard = None
 
-MAX_MODEL_SPLATS = 50_000_000  # Gaussians a model read from a file may have: 11.8 GB of float32 parameters at SH degree 3
+MAX_MODEL_SPLATS = 50_000_000  # Gaussians a model read from a file may have (11.8 GB of parameters at SH degree 3)
 MAX_RATIO = 64  # the most a compressed model file is taken to inflate, in bytes decoded per byte stored
 SMALL_FILE_BYTES = 16 << 20  # bytes any file may inflate to, whatever its ratio
 _PIECE = 1 << 16  # compressed bytes handed to the decompressor at a time
@@ -38,22 +38,21 @@ class Budget:
     advice: str = ""
 
     def check_count(self, count: int, name: str) -> None:
-        """Refuse a model of `count` Gaussians over the limit."""
+        """Refuse a model of `count` Gaussians over the limit (what an uncompressed format's reader checks, besides
+        the bytes its counts need against the file's)."""
         if count > self.splats:
-            raise SplatwrightError(f"{name}: {count:,} splats, over the limit of {self.splats:,} for a model read from a "
-                                   f"file{'; ' + self.advice if self.advice else ''}")
+            raise SplatwrightError(f"{name}: {count:,} splats, over the limit of {self.splats:,} for a model read from "
+                                   f"a file{'; ' + self.advice if self.advice else ''}")
 
-    def decoded_bytes(self, count: int, bytes_per_splat: int, stored: int, name: str, ratio: int = 1) -> int:
-        """The bytes `count` splats of `bytes_per_splat` take decoded, refused where the count is over the limit or
-        where `stored` bytes of a format compressing at most `ratio`:1 (1: not compressed) cannot hold them."""
+    def decoded_bytes(self, count: int, bytes_per_splat: int, stored: int, name: str) -> int:
+        """The bytes `count` splats of `bytes_per_splat` take inflated from a compressed file of `stored` bytes;
+        refused over the limit or beyond what the file can plausibly hold."""
         self.check_count(count, name)
         need = count * bytes_per_splat
-        if ratio == 1 and need > stored:
-            raise SplatwrightError(f"{name}: truncated: {count:,} splats need {need:,} bytes, the file holds {stored:,}")
-        if need > stored * ratio + SMALL_FILE_BYTES:
-            raise SplatwrightError(f"{name}: {count:,} splats declared in {stored:,} bytes would inflate {need / stored:,.0f}"
-                                   f" times; real models inflate at most {MAX_RATIO} times, so the count is false "
-                                   "(a decompression bomb or a corrupt file)")
+        if need > stored * MAX_RATIO + SMALL_FILE_BYTES:
+            raise SplatwrightError(f"{name}: {count:,} splats declared in {stored:,} bytes would inflate "
+                                   f"{need / stored:,.0f} times; real models inflate far less than {MAX_RATIO} times, "
+                                   "so the count is false (a decompression bomb or a corrupt file)")
         return need
 
 

@@ -36,7 +36,7 @@ import numpy as np
 from blender_addon.core.errors import SplatwrightError
 from ..gaussians import Gaussians
 from . import budget as budgets
-from .budget import MAX_RATIO, Budget, Inflater
+from .budget import Budget, Inflater
 from .common import (OTHER_COMPONENTS, byte_logit, columns, gaussians_from_columns, round_half_away, sh_degree_of,
                      sigmoid, to_byte, unit_quats, unpack_bits)
 
@@ -139,7 +139,7 @@ def _read_legacy(data: bytes, name: str, budget: Budget) -> tuple[Header, list, 
         raise SplatwrightError(f"{name}: SPZ version 4 inside gzip; version 4 files start with 'NGSP'")
     header = _check_header(Header(version, count, degree, bits, flags), name)
     sizes = _column_sizes(header)
-    need = budget.decoded_bytes(count, sum(sizes) // count, len(data), name, MAX_RATIO)
+    need = budget.decoded_bytes(count, sum(sizes) // count, len(data), name)
     body = stream.read(need)
     if len(body) < need:
         raise SplatwrightError(f"{name}: truncated SPZ: {count} splats need {need} bytes of columns, "
@@ -174,7 +174,7 @@ def _read_ngsp(data: bytes, name: str, budget: Budget) -> tuple[Header, list, di
     if budgets.zstandard is None:
         raise SplatwrightError(f"{name}: SPZ version 4 is zstd-compressed; install the zstandard package "
                                "(pip install zstandard) to read it")
-    budget.decoded_bytes(count, sum(sizes) // count, len(data), name, MAX_RATIO)
+    budget.decoded_bytes(count, sum(sizes) // count, len(data), name)
     table = np.frombuffer(data, "<u8", 2 * n_streams, toc).reshape(-1, 2)
     streams, offset = [], start
     for i, ((packed, unpacked), size) in enumerate(zip(table.tolist(), stored)):

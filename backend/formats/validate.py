@@ -45,7 +45,8 @@ def validated(g: Gaussians, name: str, budget: Budget = Budget()) -> Gaussians:
             raise SplatwrightError(f"{name}: {t.shape[1]} higher SH coefficients per colour (SH degree "
                                    f"{(t.shape[1] + 1) ** 0.5 - 1:g}); Splatwright reads SH degrees 0-3 "
                                    f"({', '.join(map(str, SH_REST))} coefficients)")
-        if t.dim() != 1 + len(row) or t.shape[0] != n or any(r is not None and s != r for s, r in zip(t.shape[1:], row)):
+        wrong = any(r is not None and s != r for s, r in zip(t.shape[1:], row))
+        if t.dim() != 1 + len(row) or t.shape[0] != n or wrong:
             expected = ", ".join([str(n)] + ["K" if r is None else str(r) for r in row])
             raise SplatwrightError(f"{name}: {key} has shape {tuple(t.shape)}; a model of {n} Gaussians has "
                                    f"({expected}{',' if not row else ''})")

@@ -63,7 +63,8 @@ class Exports:
         return fields, data
 
 
-def convert(data: bytes, name: str, placement: np.ndarray | None = None, budget: Budget = Budget()) -> tuple[dict, bytes]:
+def convert(data: bytes, name: str, placement: np.ndarray | None = None,
+            budget: Budget = Budget()) -> tuple[dict, bytes]:
     """A model the client sent (a 3DGS PLY of at most `budget`'s splats) in the format the file `name` is for,
     placed as an export is."""
     if Path(name).suffix.lower() == DYNAMIC_SUFFIX:
