@@ -56,6 +56,10 @@ class Budget:
         return need
 
 
+def zstd_available() -> bool:
+    return zstandard is not None
+
+
 class Inflater:
     """A compressed stream inflated as far as it is read and no further: `kind` "gzip" (one or more members, as
     gzip.decompress reads them) or "zstd" (one frame). Errors name the file `name` and say `what` the stream is."""

@@ -35,8 +35,7 @@ import numpy as np
 
 from blender_addon.core.errors import SplatwrightError
 from ..gaussians import Gaussians
-from . import budget as budgets
-from .budget import Budget, Inflater
+from .budget import Budget, Inflater, zstd_available
 from .common import (OTHER_COMPONENTS, byte_logit, columns, gaussians_from_columns, round_half_away, sh_degree_of,
                      sigmoid, to_byte, unit_quats, unpack_bits)
 
@@ -171,7 +170,7 @@ def _read_ngsp(data: bytes, name: str, budget: Budget) -> tuple[Header, list, di
     start = toc + 16 * n_streams
     if toc < NGSP_HEADER.size or start > len(data):
         raise SplatwrightError(f"{name}: truncated SPZ: its table of contents ends past the file's end")
-    if budgets.zstandard is None:
+    if not zstd_available():
         raise SplatwrightError(f"{name}: SPZ version 4 is zstd-compressed; install the zstandard package "
                                "(pip install zstandard) to read it")
     budget.decoded_bytes(count, sum(sizes) // count, len(data), name)
