@@ -10,7 +10,6 @@ them) the Gaussians are their static part at every time.
 """
 from __future__ import annotations
 
-import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,9 @@ from pathlib import Path
 import torch
 
 from blender_addon.core.errors import SplatwrightError
-from blender_addon.core.files import replacing
+from . import torch_files
+from .formats.budget import Budget
+from .formats.validate import validated
 from .gaussians import Gaussians, quat_multiply
 from .kernels import extension
 
@@ -127,11 +128,19 @@ def scaled_logits(logits: torch.Tensor, log_factor: torch.Tensor) -> torch.Tenso
     return logits + log_factor - torch.log1p(-odds * torch.expm1(log_factor))
 
 
-def gaussians_from_tensors(tensors: dict[str, torch.Tensor]) -> Gaussians:
-    """Static or dynamic Gaussians, as the parameter tensors (a checkpoint's, by name) say."""
+def gaussians_from_tensors(tensors: dict[str, torch.Tensor], name: str = "the model") -> Gaussians:
+    """Static or dynamic Gaussians, as the parameter tensors (a checkpoint's, by name) say; `name` is for errors."""
+    if not isinstance(tensors, dict):
+        raise SplatwrightError(f"{name}: its parameters are {type(tensors).__name__}, not tensors by name")
     cls = DynamicGaussians if "velocities" in tensors else Gaussians
-    if set(tensors) != set(cls.names()):
-        raise SplatwrightError(f"the model's parameters are {sorted(tensors)}, expected {cls.names()}")
+    missing, unknown = [k for k in cls.names() if k not in tensors], [str(k) for k in tensors if k not in cls.names()]
+    if missing or unknown:
+        said = [f"lack {', '.join(missing)}"] if missing else []
+        said += [f"include unknown {', '.join(unknown)}"] if unknown else []
+        raise SplatwrightError(f"{name}: the model's parameters {' and '.join(said)}")
+    for key, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise SplatwrightError(f"{name}: {key} is {type(t).__name__}, not a tensor")
     return cls(**tensors)
 
 
@@ -139,28 +148,24 @@ def write_dynamic(path: str | Path, g: DynamicGaussians) -> None:
     """Write a 4D model (every parameter tensor, by name) to a torch file that read_dynamic reads."""
     state = {"format": _FILE_TAG, "version": _FILE_VERSION,
              "tensors": {name: t.detach().cpu() for name, t in g.tensors().items()}}
-    try:
-        with replacing(path) as tmp, open(tmp, "wb") as f:
-            torch.save(state, f)
-    except OSError as e:
-        raise SplatwrightError(f"cannot write the 4D model {Path(path).name} ({e.strerror or e})") from None
+    torch_files.save(path, state, "the 4D model")
 
 
-def read_dynamic(source: str | Path | bytes, name: str = "") -> DynamicGaussians:
+def read_dynamic(source: str | Path | bytes, name: str = "", budget: Budget = Budget()) -> DynamicGaussians:
     """The 4D model write_dynamic wrote to a file, or that file's bytes (`name` then says what they are in
-    errors)."""
+    errors), as formats.validate passes it (of at most `budget`'s Gaussians); anything else is refused in one
+    line."""
     name = name or (Path(source).name if not isinstance(source, bytes) else "the uploaded model")
-    try:
-        state = torch.load(io.BytesIO(source) if isinstance(source, bytes) else source, map_location="cpu",
-                           weights_only=True)
-    except Exception as e:  # torch raises assorted types for truncated or foreign files
-        raise SplatwrightError(f"{name}: cannot read a 4D model ({e})") from None
+    hint = f"training on timed views writes {DYNAMIC_FILE}"
+    state = torch_files.load(source, name, "a Splatwright 4D model", hint)
     if not isinstance(state, dict) or state.get("format") != _FILE_TAG:
-        raise SplatwrightError(f"{name}: not a Splatwright 4D model (training on timed views writes {DYNAMIC_FILE})")
+        raise SplatwrightError(f"{name}: not a Splatwright 4D model ({hint})")
     if state.get("version") != _FILE_VERSION:
-        raise SplatwrightError(f"{name}: 4D model version {state.get('version')}, but this version reads "
+        raise SplatwrightError(f"{name}: 4D model version {state.get('version')!r}, but this version reads "
                                f"{_FILE_VERSION}")
-    g = gaussians_from_tensors(state["tensors"])
+    if "tensors" not in state:
+        raise SplatwrightError(f"{name}: the 4D model file holds no parameters ('tensors' is missing)")
+    g = gaussians_from_tensors(state["tensors"], name)
     if not isinstance(g, DynamicGaussians):
         raise SplatwrightError(f"{name}: the file holds no motion parameters")
-    return g
+    return validated(g, name, budget)

@@ -9,7 +9,6 @@ from pathlib import Path
 import torch
 
 from blender_addon.core.errors import SplatwrightError
-from blender_addon.core.files import replacing
 from blender_addon.core.settings import default, stretched_steps
 from blender_addon.core.cameras import Camera, intrinsics_from_fov_x, look_at
 from .data.dataset import Dataset, camera_extent, scene_bounds
@@ -22,6 +21,7 @@ from .optim import Adam
 from .render import camera_tensors, render
 from .render.cuda import gradient_step
 from .strategy import DefaultStrategy, DensifyConfig
+from . import torch_files
 
 CHECKPOINT_FORMAT = 2
 
@@ -281,12 +281,9 @@ class Trainer:
 
     def save_checkpoint(self, path: str | Path) -> None:
         """Durably, keeping the checkpoint it replaces as previous_checkpoint(path) until this one is on the
-        disk; disk-full and permission errors raise SplatwrightError naming the file."""
-        try:
-            with replacing(path, previous_checkpoint(path)) as tmp, open(tmp, "wb") as f:
-                torch.save(self.state_dict(), f)  # through a Python file: a full disk raises OSError
-        except OSError as e:
-            raise SplatwrightError(f"cannot write the checkpoint {Path(path).name} ({e.strerror or e})") from None
+        disk; any failure to write (a full disk, a read-only folder) raises SplatwrightError naming the file and
+        leaves the checkpoints on the disk as they were."""
+        torch_files.save(path, self.state_dict(), "the checkpoint", previous_checkpoint(path))
         self.checkpointed_at = self.train_seconds
 
 

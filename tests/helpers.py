@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import struct
+import subprocess
+import sys
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -93,3 +97,151 @@ def wait_until(condition, timeout=60.0):
     while not condition():
         assert time.monotonic() < deadline, "hung: the condition never came true"
         time.sleep(0.005)
+
+
+# ---- COLMAP captures ----
+
+MODEL_IDS = {"SIMPLE_PINHOLE": 0, "PINHOLE": 1, "SIMPLE_RADIAL": 2, "OPENCV": 4}
+
+
+def matrix_to_quat(R: np.ndarray) -> np.ndarray:
+    """(w, x, y, z) with w >= 0 of a rotation matrix (Shepperd's method)."""
+    t = np.trace(R)
+    if t > 0:
+        s = 2 * math.sqrt(1 + t)
+        q = [s / 4, (R[2, 1] - R[1, 2]) / s, (R[0, 2] - R[2, 0]) / s, (R[1, 0] - R[0, 1]) / s]
+    else:
+        i = int(np.argmax(np.diag(R)))
+        j, k = (i + 1) % 3, (i + 2) % 3
+        s = 2 * math.sqrt(1 + R[i, i] - R[j, j] - R[k, k])
+        q = [0.0] * 4
+        q[0], q[1 + i] = (R[k, j] - R[j, k]) / s, s / 4
+        q[1 + j], q[1 + k] = (R[j, i] + R[i, j]) / s, (R[k, i] + R[i, k]) / s
+    q = np.array(q)
+    return q if q[0] >= 0 else -q
+
+
+def write_capture(root: Path, cameras: list[Camera], binary: bool, model: str = "PINHOLE", folder: str = "sparse/0",
+                  n_points: int = 60) -> dict:
+    """Render a random model from `cameras` into root/images and write the COLMAP model of the capture."""
+    g = random_gaussians(150, seed=2, sh_degree=1)
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    names = [f"frame_{i:03d}" for i in range(len(cameras))]
+    for cam, name in zip(cameras, names):
+        with torch.no_grad():
+            image = render(g, cam, 1, (1.0, 1.0, 1.0)).image
+        Image.fromarray((image.clamp(0, 1).numpy() * 255 + 0.5).astype(np.uint8)).save(root / "images" / f"{name}.png")
+    K, w, h = cameras[0].K, cameras[0].width, cameras[0].height
+    params = {"PINHOLE": [K[0, 0], K[1, 1], K[0, 2], K[1, 2]], "SIMPLE_PINHOLE": [K[0, 0], K[0, 2], K[1, 2]],
+              "SIMPLE_RADIAL": [K[0, 0], K[0, 2], K[1, 2], 0.01],
+              "OPENCV": [K[0, 0], K[1, 1], K[0, 2], K[1, 2], 0.01, 0, 0, 0]}[model]
+    xyz = g.means[:n_points].numpy().astype(np.float64)
+    rgb = np.random.default_rng(0).integers(0, 256, (n_points, 3))
+    observations = [cam.world_to_pixel(xyz)[0] for cam in cameras]  # every point seen in every image
+    out = root / folder
+    out.mkdir(parents=True, exist_ok=True)
+    poses = []
+    for cam in cameras:
+        w2c = cam.w2c
+        poses.append((matrix_to_quat(w2c[:3, :3]), w2c[:3, 3]))
+    # Images listed out of name order, with ids that are not positions, as COLMAP's may be.
+    order = list(range(len(cameras)))[::-1]
+    if binary:
+        with open(out / "cameras.bin", "wb") as f:
+            f.write(struct.pack("<QiiQQ", 1, 1, MODEL_IDS[model], w, h) + struct.pack(f"<{len(params)}d", *params))
+        with open(out / "images.bin", "wb") as f:
+            f.write(struct.pack("<Q", len(cameras)))
+            for i in order:
+                q, t = poses[i]
+                f.write(struct.pack("<i7di", 100 + i, *q, *t, 1) + f"{names[i]}.png".encode() + b"\0")
+                f.write(struct.pack("<Q", n_points))
+                for p, (x, y) in enumerate(observations[i]):
+                    f.write(struct.pack("<ddq", x, y, p + 1))
+        with open(out / "points3D.bin", "wb") as f:
+            f.write(struct.pack("<Q", n_points))
+            for p in range(n_points):
+                f.write(struct.pack("<Q3d3BdQ", p + 1, *xyz[p], *rgb[p], 0.5, len(cameras)))
+                f.write(b"".join(struct.pack("<ii", 100 + i, p) for i in range(len(cameras))))
+    else:
+        (out / "cameras.txt").write_text("# Camera list with one line of data per camera:\n"
+                                         f"1 {model} {w} {h} {' '.join(map(repr, params))}\n")
+        lines = ["# Image list with two lines of data per image:"]
+        for i in order:
+            q, t = poses[i]
+            lines.append(f"{100 + i} {' '.join(map(repr, [*q, *t]))} 1 {names[i]}.png")
+            lines.append(" ".join(f"{x!r} {y!r} {p + 1}" for p, (x, y) in enumerate(observations[i])))
+        (out / "images.txt").write_text("\n".join(lines) + "\n")
+        (out / "points3D.txt").write_text("# 3D point list\n" + "".join(
+            f"{p + 1} {' '.join(map(repr, xyz[p]))} {' '.join(map(str, rgb[p]))} 0.5 "
+            + " ".join(f"{100 + i} {p}" for i in range(len(cameras))) + "\n" for p in range(n_points)))
+    return {"names": names, "xyz": xyz, "rgb": rgb, "observations": observations}
+
+
+# ---- hostile splat files: each declares or inflates to far more than it holds ----
+
+def gzip_of_zeros(count: int, prefix: bytes = b"") -> bytes:
+    """A gzip stream of `prefix` then `count` zero bytes, compressed a MiB at a time (about 1000:1)."""
+    z = zlib.compressobj(9, zlib.DEFLATED, 31)
+    block = bytes(1 << 20)
+    parts = [z.compress(prefix)] + [z.compress(block) for _ in range(count // len(block))]
+    return b"".join(parts + [z.compress(bytes(count % len(block))), z.flush()])
+
+
+def spz_of_zeros(splats: int, zeros: int, sh_degree: int = 3, version: int = 3) -> bytes:
+    """A gzip'd SPZ whose header declares `splats` splats, followed by `zeros` zero bytes (all-zero columns are a
+    valid model where `zeros` is what the count needs)."""
+    from backend.formats.spz import LEGACY_HEADER, MAGIC
+    return gzip_of_zeros(zeros, LEGACY_HEADER.pack(MAGIC, version, splats, sh_degree, 12, 0, 0))
+
+
+def spz_column_bytes(splats: int, sh_degree: int = 3) -> int:
+    """Bytes of a version 3 SPZ's columns for `splats` splats."""
+    return splats * (9 + 1 + 3 + 3 + 4 + 3 * ((sh_degree + 1) ** 2 - 1))
+
+
+def zstd_spz_of_zeros(splats: int, inflated: int | None = None) -> bytes:
+    """A version 4 SPZ (SH degree 0) whose zstd streams each inflate to the zeros its columns need; the first
+    to `inflated` zeros instead, where given (its table still says what the columns need)."""
+    import zstandard
+    from backend.formats.spz import MAGIC, NGSP_HEADER
+    sizes = [9 * splats, splats, 3 * splats, 3 * splats, 4 * splats]
+    streams = []
+    for i, size in enumerate(sizes):
+        size = inflated if i == 0 and inflated is not None else size
+        z = zstandard.ZstdCompressor(level=3).compressobj()
+        block = bytes(min(size, 1 << 22))
+        parts = [z.compress(block) for _ in range(size // len(block))]
+        streams.append(b"".join(parts + [z.compress(bytes(size % len(block))), z.flush()]))
+    header = NGSP_HEADER.pack(MAGIC, 4, splats, 0, 12, 0, len(sizes), NGSP_HEADER.size)
+    table = b"".join(struct.pack("<QQ", len(stream), size) for stream, size in zip(streams, sizes))
+    return header + table + b"".join(streams)
+
+
+_CLI_MEMORY = """
+import contextlib, io, json, sys, time
+from backend.tools import cli
+
+def resident(key):
+    return int(open("/proc/self/status").read().split(key + ":")[1].split()[0]) * 1024
+
+runs = []
+for argv in json.loads(sys.argv[1]):
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # the peak (VmHWM) starts again from what is resident now
+    ready, err, start = resident("VmRSS"), io.StringIO(), time.monotonic()
+    with contextlib.redirect_stderr(err):
+        code = cli.main(argv)
+    runs.append({"code": code, "stderr": err.getvalue(), "rise": resident("VmHWM") - ready,
+                 "seconds": time.monotonic() - start})
+print(json.dumps(runs))
+"""
+
+
+def cli_memory(*runs: list[str]) -> list[dict]:
+    """Each command line of `runs` run by the CLI in turn in one fresh process (a traceback fails the test): its exit
+    code, its stderr, its seconds and how far its peak resident memory rose above what the process held before
+    it (Linux: VmHWM, reset before each run)."""
+    r = subprocess.run([sys.executable, "-c", _CLI_MEMORY, json.dumps(list(runs))], cwd=ROOT, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)

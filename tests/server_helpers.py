@@ -43,10 +43,10 @@ class ServerProcess:
     def client(self, token: str = "", **kwargs) -> Client:
         return Client("127.0.0.1", self.port, token, timeout=30, **kwargs)
 
-    def rss(self) -> int:
-        """The server's resident memory in bytes."""
+    def rss(self, key: str = "VmRSS") -> int:
+        """The server's resident memory in bytes (key "VmHWM": its peak so far)."""
         status = Path(f"/proc/{self.proc.pid}/status").read_text()
-        return int(status.split("VmRSS:")[1].split()[0]) * 1024
+        return int(status.split(key + ":")[1].split()[0]) * 1024
 
     def log(self) -> str:
         return self.log_path.read_text()

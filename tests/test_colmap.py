@@ -2,14 +2,13 @@
 pose and pixel conventions, training from the model's points, and malformed models refused in one line.
 
 The captures here are synthetic, so that every value is known: a random Gaussian model rendered from our
-own orbit cameras, written as a COLMAP model by the writer below (from COLMAP's documented file layouts),
+own orbit cameras, written as a COLMAP model by helpers.write_capture (from COLMAP's documented file layouts),
 with the model's points as points3D and their projections as the images' 2D observations. A reconstruction
 of real photos (tests/data/colmap_skull) is read and imported into Blender in tests/test_colmap_bpy.py.
 """
 from __future__ import annotations
 
 import math
-import struct
 from pathlib import Path
 
 import numpy as np
@@ -19,86 +18,9 @@ from PIL import Image
 
 from backend.data import colmap, load_cameras, load_split
 from backend.tools import cli
-from backend.render import render
 from blender_addon.core.cameras import Camera
 from blender_addon.core.errors import SplatwrightError
-from helpers import orbit_cameras, random_gaussians
-
-MODEL_IDS = {"SIMPLE_PINHOLE": 0, "PINHOLE": 1, "SIMPLE_RADIAL": 2, "OPENCV": 4}
-
-
-def matrix_to_quat(R: np.ndarray) -> np.ndarray:
-    """(w, x, y, z) with w >= 0 of a rotation matrix (Shepperd's method)."""
-    t = np.trace(R)
-    if t > 0:
-        s = 2 * math.sqrt(1 + t)
-        q = [s / 4, (R[2, 1] - R[1, 2]) / s, (R[0, 2] - R[2, 0]) / s, (R[1, 0] - R[0, 1]) / s]
-    else:
-        i = int(np.argmax(np.diag(R)))
-        j, k = (i + 1) % 3, (i + 2) % 3
-        s = 2 * math.sqrt(1 + R[i, i] - R[j, j] - R[k, k])
-        q = [0.0] * 4
-        q[0], q[1 + i] = (R[k, j] - R[j, k]) / s, s / 4
-        q[1 + j], q[1 + k] = (R[j, i] + R[i, j]) / s, (R[k, i] + R[i, k]) / s
-    q = np.array(q)
-    return q if q[0] >= 0 else -q
-
-
-def write_capture(root: Path, cameras: list[Camera], binary: bool, model: str = "PINHOLE", folder: str = "sparse/0",
-                  n_points: int = 60) -> dict:
-    """Render a random model from `cameras` into root/images and write the COLMAP model of the capture."""
-    g = random_gaussians(150, seed=2, sh_degree=1)
-    (root / "images").mkdir(parents=True, exist_ok=True)
-    names = [f"frame_{i:03d}" for i in range(len(cameras))]
-    for cam, name in zip(cameras, names):
-        with torch.no_grad():
-            image = render(g, cam, 1, (1.0, 1.0, 1.0)).image
-        Image.fromarray((image.clamp(0, 1).numpy() * 255 + 0.5).astype(np.uint8)).save(root / "images" / f"{name}.png")
-    K, w, h = cameras[0].K, cameras[0].width, cameras[0].height
-    params = {"PINHOLE": [K[0, 0], K[1, 1], K[0, 2], K[1, 2]], "SIMPLE_PINHOLE": [K[0, 0], K[0, 2], K[1, 2]],
-              "SIMPLE_RADIAL": [K[0, 0], K[0, 2], K[1, 2], 0.01],
-              "OPENCV": [K[0, 0], K[1, 1], K[0, 2], K[1, 2], 0.01, 0, 0, 0]}[model]
-    xyz = g.means[:n_points].numpy().astype(np.float64)
-    rgb = np.random.default_rng(0).integers(0, 256, (n_points, 3))
-    observations = [cam.world_to_pixel(xyz)[0] for cam in cameras]  # every point seen in every image
-    out = root / folder
-    out.mkdir(parents=True, exist_ok=True)
-    poses = []
-    for cam in cameras:
-        w2c = cam.w2c
-        poses.append((matrix_to_quat(w2c[:3, :3]), w2c[:3, 3]))
-    # Images listed out of name order, with ids that are not positions, as COLMAP's may be.
-    order = list(range(len(cameras)))[::-1]
-    if binary:
-        with open(out / "cameras.bin", "wb") as f:
-            f.write(struct.pack("<QiiQQ", 1, 1, MODEL_IDS[model], w, h) + struct.pack(f"<{len(params)}d", *params))
-        with open(out / "images.bin", "wb") as f:
-            f.write(struct.pack("<Q", len(cameras)))
-            for i in order:
-                q, t = poses[i]
-                f.write(struct.pack("<i7di", 100 + i, *q, *t, 1) + f"{names[i]}.png".encode() + b"\0")
-                f.write(struct.pack("<Q", n_points))
-                for p, (x, y) in enumerate(observations[i]):
-                    f.write(struct.pack("<ddq", x, y, p + 1))
-        with open(out / "points3D.bin", "wb") as f:
-            f.write(struct.pack("<Q", n_points))
-            for p in range(n_points):
-                f.write(struct.pack("<Q3d3BdQ", p + 1, *xyz[p], *rgb[p], 0.5, len(cameras)))
-                f.write(b"".join(struct.pack("<ii", 100 + i, p) for i in range(len(cameras))))
-    else:
-        (out / "cameras.txt").write_text("# Camera list with one line of data per camera:\n"
-                                         f"1 {model} {w} {h} {' '.join(map(repr, params))}\n")
-        lines = ["# Image list with two lines of data per image:"]
-        for i in order:
-            q, t = poses[i]
-            lines.append(f"{100 + i} {' '.join(map(repr, [*q, *t]))} 1 {names[i]}.png")
-            lines.append(" ".join(f"{x!r} {y!r} {p + 1}" for p, (x, y) in enumerate(observations[i])))
-        (out / "images.txt").write_text("\n".join(lines) + "\n")
-        (out / "points3D.txt").write_text("# 3D point list\n" + "".join(
-            f"{p + 1} {' '.join(map(repr, xyz[p]))} {' '.join(map(str, rgb[p]))} 0.5 "
-            + " ".join(f"{100 + i} {p}" for i in range(len(cameras))) + "\n" for p in range(n_points)))
-    return {"names": names, "xyz": xyz, "rgb": rgb, "observations": observations}
-
+from helpers import orbit_cameras, write_capture
 
 @pytest.fixture
 def capture(tmp_path) -> tuple[Path, list[Camera], dict]:

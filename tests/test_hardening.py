@@ -4,14 +4,22 @@ model for minutes, signals during long work, accept() failing, files a power los
 cannot be written; and the command line's one-line errors."""
 from __future__ import annotations
 
+import gzip
+import importlib.util
+import inspect
+import io
 import json
+import os
 import resource
 import signal
 import socket
 import statistics
 import struct
+import subprocess
+import sys
 import threading
 import time
+import zipfile
 import zlib
 from pathlib import Path
 
@@ -24,13 +32,17 @@ from blender_addon.core.client import Client, RemoteError
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.protocol import REQUESTS
 from blender_addon.core.settings import training_settings
+from blender_addon.core import colmap
+from backend import formats
+from backend.formats.budget import Budget
 from backend.tools import cli
 from backend.gaussians import _nearest_neighbour_distance
-from backend.formats.ply import write_ply
+from backend.formats.ply import encode_ply, write_ply
 from backend.service.server import FIRST_MESSAGE, read_token
 from backend.service.session import Session
 from backend.train import load_checkpoint, previous_checkpoint
-from helpers import orbit_cameras, random_gaussians
+from helpers import (ROOT, assert_same_model, cli_memory, gzip_of_zeros, moving_model, orbit_cameras, random_gaussians,
+                     spz_column_bytes, spz_of_zeros, write_capture, zstd_spz_of_zeros)
 from server_helpers import SIZE, add_scene_views, png_bytes, raw_connect, read_until_closed, wait_for
 
 
@@ -543,3 +555,392 @@ def test_session_names_that_alias_on_other_systems_are_refused(tmp_path, start_s
         for name in ("CON", "nul", "com1", "a."):
             with pytest.raises(ValueError, match="Windows"):  # the client checks what the server checks
                 client.call("open_session", name=name)
+
+
+# ---- model files that lie: decompression bombs, 4D models' files, COLMAP models ----
+
+MIB = 1 << 20
+RISE = 200 * MIB  # the most refusing a bomb may add to a process's peak memory
+
+
+def ply_declaring(vertices: int, text: bool = False) -> bytes:
+    """A 3DGS PLY of 3 splats whose header says `vertices` (in a text PLY: values of one vertex only)."""
+    data = encode_ply(random_gaussians(3, sh_degree=0))
+    if text:
+        header = data[:data.index(b"end_header\n")].replace(b"binary_little_endian", b"ascii")
+        data = header + b"end_header\n" + b" ".join([b"0.5"] * 17) + b"\n"
+    return data.replace(b"element vertex 3\n", f"element vertex {vertices}\n".encode())
+
+
+def bombs() -> dict[str, tuple[bytes, str]]:
+    """Small files that declare or inflate to far more than they hold, and what each one's refusal says."""
+    found = {
+        "header_zeros.spz": (spz_of_zeros(1_000_000, spz_column_bytes(1_000_000)), "would inflate"),  # 65 MB in 64 KB
+        "gzip_zeros.spz": (gzip_of_zeros(64 * MIB), "gzip data that is not SPZ"),
+        "declares_10m.spz": (spz_of_zeros(10_000_000, 4 * MIB), "10,000,000 splats declared in"),
+        "more_than_declared.spz": (spz_of_zeros(4, 256 * MIB), "bytes after the columns of 4 splats"),
+        "vertices.ply": (ply_declaring(40_000_000), "unreadable PLY (its header declares"),
+        "text_vertices.ply": (ply_declaring(40_000_000, text=True), "unreadable PLY (its header declares"),
+        "too_many.ply": (ply_declaring(10**12), "over the limit of 50,000,000"),
+        "chunks.compressed.ply": (formats.encode_any(random_gaussians(300, sh_degree=1), "compressed_ply").replace(
+            b"element vertex 300\n", b"element vertex 40000000\n"), "unreadable PLY (its header declares"),
+    }
+    if importlib.util.find_spec("zstandard"):
+        found["zstd_v4.spz"] = (zstd_spz_of_zeros(10_000_000), "10,000,000 splats declared in")
+        found["zstd_more.spz"] = (zstd_spz_of_zeros(4, inflated=256 * MIB), "stream 0 unpacks to more than 36 bytes")
+    return found
+
+
+def test_decompression_bombs_are_refused_at_once_by_the_cli_with_little_memory(tmp_path):
+    files = bombs()
+    for name, (data, _) in files.items():
+        (tmp_path / name).write_bytes(data)
+    runs = cli_memory(*(["convert", str(tmp_path / name), str(tmp_path / "out.ply")] for name in files))
+    for (name, (data, said)), run in zip(files.items(), runs):
+        lines = run["stderr"].strip().splitlines()
+        assert run["code"] == 1 and len(lines) == 1 and lines[0].startswith(f"error: {tmp_path / name}: "), (name, run)
+        assert said in lines[0], (name, lines[0])
+        assert run["rise"] < RISE and run["seconds"] < 10, (name, run)
+        assert len(data) < 2 * MIB  # each holds little: what it declares or inflates to is 10-4000 times more
+    assert not (tmp_path / "out.ply").exists()
+
+
+def test_decompression_bombs_are_refused_by_the_server_and_leave_no_session(tmp_path, start_server):
+    workdir = tmp_path / "work"
+    server = start_server(workdir)
+    files = bombs()
+    with server.client() as client:
+        client.call("status")
+        ready = server.rss("VmHWM")
+        for name, (data, said) in files.items():
+            start = time.monotonic()
+            with pytest.raises(RemoteError) as e:
+                client.load_ply(data, name=name)
+            assert e.value.code == "rejected" and said in e.value.message and "\n" not in e.value.message, name
+            assert time.monotonic() - start < 10, name
+        with pytest.raises(RemoteError, match="unreadable PLY") as e:  # a model sent to convert is read so too
+            client.request("convert_model", {"name": "out.spz"}, files["vertices.ply"][0])
+        assert e.value.code == "rejected"
+        peak = server.rss("VmHWM")
+    assert peak - ready < RISE, (ready, peak)
+    assert [p for p in workdir.iterdir() if p.is_dir()] == []
+
+
+def test_the_model_size_limit_is_a_server_flag_its_refusal_names(tmp_path, start_server):
+    ply = encode_ply(random_gaussians(30, sh_degree=0))
+    server = start_server(tmp_path / "work", "--max-model-splats", "20")
+    with server.client() as client:
+        with pytest.raises(RemoteError, match=r"30 splats, over the limit of 20 .*serve --max-model-splats N") as e:
+            client.load_ply(ply, name="thirty.ply")
+        assert e.value.code == "rejected"
+        assert client.load_ply(encode_ply(random_gaussians(20, sh_degree=0)), name="twenty.ply")["gaussians"] == 20
+
+
+@pytest.mark.parametrize("fmt", formats.FORMATS)
+def test_every_format_reads_against_the_model_size_limit_and_through_the_validator(fmt):
+    data = formats.encode_any(random_gaussians(30, sh_degree=0), fmt)
+    name = f"model{next(k for k, v in formats.SUFFIXES.items() if v == fmt)}"
+    with pytest.raises(SplatwrightError, match=r"30 splats, over the limit of 20 for a model read from a file; ask"):
+        formats.read_any(data, name, budget=Budget(20, "ask"))
+    assert len(formats.read_any(data, name, budget=Budget(30))) == 30
+    assert formats.DECODERS[fmt] is not None and "budget" in inspect.signature(formats.DECODERS[fmt]).parameters
+
+
+def test_a_gzip_stream_of_several_members_reads_as_one():
+    g = random_gaussians(50, sh_degree=1)
+    raw = gzip.decompress(formats.encode_any(g, "spz"))
+    halves = gzip.compress(raw[:100], mtime=0) + gzip.compress(raw[100:], mtime=0)
+    assert_same_model(formats.read_any(halves, "two members"), formats.read_any(formats.encode_any(g, "spz"), "one"))
+    with pytest.raises(SplatwrightError, match="4 bytes after its end"):
+        formats.read_any(halves + b"junk", "trailing")
+
+
+def dynamic_file(**changes) -> bytes:
+    """A 4D model's file (as write_dynamic writes it) of 200 Gaussians, its state or tensors changed: a key of
+    `changes` naming a parameter replaces its tensor, any other replaces that entry of the file's state."""
+    from backend.dynamic import _FILE_TAG, _FILE_VERSION
+    tensors = {k: v.detach().clone() for k, v in moving_model(200).tensors().items()}
+    state = {"format": _FILE_TAG, "version": _FILE_VERSION, "tensors": tensors}
+    for key, value in changes.items():
+        target = tensors if key in tensors or key == "extra" else state
+        if value is ...:
+            del target[key]
+        else:
+            target[key] = value
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def deflated(data: bytes) -> bytes:
+    """A torch file's zip with its records compressed."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(data)) as source, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+        for record in source.infolist():
+            z.writestr(record.filename, source.read(record))
+    return out.getvalue()
+
+
+def nan_row(n: int = 200) -> torch.Tensor:
+    means = torch.zeros(n, 3)
+    means[3, 1] = float("nan")
+    return means
+
+
+MALFORMED_4D = {
+    "no tensors": (lambda: dynamic_file(tensors=...), "holds no parameters"),
+    "tensors an int": (lambda: dynamic_file(tensors=5), "its parameters are int, not tensors by name"),
+    "tensors None": (lambda: dynamic_file(tensors=None), "its parameters are NoneType"),
+    "a string": (lambda: dynamic_file(means="means"), "means is str, not a tensor"),
+    "0-d": (lambda: dynamic_file(means=torch.tensor(1.0)), "means is a single number"),
+    "nested": (lambda: dynamic_file(velocities={"x": torch.zeros(3)}), "velocities is dict, not a tensor"),
+    "a missing one": (lambda: dynamic_file(time_centers=...), "lack time_centers"),
+    "an unknown one": (lambda: dynamic_file(extra=torch.zeros(200)), "include unknown extra"),
+    "50 velocity rows": (lambda: dynamic_file(velocities=torch.zeros(50, 3)), "velocities has shape (50, 3); a "
+                         "model of 200 Gaussians has (200, 3)"),
+    "means (N, 2)": (lambda: dynamic_file(means=torch.zeros(200, 2)), "means has shape (200, 2)"),
+    "sparse": (lambda: dynamic_file(means=torch.zeros(200, 3).to_sparse()), "sparse_coo tensor"),
+    "float64": (lambda: dynamic_file(means=torch.zeros(200, 3, dtype=torch.float64)), "means holds float64"),
+    "complex": (lambda: dynamic_file(means=torch.zeros(200, 3, dtype=torch.complex64)), "means holds complex64"),
+    "NaN means": (lambda: dynamic_file(means=nan_row()), "1 of 200 Gaussians have NaN or infinite means "
+                  "(first at row 3)"),
+    "SH degree 4": (lambda: dynamic_file(sh_rest=torch.zeros(200, 24, 3)), "SH degree 4"),
+    "repeated rows": (lambda: dynamic_file(means=torch.zeros(1, 3).expand(200, 3)), "repeats its data"),
+    "negative windows": (lambda: dynamic_file(time_precisions=-torch.ones(200)), "negative time_precisions"),
+    "version 2": (lambda: dynamic_file(version=2), "4D model version 2"),
+    "compressed records": (lambda: deflated(dynamic_file()), "is compressed"),
+    "objects other than tensors": (lambda: torch_bytes(torch.nn.Linear(2, 2)), "a torch file of objects other "
+                                   "than tensors"),
+    "not a torch file": (lambda: b"ply\nformat ascii 1.0\n", "not a torch file"),
+}
+
+
+def torch_bytes(obj) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def test_malformed_4d_files_are_refused_in_one_line_by_the_cli_and_the_server(tmp_path, start_server, capsys):
+    workdir = tmp_path / "work"
+    server = start_server(workdir)
+    files = {case: make() for case, (make, _) in MALFORMED_4D.items()}
+    for case, data in files.items():
+        path = tmp_path / "model.pt"
+        path.write_bytes(data)
+        code = cli.main(["convert", str(path), str(tmp_path / "out.ply")])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 1 and len(err) == 1 and err[0].startswith("error: model.pt: "), (case, err)
+        assert MALFORMED_4D[case][1] in err[0] and len(err[0]) < 300, (case, err)
+        assert not (tmp_path / "out.ply").exists()
+    with server.client() as client:
+        for case, data in files.items():
+            with pytest.raises(RemoteError) as e:
+                client.load_ply(data, name="upload.pt")
+            assert e.value.code == "rejected" and MALFORMED_4D[case][1] in e.value.message, (case, e.value.message)
+            assert e.value.message.startswith("upload.pt: ") and "\n" not in e.value.message
+        assert client.load_ply(dynamic_file(), name="good.pt")["gaussians"] == 200  # the same file, unchanged
+    assert [p.name for p in workdir.iterdir() if p.is_dir()] == ["good"]
+
+
+def test_the_cli_reads_a_foreign_pt_file_without_a_traceback(tmp_path):
+    (tmp_path / "net.pt").write_bytes(torch_bytes(torch.nn.Linear(2, 2)))
+    r = subprocess.run([sys.executable, "-m", "backend", "convert", str(tmp_path / "net.pt"), str(tmp_path / "o.ply")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == [
+        "error: net.pt: not a Splatwright 4D model (a torch file of objects other than tensors; training on timed "
+        "views writes splats4d.pt)"]
+
+
+def colmap_capture(root: Path, binary: bool = True) -> Path:
+    write_capture(root, orbit_cameras(6, 24, 20), binary=binary)
+    return root / "sparse" / "0"
+
+
+def patch(path: Path, offset: int, fmt: str, *values) -> None:
+    data = bytearray(path.read_bytes())
+    struct.pack_into(fmt, data, offset, *values)
+    path.write_bytes(bytes(data))
+
+
+def after(path: Path, marker: bytes) -> int:
+    return path.read_bytes().index(marker) + len(marker)
+
+
+COLMAP_BREAKAGES = {
+    "2^64-1 cameras": (lambda m: patch(m / "cameras.bin", 0, "<Q", 2**64 - 1), "declares 18,446,744,073,709,551,615 "
+                       "cameras"),
+    "2^64-1 observations": (lambda m: patch(m / "images.bin", after(m / "images.bin", b"frame_003.png\0"), "<Q",
+                                            2**64 - 1), "18,446,744,073,709,551,615 observations of image 103"),
+    "a track of 2^62": (lambda m: patch(m / "points3D.bin", 8 + struct.calcsize("<Q3d3Bd"), "<Q", 2**62),
+                        "track entries of point 1"),
+    "2^64-1 points": (lambda m: patch(m / "points3D.bin", 0, "<Q", 2**64 - 1), "points, but its"),
+    "a 200000x200000 camera": (lambda m: patch(m / "cameras.bin", 16, "<QQ", 200_000, 200_000),
+                               "camera 1 is 200000x200000 pixels; sides are at most 8192"),
+}
+
+
+@pytest.mark.parametrize("breakage", list(COLMAP_BREAKAGES))
+def test_colmap_counts_and_sizes_are_checked_before_anything_is_allocated(breakage, tmp_path):
+    model = colmap_capture(tmp_path / "capture")
+    edit, said = COLMAP_BREAKAGES[breakage]
+    edit(model)
+    write_ply(tmp_path / "model.ply", random_gaussians(10))
+    runs = cli_memory(["train", str(tmp_path / "capture"), "--out", str(tmp_path / "out"), "--iters", "1"],
+                      ["render", str(tmp_path / "model.ply"), "--cameras", str(tmp_path / "capture"), "--out",
+                       str(tmp_path / "renders")])
+    for run in runs:
+        lines = run["stderr"].strip().splitlines()
+        assert run["code"] == 1 and len(lines) == 1 and lines[0].startswith("error: ") and said in lines[0], run
+        assert run["rise"] < RISE and run["seconds"] < 10, run
+    assert not (tmp_path / "renders").exists() or not list((tmp_path / "renders").iterdir())
+
+
+class Opened:
+    """The files this process opens whose name contains `part` (an audit hook: Python's open, PIL's included)."""
+
+    hooked: list["Opened"] = []
+
+    def __init__(self, part: str):
+        self.part, self.paths = part, []
+        if not Opened.hooked:
+            sys.addaudithook(Opened._hook)  # for the rest of the process: hooks cannot be removed
+        Opened.hooked.append(self)
+
+    @staticmethod
+    def _hook(event: str, args: tuple) -> None:
+        if event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
+            for watch in Opened.hooked:
+                if watch.part in os.fsdecode(args[0]):
+                    watch.paths.append(os.fsdecode(args[0]))
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_colmap_image_names_outside_the_images_folder_are_refused(tmp_path, capsys, binary):
+    root = tmp_path / "capture"
+    model = colmap_capture(root, binary)
+    sentinel = root / "sentinel-outside.png"  # a real image beside images/, that training would read
+    sentinel.write_bytes((root / "images" / "frame_001.png").read_bytes())
+    opened = Opened("sentinel-outside")
+    for name in ("../sentinel-outside.png", str(sentinel), "..\\sentinel-outside.png",
+                 "sub/../../sentinel-outside.png"):
+        for part in ("images.bin", "images.txt"):
+            path = model / part
+            if path.is_file():
+                path.write_bytes(path.read_bytes().replace(b"frame_001.png", name.encode()))
+        assert_one_error_line(capsys, "train", str(root), "--out", str(tmp_path / "out"), "--iters", "1")
+        with pytest.raises(SplatwrightError, match=r"image 101: image name .* is not a path inside the images folder"):
+            colmap.read_model(model)  # what the add-on's import reads first
+        for part in ("images.bin", "images.txt"):
+            path = model / part
+            if path.is_file():
+                path.write_bytes(path.read_bytes().replace(name.encode(), b"frame_001.png"))
+    assert opened.paths == []
+    assert colmap.image_path(root / "images", "cam0/frame_001.png") == root / "images" / "cam0" / "frame_001.png"
+    for name in ("", "/etc/passwd", "\\\\server\\share\\x.png", "C:/x.png", "c:x.png", "a/./b.png", "a//b.png"):
+        with pytest.raises(SplatwrightError, match="not a path inside the images folder"):
+            colmap.image_path(root / "images", name)
+
+
+# ---- a checkpoint that cannot be written: the model stays, and so does the checkpoint before ----
+
+# Put on the server's PYTHONPATH as sitecustomize.py: while FLAG exists, torch.save writes part of a file and
+# raises what torch's zip writer raises on a full disk.
+FAILING_WRITER = """
+import os
+import torch
+
+_save = torch.save
+
+
+def save(obj, f, *args, **kwargs):
+    if os.path.exists({flag!r}):
+        f.write(b"PK" + bytes(100))
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    return _save(obj, f, *args, **kwargs)
+
+
+torch.save = save
+"""
+
+
+def lose_no_model_to_a_failed_checkpoint(server, workdir: Path, scene, fail, recover, reason: str) -> None:
+    """Train, checkpoint, train on; then with writes failing (`fail()`) save_checkpoint and stop's checkpoint are
+    refused, naming the file and `reason`, while the model in memory stays and renders and the checkpoint on
+    disk stays as it was; once `recover()` frees the disk the model exports, checkpoints and trains on."""
+    checkpoint = workdir / "full" / "checkpoint.pt"
+    with server.client() as client:
+        client.call("open_session", name="full")
+        add_scene_views(client, scene, 2)
+        client.call("start_training", iterations=100_000, init_points=200, checkpoint_every=0,
+                    checkpoint_seconds=0, progress_interval=0.05)
+        wait_for(client, lambda e: e["event"] == "progress" and e["step"] >= 3)
+        client.call("pause")
+        first = client.call("save_checkpoint")["step"]
+        client.call("resume")
+        wait_for(client, lambda e: e["event"] == "progress" and e["step"] >= first + 3)
+        fail()
+        stopped = client.call("stop")  # its checkpoint fails: a warning, and the state is stopped
+        wait_for(client, lambda e: e["event"] == "warning" and "checkpoint.pt" in e["message"]
+                 and reason in e["message"])
+        assert stopped["state"] == "stopped" and stopped["step"] > first
+        with pytest.raises(RemoteError) as e:
+            client.call("save_checkpoint")
+        assert e.value.code == "rejected" and e.value.message.startswith("cannot write the checkpoint checkpoint.pt")
+        assert reason in e.value.message and "\n" not in e.value.message
+        assert load_checkpoint(checkpoint)["step"] == first and not list(checkpoint.parent.glob("*.tmp"))
+        assert client.call("status")["step"] == stopped["step"]
+        assert client.render(scene[1][0]).any()  # the model in memory draws
+        recover()
+        exported = client.request("export_ply")
+        assert exported.fields["step"] == stopped["step"] and exported.fields["gaussians"] > 0
+        assert client.call("save_checkpoint")["step"] == stopped["step"]
+        assert load_checkpoint(checkpoint)["step"] == stopped["step"]
+        client.call("resume")
+        wait_for(client, lambda e: e["event"] == "progress" and e["step"] > stopped["step"])
+        client.call("stop")
+
+
+def test_a_checkpoint_writer_that_raises_is_answered_rejected_and_loses_nothing(tmp_path, start_server, scene):
+    hook, flag = tmp_path / "hook", tmp_path / "disk-full"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(FAILING_WRITER.format(flag=str(flag)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))}
+    server = start_server(tmp_path / "work", env=env)
+    lose_no_model_to_a_failed_checkpoint(server, tmp_path / "work", scene, flag.touch, flag.unlink,
+                                         "unexpected pos 704 vs 598")
+
+
+def test_a_full_disk_at_the_last_checkpoint_loses_nothing(tmp_path, start_server, scene):
+    """A genuinely full file system: a 5 MB tmpfs (mounting one needs root)."""
+    workdir = tmp_path / "full-disk"
+    workdir.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=5m", "tmpfs", str(workdir)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a 5 MB tmpfs needs root")
+    filler = workdir / "filler"
+
+    def fill() -> None:
+        with open(filler, "wb", buffering=0) as f:
+            with pytest.raises(OSError):
+                while True:
+                    f.write(bytes(1 << 16))
+    try:
+        server = start_server(workdir)
+        lose_no_model_to_a_failed_checkpoint(server, workdir, scene, fill, filler.unlink, "No space left on device")
+        server.kill()
+    finally:
+        subprocess.run(["umount", "-l", str(workdir)], capture_output=True)
+
+
+def test_the_cli_says_in_one_line_that_its_last_checkpoint_could_not_be_written(tiny_scene, tmp_path, capsys,
+                                                                                  monkeypatch):
+    def failing(obj, f, *args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    monkeypatch.setattr(torch, "save", failing)
+    assert cli.main(["train", str(tiny_scene), "--out", str(tmp_path / "out"), "--iters", "3", "--device", "cpu",
+                     "--init-points", "50"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()  # after the progress bar's line
+    assert err[-1] == ("error: cannot write the checkpoint checkpoint.pt ([enforce fail at inline_container.cc:672] "
+                       ". unexpected pos 704 vs 598)") and not any("Traceback" in line for line in err)
+    assert not list((tmp_path / "out").glob("checkpoint*"))

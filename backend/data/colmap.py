@@ -12,7 +12,7 @@ import torch
 
 from blender_addon.core.cameras import Camera
 from blender_addon.core.colmap import (IMAGES_FOLDER, ColmapCamera, ColmapImage, Model, camera_of, find_model,
-                                       read_model, split_images)
+                                       image_path, read_model, split_images)
 from blender_addon.core.errors import SplatwrightError
 from .dataset import Dataset
 from .images import BACKGROUND, check_downscale, load_rgb, quantise, resized
@@ -34,7 +34,7 @@ def load_split(root: str | Path, split: str, background=BACKGROUND, downscale: f
     cameras, images, size = [], [], None
     bg = np.asarray(background, dtype=np.float32)
     for image in chosen:
-        path = root / IMAGES_FOLDER / image.name
+        path = image_path(root / IMAGES_FOLDER, image.name)
         if not path.is_file():
             raise SplatwrightError(f"{root}: image {image.name} of the COLMAP model is not in {root / IMAGES_FOLDER}")
         rgb = load_rgb(path, bg)

@@ -7,6 +7,8 @@ found from its content, never from its name alone; the format written is named b
 | PlayCanvas compressed PLY   | formats.compressed_ply   | a "ply" header with a `chunk` element          | *.compressed.ply  |
 | Niantic SPZ                 | formats.spz              | gzip's bytes 1f 8b, or "NGSP" (version 4)      | *.spz             |
 | antimatter15 .splat         | formats.splat            | no magic: a name ending .splat, then checked   | *.splat           |
+
+Each decoder reads against a budget (formats.budget) and returns a model that formats.validate passed.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import torch
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.files import write_atomic
 from ..gaussians import Gaussians, sh_coeff_count
+from .budget import Budget
 from .ply import encode_ply, read_ply
 from . import compressed_ply, splat, spz
 
@@ -42,9 +45,11 @@ def detect(head: bytes, name: str) -> str:
                            "and not named *.splat)")
 
 
-def read_any(source: str | Path | bytes, name: str = "the splat file", fmt: str | None = None) -> Gaussians:
+def read_any(source: str | Path | bytes, name: str = "the splat file", fmt: str | None = None,
+             budget: Budget = Budget()) -> Gaussians:
     """Gaussians from a file in any supported format, or from its bytes (`name` then says what they are in
-    errors, and a .splat must be named so). `fmt` names the format instead of recognising it."""
+    errors, and a .splat must be named so). `fmt` names the format instead of recognising it. Every decoder reads
+    against `budget` (budget.py) and returns a model validate.validated passed."""
     if isinstance(source, bytes):
         head = source[:_HEAD]
     else:
@@ -59,9 +64,9 @@ def read_any(source: str | Path | bytes, name: str = "the splat file", fmt: str 
     elif fmt not in FORMATS:
         raise SplatwrightError(f"unknown splat format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if fmt == "ply":
-        return read_ply(source, name)  # by path: plyfile maps the file rather than copying it
+        return read_ply(source, name, budget)  # by path: plyfile maps the file rather than copying it
     data = source if isinstance(source, bytes) else path.read_bytes()
-    return DECODERS[fmt](data, name)
+    return DECODERS[fmt](data, name, budget)
 
 
 def format_for_path(path: str | Path) -> str:

@@ -1,5 +1,5 @@
-"""What the splat formats share: the model as numpy columns, checks on decoded columns, and the quantisers
-used by more than one format.
+"""What the splat formats share: the model as numpy columns, the model of decoded columns (checked by
+validate.py), and the quantisers used by more than one format.
 
 Columns are the trained parameters as float32 arrays: means (N, 3), log_scales (N, 3), quats (N, 4) unit
 (w, x, y, z), opacity_logits (N,), sh_dc (N, 3) and sh_rest (N, K-1, 3) (coefficient-major, channel inner).
@@ -9,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from blender_addon.core.errors import SplatwrightError
-from ..gaussians import Gaussians, sh_coeff_count
+from ..gaussians import Gaussians
+from .budget import Budget
+from .validate import validated
 
 # For each index of a quaternion's largest component, the other three indices in ascending order (the
 # "smallest three" that SPZ and the compressed PLY store).
@@ -37,23 +38,13 @@ def sh_degree_of(sh_rest: np.ndarray) -> int:
     return int(round((sh_rest.shape[1] + 1) ** 0.5)) - 1
 
 
-def gaussians_from_columns(c: dict[str, np.ndarray], name: str) -> Gaussians:
-    """The model of decoded columns, refused with a message naming the first problem (NaN or infinite values,
-    zero quaternions)."""
+def gaussians_from_columns(c: dict[str, np.ndarray], name: str, budget: Budget = Budget()) -> Gaussians:
+    """The model of decoded columns, as validate.validated passes it."""
     n = len(c["means"])
-    if c["sh_rest"].shape[1] + 1 not in [sh_coeff_count(d) for d in range(4)]:
-        raise SplatwrightError(f"{name}: {c['sh_rest'].shape[1]} higher SH coefficients per colour; expected 0, 3, 8 or 15")
-    for key, a in c.items():
-        bad = ~np.isfinite(a).reshape(n, -1).all(axis=1)
-        if bad.any():
-            raise SplatwrightError(f"{name}: {int(bad.sum())} splats have NaN or infinite {key} "
-                                   f"(first at splat {int(np.argmax(bad))})")
-    if n and (np.linalg.norm(c["quats"], axis=1) < 1e-12).any():
-        raise SplatwrightError(f"{name}: some rotations are zero quaternions")
-    return Gaussians(
+    return validated(Gaussians(
         means=_tensor(c["means"]), log_scales=_tensor(c["log_scales"]), quats=_tensor(unit_quats(c["quats"])),
         opacity_logits=_tensor(c["opacity_logits"]), sh_dc=_tensor(c["sh_dc"]).reshape(n, 1, 3),
-        sh_rest=_tensor(c["sh_rest"]))
+        sh_rest=_tensor(c["sh_rest"])), name, budget)
 
 
 def _tensor(a: np.ndarray) -> torch.Tensor:

@@ -26,6 +26,7 @@ from plyfile import PlyData
 from blender_addon.core.errors import SplatwrightError
 from ..gaussians import Gaussians
 from ..sh import SH_C0
+from .budget import Budget, PLY_HEADER_BYTES, check_ply_counts
 from .common import OTHER_COMPONENTS, byte_logit, columns, gaussians_from_columns, pack_unorm, sigmoid, unpack_bits
 
 CHUNK = 256
@@ -42,7 +43,8 @@ def is_compressed_ply(header: str) -> bool:
     return any(line.split()[:2] == ["element", "chunk"] for line in header.splitlines())
 
 
-def decode(data: bytes, name: str = "the compressed PLY") -> Gaussians:
+def decode(data: bytes, name: str = "the compressed PLY", budget: Budget = Budget()) -> Gaussians:
+    check_ply_counts(data[:PLY_HEADER_BYTES], len(data), name, budget)
     try:
         ply = PlyData.read(io.BytesIO(data))
     except Exception as e:  # plyfile reports truncation and bad headers with assorted types
@@ -80,7 +82,7 @@ def decode(data: bytes, name: str = "the compressed PLY") -> Gaussians:
         "opacity_logits": byte_logit(unpack_bits(color, 0, 8)),
         "sh_dc": ((rgb - 0.5) / SH_C0).astype(np.float32),
         "sh_rest": _read_sh(elements.get("sh"), n, name),
-    }, name)
+    }, name, budget)
 
 
 def encode(g: Gaussians) -> bytes:

@@ -13,6 +13,8 @@ from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.files import write_atomic
 from blender_addon.core.splats import SH_DEGREES, SplatArrays, encode_ply_bytes
 from ..gaussians import Gaussians
+from .budget import PLY_HEADER_BYTES, Budget, check_ply_counts
+from .validate import validated
 
 _REQUIRED = ["x", "y", "z", "f_dc_0", "f_dc_1", "f_dc_2", "opacity",
              "scale_0", "scale_1", "scale_2", "rot_0", "rot_1", "rot_2", "rot_3"]
@@ -31,19 +33,21 @@ def encode_ply(g: Gaussians) -> bytes:
                                         sh_rest=t["sh_rest"]))
 
 
-def read_ply(source: str | Path | bytes | bytearray, name: str = "the PLY") -> Gaussians:
-    """Gaussians from a 3DGS PLY file, or from its bytes (`name` then says what they are in errors)."""
+def read_ply(source: str | Path | bytes | bytearray, name: str = "the PLY", budget: Budget = Budget()) -> Gaussians:
+    """Gaussians from a 3DGS PLY file, or from its bytes (`name` then says what they are in errors), of at most
+    `budget`'s splats."""
     if isinstance(source, (bytes, bytearray)):
-        path, stream, head = name, io.BytesIO(source), bytes(source[:4])
+        path, stream, head, size = name, io.BytesIO(source), bytes(source[:PLY_HEADER_BYTES]), len(source)
     else:
         path = Path(source)
         if not path.is_file():
             raise SplatwrightError(f"{path}: no such file")
         with open(path, "rb") as f:
-            head = f.read(4)
+            head, size = f.read(PLY_HEADER_BYTES), path.stat().st_size
         stream = str(path)  # by name, so plyfile maps the file rather than copying it
-    if head != b"ply\n":
+    if head[:4] != b"ply\n":
         raise SplatwrightError(f"{path}: not a PLY file (it does not start with 'ply')")
+    check_ply_counts(head, size, str(path), budget)
     try:
         ply = PlyData.read(stream)
     except Exception as e:  # plyfile reports truncation and bad headers with assorted types
@@ -80,11 +84,4 @@ def read_ply(source: str | Path | bytes | bytearray, name: str = "the PLY") -> G
         "sh_dc": col("f_dc_0", "f_dc_1", "f_dc_2").reshape(n, 1, 3),
         "sh_rest": col(*[f"f_rest_{i}" for i in range(n_rest)]).reshape(n, 3, n_rest // 3).transpose(0, 2, 1),
     }
-    for name, a in arrays.items():
-        bad = ~np.isfinite(a).reshape(n, -1).all(axis=1)
-        if bad.any():
-            raise SplatwrightError(
-                f"{path}: {int(bad.sum())} vertices have NaN or infinite {name} (first at row {int(np.argmax(bad))})")
-    if (np.linalg.norm(arrays["quats"], axis=1) < 1e-12).any():
-        raise SplatwrightError(f"{path}: some rotations are zero quaternions")
-    return Gaussians(**{k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()})
+    return validated(Gaussians(**{k: torch.from_numpy(v) for k, v in arrays.items()}), str(path), budget)

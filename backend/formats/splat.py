@@ -13,17 +13,19 @@ import numpy as np
 from blender_addon.core.errors import SplatwrightError
 from ..gaussians import Gaussians
 from ..sh import SH_C0
+from .budget import Budget
 from .common import byte_logit, columns, gaussians_from_columns, sigmoid, to_byte
 
 RECORD = np.dtype([("position", "<f4", 3), ("scale", "<f4", 3), ("rgba", "u1", 4), ("rotation", "u1", 4)])
 
 
-def decode(data: bytes, name: str = "the .splat") -> Gaussians:
+def decode(data: bytes, name: str = "the .splat", budget: Budget = Budget()) -> Gaussians:
     if not data:
         raise SplatwrightError(f"{name}: empty file")
     if len(data) % RECORD.itemsize:
         raise SplatwrightError(f"{name}: {len(data)} bytes is not a whole number of 32-byte .splat records "
                                "(truncated, or not a .splat file)")
+    budget.check_count(len(data) // RECORD.itemsize, name)
     r = np.frombuffer(data, RECORD)
     n = len(r)
     scale = r["scale"].astype(np.float64)
@@ -41,7 +43,7 @@ def decode(data: bytes, name: str = "the .splat") -> Gaussians:
         "opacity_logits": byte_logit(r["rgba"][:, 3]),
         "sh_dc": ((r["rgba"][:, :3] / 255.0 - 0.5) / SH_C0).astype(np.float32),
         "sh_rest": np.zeros((n, 0, 3), np.float32),
-    }, name)
+    }, name, budget)
 
 
 def encode(g: Gaussians) -> bytes:

@@ -29,18 +29,13 @@ from __future__ import annotations
 import gzip
 import math
 import struct
-import zlib
 from dataclasses import dataclass
 
 import numpy as np
 
-try:
-    import zstandard
-except ImportError:  # optional: only version 4 files need it, and reading one says how to install it
-    zstandard = None
-
 from blender_addon.core.errors import SplatwrightError
 from ..gaussians import Gaussians
+from .budget import Budget, Inflater, zstd_available
 from .common import (OTHER_COMPONENTS, byte_logit, columns, gaussians_from_columns, round_half_away, sh_degree_of,
                      sigmoid, to_byte, unit_quats, unpack_bits)
 
@@ -58,6 +53,7 @@ COLOR_SCALE = 0.15
 SH_BITS = (5, 4)  # bits kept of degree-1 coefficients and of higher ones
 MAX_FRACTIONAL_BITS = 12  # ~0.25 mm steps, as Niantic writes
 SQRT1_2 = math.sqrt(0.5)
+MAX_EXTENSION_BYTES = 1 << 20  # of extension records after the columns of versions 2 and 3
 
 
 @dataclass(frozen=True)
@@ -73,15 +69,17 @@ def is_spz(head: bytes) -> bool:
     return head[:2] == GZIP_MAGIC or head[:4] == NGSP_MAGIC
 
 
-def decode(data: bytes, name: str = "the SPZ") -> Gaussians:
+def decode(data: bytes, name: str = "the SPZ", budget: Budget = Budget()) -> Gaussians:
+    """The model of an SPZ file's bytes, inflated against `budget` (budget.py): the counts its header declares
+    are checked before its columns are inflated, and no stream inflates past them."""
     if data[:4] == NGSP_MAGIC:
-        header, streams, records = _read_ngsp(data, name)
+        header, streams, records = _read_ngsp(data, name, budget)
     elif data[:2] == GZIP_MAGIC:
-        header, streams, records = _read_legacy(_gunzip(data, name), name)
+        header, streams, records = _read_legacy(data, name, budget)
     else:
         raise SplatwrightError(f"{name}: not an SPZ file (it starts neither with gzip's bytes 1f 8b nor with 'NGSP')")
     stored = _unpack(header, streams)
-    return gaussians_from_columns(_flipped(stored, _signs_to_ours(_coordinate_system(records, name))), name)
+    return gaussians_from_columns(_flipped(stored, _signs_to_ours(_coordinate_system(records, name))), name, budget)
 
 
 def encode(g: Gaussians) -> bytes:
@@ -108,13 +106,6 @@ def encode(g: Gaussians) -> bytes:
 
 # --- reading ----------------------------------------------------------------------------------------------
 
-def _gunzip(data: bytes, name: str) -> bytes:
-    try:
-        return gzip.decompress(data)
-    except (EOFError, OSError, zlib.error) as e:
-        raise SplatwrightError(f"{name}: SPZ's gzip stream is truncated or corrupt ({e})") from None
-
-
 def _check_header(h: Header, name: str) -> Header:
     if h.version == 1:
         raise SplatwrightError(f"{name}: SPZ version 1 (float16 positions) is not supported; versions 2-4 are")
@@ -135,7 +126,9 @@ def _column_sizes(h: Header) -> list[int]:
     return [9 * n, n, 3 * n, 3 * n, (3 if h.version == 2 else 4) * n, 3 * dim * n]
 
 
-def _read_legacy(raw: bytes, name: str) -> tuple[Header, list[bytes], dict[int, bytes]]:
+def _read_legacy(data: bytes, name: str, budget: Budget) -> tuple[Header, list, dict[int, bytes]]:
+    stream = Inflater(data, name, "SPZ's gzip stream")
+    raw = stream.read(LEGACY_HEADER.size)
     if len(raw) < LEGACY_HEADER.size:
         raise SplatwrightError(f"{name}: truncated SPZ: {len(raw)} bytes, shorter than the 16-byte header")
     magic, version, count, degree, bits, flags, _ = LEGACY_HEADER.unpack_from(raw)
@@ -145,19 +138,25 @@ def _read_legacy(raw: bytes, name: str) -> tuple[Header, list[bytes], dict[int, 
         raise SplatwrightError(f"{name}: SPZ version 4 inside gzip; version 4 files start with 'NGSP'")
     header = _check_header(Header(version, count, degree, bits, flags), name)
     sizes = _column_sizes(header)
-    body, need = raw[LEGACY_HEADER.size:], sum(sizes)
+    need = budget.decoded_bytes(count, sum(sizes) // count, len(data), name)
+    body = stream.read(need)
     if len(body) < need:
         raise SplatwrightError(f"{name}: truncated SPZ: {count} splats need {need} bytes of columns, "
                                f"the file holds {len(body)}")
-    if len(body) > need and not flags & FLAG_EXTENSIONS:
-        raise SplatwrightError(f"{name}: {len(body) - need} bytes after the columns of {count} splats; "
+    rest = stream.read(MAX_EXTENSION_BYTES + 1)  # what is left: the stream's end is checked unless it is too much
+    extra = f"more than {MAX_EXTENSION_BYTES}" if len(rest) > MAX_EXTENSION_BYTES else str(len(rest))
+    if rest and not flags & FLAG_EXTENSIONS:
+        raise SplatwrightError(f"{name}: {extra} bytes after the columns of {count} splats; "
                                "the splat count does not match the data")
+    if len(rest) > MAX_EXTENSION_BYTES:
+        raise SplatwrightError(f"{name}: {extra} bytes of extension records after the columns of {count} splats")
     ends = np.cumsum([0] + sizes)
-    streams = [body[a:b] for a, b in zip(ends[:-1], ends[1:])]
-    return header, streams, _records(body[need:], name) if flags & FLAG_EXTENSIONS else {}
+    view = memoryview(body)
+    streams = [view[a:b] for a, b in zip(ends[:-1], ends[1:])]
+    return header, streams, _records(bytes(rest), name) if flags & FLAG_EXTENSIONS else {}
 
 
-def _read_ngsp(data: bytes, name: str) -> tuple[Header, list[bytes], dict[int, bytes]]:
+def _read_ngsp(data: bytes, name: str, budget: Budget) -> tuple[Header, list, dict[int, bytes]]:
     if len(data) < NGSP_HEADER.size:
         raise SplatwrightError(f"{name}: truncated SPZ: {len(data)} bytes, shorter than the 32-byte header")
     magic, version, count, degree, bits, flags, n_streams, toc = NGSP_HEADER.unpack_from(data)
@@ -171,9 +170,10 @@ def _read_ngsp(data: bytes, name: str) -> tuple[Header, list[bytes], dict[int, b
     start = toc + 16 * n_streams
     if toc < NGSP_HEADER.size or start > len(data):
         raise SplatwrightError(f"{name}: truncated SPZ: its table of contents ends past the file's end")
-    if zstandard is None:
+    if not zstd_available():
         raise SplatwrightError(f"{name}: SPZ version 4 is zstd-compressed; install the zstandard package "
                                "(pip install zstandard) to read it")
+    budget.decoded_bytes(count, sum(sizes) // count, len(data), name)
     table = np.frombuffer(data, "<u8", 2 * n_streams, toc).reshape(-1, 2)
     streams, offset = [], start
     for i, ((packed, unpacked), size) in enumerate(zip(table.tolist(), stored)):
@@ -182,12 +182,11 @@ def _read_ngsp(data: bytes, name: str) -> tuple[Header, list[bytes], dict[int, b
                                    "the counts do not match")
         if offset + packed > len(data):
             raise SplatwrightError(f"{name}: truncated SPZ: stream {i} ends past the file's end")
-        try:
-            column = zstandard.ZstdDecompressor().decompress(data[offset:offset + packed], max_output_size=size)
-        except zstandard.ZstdError as e:
-            raise SplatwrightError(f"{name}: stream {i} is corrupt ({e})") from None
-        if len(column) != size:
-            raise SplatwrightError(f"{name}: stream {i} unpacks to {len(column)} bytes, expected {size}")
+        zstd = Inflater(memoryview(data)[offset:offset + packed], name, f"stream {i}", "zstd")
+        column = zstd.read(size)
+        if len(column) != size or not zstd.at_end():
+            raise SplatwrightError(f"{name}: stream {i} unpacks to {'more than ' if len(column) == size else ''}"
+                                   f"{len(column)} bytes, expected {size}")
         streams.append(column)
         offset += packed
     if offset != len(data):

@@ -32,7 +32,7 @@ class Engine:
         self.workdir, self.device, self.rasterizer, self.limits = workdir, device, rasterizer, limits
         self.emit: Callable[[dict], None] = lambda event: None  # the server points this at its client
         self.shown = Shown()
-        self.saved = SavedModels(workdir, device)
+        self.saved = SavedModels(workdir, device, limits.budget())
         self.training_copies = TrainingCopies()
         self.renderer = Renderer(self.shown, self.saved, self.training_copies, limits, device, rasterizer)
         # Training's events go wherever emit points when they happen.
@@ -72,7 +72,8 @@ class Engine:
         if self.training.running():
             raise SplatwrightError("training is running; stop it before loading a model to view")
         data = bytes(data)
-        g = read_model_file(data, name).to(self.device)  # a file that cannot be read makes no session
+        # A file that cannot be read, or holds a model validate.py refuses, makes no session.
+        g = read_model_file(data, name, self.limits.budget()).to(self.device)
         session = Session.create_imported(self.workdir, name, data, background)
         self.training.show(session, (g, tuple(background)))
         # and the status says whether it is 4D

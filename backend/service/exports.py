@@ -11,6 +11,7 @@ import numpy as np
 from blender_addon.core.errors import SplatwrightError
 from ..dynamic import DYNAMIC_FILE, DynamicGaussians, write_dynamic
 from ..formats import encode_any, format_for_path, notes
+from ..formats.budget import Budget
 from ..formats.ply import encode_ply, read_ply
 from ..placement import chosen, kept, placed
 from .saved_models import DYNAMIC_SUFFIX, SavedModels
@@ -62,13 +63,15 @@ class Exports:
         return fields, data
 
 
-def convert(data: bytes, name: str, placement: np.ndarray | None = None) -> tuple[dict, bytes]:
-    """A model the client sent (a 3DGS PLY) in the format the file `name` is for, placed as an export is."""
+def convert(data: bytes, name: str, placement: np.ndarray | None = None,
+            budget: Budget = Budget()) -> tuple[dict, bytes]:
+    """A model the client sent (a 3DGS PLY of at most `budget`'s splats) in the format the file `name` is for,
+    placed as an export is."""
     if Path(name).suffix.lower() == DYNAMIC_SUFFIX:
         raise SplatwrightError(f"{name}: a model sent to convert is static; export it as .ply, .compressed.ply, "
                                ".spz or .splat")
     fmt = format_for_path(name)
-    g = placed(read_ply(bytes(data), "the model sent"), placement)
+    g = placed(read_ply(bytes(data), "the model sent", budget), placement)
     return {"gaussians": len(g), "format": fmt, "note": "; ".join(notes(g, fmt))}, encode_any(g, fmt)
 
 

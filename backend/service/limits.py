@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from blender_addon.core.errors import SplatwrightError
+from ..formats.budget import MAX_MODEL_SPLATS, Budget
 
 
 def _limit(default: int, meaning: str):
@@ -20,6 +21,8 @@ class Limits:
                                               "of memory each while training)")
     render_pixels: int = _limit(4096 * 4096, "pixels of one rendered frame")
     points: int = _limit(2_000_000, "initial points or random initial Gaussians of a session")
+    model_splats: int = _limit(MAX_MODEL_SPLATS, "Gaussians of a model read from a file (an import, or a model sent "
+                                                 "to convert)")
 
     @staticmethod
     def flag(name: str) -> str:
@@ -31,6 +34,10 @@ class Limits:
         if value > cap:
             raise SplatwrightError(f"{what}: {value:,} is over the cap of {cap:,} {self.meaning(name)}; start the "
                                    f"backend with serve {self.flag(name)} N to allow more")
+
+    def budget(self) -> Budget:
+        """What reading a model file may decode (formats.budget), its refusal naming the flag that allows more."""
+        return Budget(self.model_splats, f"start the backend with serve {self.flag('model_splats')} N to allow more")
 
     @staticmethod
     def meaning(name: str) -> str:

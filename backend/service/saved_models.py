@@ -7,10 +7,12 @@ from collections import OrderedDict
 from pathlib import Path
 
 from blender_addon.core.errors import SplatwrightError
-from ..dynamic import DYNAMIC_FILE, DynamicGaussians, gaussians_from_tensors, read_dynamic
+from ..dynamic import gaussians_from_tensors, read_dynamic
 from ..formats import read_any
+from ..formats.budget import Budget
 from ..gaussians import Gaussians
 from ..policy import CHECKPOINT
+from ..torch_files import ZIP_MAGIC
 from ..train import TrainConfig, load_latest_checkpoint
 from .log import log
 from .session import imported_file
@@ -18,7 +20,6 @@ from .shown import Model
 
 SAVED_MODELS = 4  # sessions' saved models kept loaded for the requests that name them
 DYNAMIC_SUFFIX = ".pt"  # a file name with this ending is a 4D model's file (backend.dynamic's splats4d.pt)
-ZIP_MAGIC = b"PK\x03\x04"  # how a torch file (a 4D model's) begins
 
 
 class SavedModels:
@@ -26,8 +27,8 @@ class SavedModels:
     first names them and kept for the SAVED_MODELS sessions named last; a checkpoint written since is loaded
     again. They are never trained, so whoever has one may read it without a lock."""
 
-    def __init__(self, workdir: Path, device: str, size: int = SAVED_MODELS):
-        self.workdir, self.device, self.size = workdir, device, size
+    def __init__(self, workdir: Path, device: str, budget: Budget = Budget(), size: int = SAVED_MODELS):
+        self.workdir, self.device, self.budget, self.size = workdir, device, budget, size
         self.lock = threading.Lock()
         # session -> (file stamp, model, the import it came from or None)
         self.models: OrderedDict[str, tuple[tuple, Model, tuple | None]] = OrderedDict()
@@ -56,7 +57,8 @@ class SavedModels:
                 self.models.move_to_end(name)
                 return kept[1]
         # Outside the lock: other sessions' models stay available.
-        model = imported_model(*imported, self.device) if imported else self._checkpoint_model(name, source)
+        model = (imported_model(*imported, self.device, self.budget) if imported
+                 else self._checkpoint_model(name, source))
         with self.lock:
             self.models[name] = (stamp, model, imported)
             self.models.move_to_end(name)
@@ -74,14 +76,14 @@ class SavedModels:
         return Model(g, sh_degree, tuple(cfg.background), state["step"])
 
 
-def imported_model(path: Path, background: tuple, device) -> Model:
+def imported_model(path: Path, background: tuple, device, budget: Budget) -> Model:
     """The model of the splat file an imported session keeps (session.imported_file), as load_ply showed it."""
     try:
         data = path.read_bytes()
     except OSError as e:
         raise SplatwrightError(f"cannot read {path.parent.name}/{path.name}, the file session {path.parent.name!r} "
                                f"was imported from ({e.strerror or e})") from None
-    g = read_model_file(data, path.name).to(device)
+    g = read_model_file(data, path.name, budget).to(device)
     return Model(g, g.max_sh_degree, tuple(background), 0)
 
 
@@ -92,21 +94,8 @@ def is_dynamic_file(data: bytes, name: str) -> bool:
     return lower.endswith(DYNAMIC_SUFFIX) or (data[:len(ZIP_MAGIC)] == ZIP_MAGIC and not lower.endswith(".splat"))
 
 
-def read_model_file(data: bytes, name: str) -> Gaussians:
-    """The model of a splat file or a 4D model's file (load_ply's); `name`, the file's, may be empty."""
+def read_model_file(data: bytes, name: str, budget: Budget = Budget()) -> Gaussians:
+    """The model of a splat file or a 4D model's file (load_ply's) of at most `budget`'s Gaussians; `name`, the
+    file's, may be empty."""
     what = name or "the uploaded model"
-    return read_dynamic_file(data, what) if is_dynamic_file(data, name) else read_any(data, what)
-
-
-def read_dynamic_file(data: bytes, name: str) -> DynamicGaussians:
-    """The 4D model of a file's bytes (read_dynamic), refused in one line where torch explains at length why it
-    will not load a file (one of objects other than tensors, which no upload may run, or no torch file)."""
-    try:
-        return read_dynamic(data, name)
-    except SplatwrightError as e:
-        if "\n" not in str(e):
-            raise
-    what = ("a torch file of objects other than tensors" if data[:len(ZIP_MAGIC)] == ZIP_MAGIC
-            else "not a torch file")
-    raise SplatwrightError(f"{name}: not a Splatwright 4D model ({what}; training on timed views writes "
-                           f"{DYNAMIC_FILE})") from None
+    return read_dynamic(data, what, budget) if is_dynamic_file(data, name) else read_any(data, what, budget=budget)

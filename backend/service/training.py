@@ -219,7 +219,7 @@ class Training:
         if not session.checkpoint_path.is_file():
             if session.imported_file is None:
                 raise SplatwrightError(f"session {session.name!r} has no checkpoint yet")
-            model = imported_model(*session.imported_file, self.device)
+            model = imported_model(*session.imported_file, self.device, self.limits.budget())
             with shown.lock:
                 shown.trainer, shown.viewed = None, (model.g, model.background)
             self._emit_state()

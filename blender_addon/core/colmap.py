@@ -8,6 +8,11 @@ top-left pixel at (0.5, 0.5). So poses and intrinsics carry over as they are; th
 PINHOLE and SIMPLE_PINHOLE cameras are read; models with lens distortion are refused, with the command that
 undistorts them. Images are taken in name order and every 8th (the first, the ninth, ...) is held out for
 testing, as 3DGS does with such captures.
+
+Models come from anywhere, so what they declare is checked before it is used: a binary file's record counts
+against the bytes the file holds, before anything is allocated for them; camera sides against MAX_IMAGE_SIDE, as
+rendered frames are; and image names, which COLMAP writes relative to the images folder, must stay inside it
+(image_path), so that a model cannot make the backend or the add-on read a file elsewhere.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from .cameras import Camera, check_rigid, intrinsics, rigid_inverse
+from .codecs import MAX_IMAGE_SIDE
 from .errors import SplatwrightError
 
 IMAGES_FOLDER = "images"
@@ -81,6 +87,16 @@ def read_model(folder: str | Path) -> Model:
                      *_points_txt(folder / "points3D.txt"))
     except (struct.error, ValueError, IndexError, UnicodeDecodeError) as e:
         raise SplatwrightError(f"{folder}: unreadable COLMAP {ext} model ({e}); a file may be truncated") from None
+
+
+def image_path(folder: str | Path, name: str) -> Path:
+    """The file of the image `name` of a model in the images folder `folder`; refused unless the name is a path
+    inside the folder (relative, no `..`, no drive, with either separator)."""
+    parts = name.replace("\\", "/").split("/")
+    if not name or name.startswith(("/", "\\")) or ":" in parts[0] or any(p in ("", ".", "..") for p in parts):
+        raise SplatwrightError(f"image name {name!r} is not a path inside the {IMAGES_FOLDER} folder; COLMAP names "
+                               "images relative to it")
+    return Path(folder, *parts)
 
 
 def camera_of(model: Model, image: ColmapImage, what: str) -> Camera:
@@ -192,14 +208,28 @@ class _Reader:
     """Little-endian values from the start of a binary file on."""
 
     def __init__(self, path: Path):
-        self.data, self.offset = path.read_bytes(), 0
+        self.path, self.data, self.offset = path, path.read_bytes(), 0
+
+    def count(self, record_bytes: int, what: str) -> int:
+        """A count of records of at least `record_bytes` each; ValueError where the rest of the file cannot hold
+        them (read_model says the model is unreadable)."""
+        count = self.read("Q")[0]
+        left = len(self.data) - self.offset
+        if count * record_bytes > left:
+            raise ValueError(f"{self.path.name} declares {count:,} {what}, but its {left:,} bytes left hold at most "
+                             f"{left // record_bytes:,}")
+        return count
 
     def read(self, fmt: str) -> tuple:
         values = struct.unpack_from("<" + fmt, self.data, self.offset)
         self.offset += struct.calcsize("<" + fmt)
         return values
 
-    def array(self, dtype, count: int) -> np.ndarray:
+    def array(self, dtype, count: int, what: str) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        if count * dtype.itemsize > len(self.data) - self.offset:
+            raise ValueError(f"{self.path.name} declares {count:,} {what}, more than its "
+                             f"{len(self.data) - self.offset:,} bytes left hold")
         a = np.frombuffer(self.data, dtype, count, self.offset)
         self.offset += a.nbytes
         return a
@@ -224,6 +254,10 @@ def _camera(path: Path, camera_id: int, model: str, width: int, height: int, par
                                f"expected {PARAMETER_COUNTS[model]}")
     if width < 1 or height < 1 or not np.all(np.isfinite(params)):
         raise SplatwrightError(f"{path}: camera {camera_id} has a bad size or NaN parameters")
+    if width > MAX_IMAGE_SIDE or height > MAX_IMAGE_SIDE:
+        raise SplatwrightError(f"{path}: camera {camera_id} is {width}x{height} pixels; sides are at most "
+                               f"{MAX_IMAGE_SIDE}, as rendered frames' are (colmap image_undistorter "
+                               f"--max_image_size {MAX_IMAGE_SIDE} makes smaller images and cameras)")
     return ColmapCamera(model, int(width), int(height), tuple(float(p) for p in params))
 
 
@@ -231,6 +265,10 @@ def _image(path: Path, image_id: int, q, t, camera_id: int, name: str, xys, poin
     q, t = np.asarray(q, np.float64), np.asarray(t, np.float64)
     if not (np.all(np.isfinite(q)) and np.all(np.isfinite(t))) or np.linalg.norm(q) < 1e-12:
         raise SplatwrightError(f"{path}: image {image_id} ({name}) has a NaN or zero pose")
+    try:
+        image_path(IMAGES_FOLDER, name)
+    except SplatwrightError as e:
+        raise SplatwrightError(f"{path}: image {image_id}: {e}") from None
     return ColmapImage(name, int(camera_id), q, t, np.asarray(xys, np.float64).reshape(-1, 2),
                        np.asarray(point_ids, np.int64))
 
@@ -244,7 +282,7 @@ def _points(path: Path, ids: list, xyz: list, rgb: list) -> tuple[np.ndarray, np
 
 def _cameras_bin(path: Path) -> dict[int, ColmapCamera]:
     r, cameras = _Reader(path), {}
-    for _ in range(r.read("Q")[0]):
+    for _ in range(r.count(struct.calcsize("<iiQQ"), "cameras")):
         camera_id, model_id, width, height = r.read("iiQQ")
         if model_id not in MODELS:
             raise SplatwrightError(f"{path}: camera {camera_id} has the unknown model id {model_id}")
@@ -256,10 +294,10 @@ def _cameras_bin(path: Path) -> dict[int, ColmapCamera]:
 
 def _images_bin(path: Path) -> dict[int, ColmapImage]:
     r, images = _Reader(path), {}
-    for _ in range(r.read("Q")[0]):
+    for _ in range(r.count(struct.calcsize("<i7di") + 1 + 8, "images")):  # pose, name's end, observations
         image_id, *pose, camera_id = r.read("i7di")
         name = r.name()
-        observations = r.array(np.dtype([("xy", "<f8", 2), ("id", "<i8")]), r.read("Q")[0])
+        observations = r.array([("xy", "<f8", 2), ("id", "<i8")], r.read("Q")[0], f"observations of image {image_id}")
         images[image_id] = _image(path, image_id, pose[:4], pose[4:], camera_id, name, observations["xy"],
                                   observations["id"])
     r.end(path)
@@ -268,9 +306,9 @@ def _images_bin(path: Path) -> dict[int, ColmapImage]:
 
 def _points_bin(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     r, ids, xyz, rgb = _Reader(path), [], [], []
-    for _ in range(r.read("Q")[0]):
+    for _ in range(r.count(struct.calcsize("<Q3d3BdQ"), "points")):
         point_id, x, y, z, red, green, blue, _error, track = r.read("Q3d3BdQ")
-        r.array(np.dtype("<i4"), 2 * track)  # the track: (image id, point index) pairs
+        r.array("<i4", 2 * track, f"track entries of point {point_id}")  # (image id, point index) pairs
         ids.append(point_id)
         xyz.append((x, y, z))
         rgb.append((red, green, blue))

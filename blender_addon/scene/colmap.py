@@ -57,8 +57,9 @@ def import_model(context, directory: str, up_axis: str, centre: bool, scale: flo
         obj[PHOTO_KEY], obj[SPLIT_KEY] = image.name, colmap.split_of(index)
         obj.parent = empty
         collection.objects.link(obj)
-        if (photos / image.name).is_file():
-            show_photo(obj.data, photos / image.name)
+        photo = colmap.image_path(photos, image.name)
+        if photo.is_file():
+            show_photo(obj.data, photo)
             found += 1
     if len(model.xyz):
         points = point_cloud(f"{root.name} Points", model.xyz, model.rgb)
@@ -158,7 +159,7 @@ def training_photos(empty, max_side: int) -> list[tuple[str, Camera, np.ndarray,
                      key=lambda o: o[PHOTO_KEY])
     photos = []
     for obj in cameras:
-        name, path = obj[PHOTO_KEY], Path(empty[PHOTOS_KEY]) / obj[PHOTO_KEY]
+        name, path = obj[PHOTO_KEY], colmap.image_path(empty[PHOTOS_KEY], obj[PHOTO_KEY])
         if name not in by_name:
             raise SplatwrightError(f"{obj.name}: its photo {name} is not in the model {empty[MODEL_KEY]} any more; "
                                    "import the model again")
