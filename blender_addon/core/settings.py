@@ -12,6 +12,9 @@ SCHEDULE_STEPS = {"quality": (12_000, 110), "fast": (6500, 65), "dynamic": (15_0
 PRESETS = tuple(SCHEDULE_STEPS)
 CPU_STEPS = 3000
 BACKGROUND = Numbers((3,), 0.0, 1.0)
+# How the model's splats make an image, which it is trained to look right in (backend/render/formation.py):
+# standard 3DGS viewers', or Blender 5.3's own drawing of native splats (Cycles and EEVEE).
+FORMATIONS = ("standard", "blender")
 
 TRAINING = Fields(
     preset=optional(Str(choices=PRESETS), "quality",
