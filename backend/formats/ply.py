@@ -3,6 +3,10 @@
 Vertex properties, all float32: x y z nx ny nz f_dc_0..2 f_rest_0..(3*(K-1)-1) opacity scale_0..2 rot_0..3,
 where K = (degree+1)^2 and f_rest is channel-major (all of red's coefficients, then green's, then blue's).
 Opacity is stored as a logit and scales as logarithms, exactly the trained parameters.
+
+A model trained for an image formation other than the standard one (render/formation.py) says so in a header
+comment, `comment splatwright image_formation blender`, which other readers ignore; a file without one is a
+standard 3DGS model, as every other trainer's is.
 """
 from __future__ import annotations
 
@@ -15,20 +19,23 @@ from plyfile import PlyData, PlyElement
 
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.files import write_atomic
+from blender_addon.core.settings import FORMATIONS
 from ..gaussians import Gaussians
 
 _REQUIRED = ["x", "y", "z", "f_dc_0", "f_dc_1", "f_dc_2", "opacity",
              "scale_0", "scale_1", "scale_2", "rot_0", "rot_1", "rot_2", "rot_3"]
 _REST_COUNTS = {0: 0, 9: 1, 24: 2, 45: 3}  # number of f_rest columns -> SH degree
+FORMATION_COMMENT = "splatwright image_formation"  # the header comment naming a model's image formation
+STANDARD = FORMATIONS[0]
 
 
-def write_ply(path: str | Path, g: Gaussians) -> None:
+def write_ply(path: str | Path, g: Gaussians, formation: str = STANDARD) -> None:
     """Write atomically: a partial file never replaces a good one."""
-    write_atomic(path, encode_ply(g))
+    write_atomic(path, encode_ply(g, formation))
 
 
-def encode_ply(g: Gaussians) -> bytes:
-    """The PLY file of `g` in the official 3DGS layout."""
+def encode_ply(g: Gaussians, formation: str = STANDARD) -> bytes:
+    """The PLY file of `g` in the official 3DGS layout, trained for image formation `formation`."""
     n = len(g)
     t = {k: v.detach().cpu().float().numpy() for k, v in g.tensors().items()}
     rest = t["sh_rest"].transpose(0, 2, 1).reshape(n, -1)  # (N, 3, K-1) -> channel-major
@@ -42,8 +49,24 @@ def encode_ply(g: Gaussians) -> bytes:
     for i, name in enumerate(names):
         vertex[name] = data[:, i]
     out = io.BytesIO()
-    PlyData([PlyElement.describe(vertex, "vertex")]).write(out)
+    if formation not in FORMATIONS:
+        raise ValueError(f"unknown image formation {formation!r}")
+    comments = [] if formation == STANDARD else [f"{FORMATION_COMMENT} {formation}"]
+    PlyData([PlyElement.describe(vertex, "vertex")], comments=comments).write(out)
     return out.getvalue()
+
+
+def header_formation(header: str, name: str = "the PLY") -> str:
+    """The image formation a PLY header's comment names; standard where none does."""
+    for line in header.splitlines():
+        words = line.split()
+        if words[:1] == ["comment"] and " ".join(words[1:3]) == FORMATION_COMMENT:
+            formation = " ".join(words[3:])
+            if formation not in FORMATIONS:
+                raise SplatwrightError(f"{name}: made for image formation {formation!r}, which this version does "
+                                       f"not know (it knows {', '.join(FORMATIONS)})")
+            return formation
+    return STANDARD
 
 
 def read_ply(source: str | Path | bytes | bytearray, name: str = "the PLY") -> Gaussians:

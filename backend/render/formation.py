@@ -4,12 +4,13 @@
   widened by the 0.3 px dilation, its colour (0.5 + SH, at least 0) blended as it is, in display (sRGB) values,
   splats in the order of their centres' depths.
 - "blender": what Blender 5.3 draws a native GAUSSIAN_SPLAT point cloud with (Cycles' gsplat_intersect.h and
-  gsplat.h): each splat's colour clamped to [0, 1] and taken as sRGB, converted to linear light and blended
-  there, over the background's linear colour, the result turned back into display values as the Standard view
-  transform does; each splat evaluated along each pixel's ray at its maximum response in 3D (no screen-space
-  dilation), its scales clamped to at least SCALE_CLAMP of its largest, and at each pixel the splats taken in the
-  order of the depths of their maximum responses along its ray (a ray tracer's order: Cycles converges to it);
-  and the image seen through Blender's film filter (FILM_FILTER_WIDTH), which both engines apply.
+  gsplat.h): each splat's colour (0.5 + SH, at least 0, not clamped above 1, as Cycles' decoding leaves it)
+  taken as sRGB, converted to linear light and blended there, over the background's linear colour, the result
+  turned back into display values as the Standard view transform does; each splat evaluated along each pixel's
+  ray at its maximum response in 3D (no screen-space dilation), its scales clamped to at least SCALE_CLAMP of
+  its largest; at each pixel the splats taken in the order of the depths of their maximum responses along its
+  ray (a ray tracer's order, which Cycles converges to); and the image seen through Blender's film filter
+  (FILM_FILTER_WIDTH), which both engines apply.
 
 The reference rasterizer draws both (reference.rasterize's `formation`); the CUDA kernels draw the standard one.
 Why the blender formation is what it is, measured against bpy 5.3: backend/README.md, "Image formation".

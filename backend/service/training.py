@@ -307,10 +307,14 @@ class Training:
             self._fail(protocol.INTERNAL, f"training failed: {e!r}; see the backend's log")
 
     def _install(self, trainer: Trainer) -> bool:
-        """Make a newly set-up trainer the session's, with the views added while it was set up; False (and
-        the finished state) if it has no steps left."""
+        """Make a newly set-up trainer the session's, with the views added while it was set up, and tell the client
+        once how it trains otherwise than asked (trainer.note); False (and the finished state) if it has no steps
+        left."""
         shown = self.shown
         session = shown.session
+        if trainer.note:
+            log(f"session {session.name}: {trainer.note}")
+            self.emit({"event": "warning", "message": trainer.note})
         with shown.lock:
             for i in range(len(trainer.data), len(session.cameras)):
                 trainer.add_view(session.cameras[i], view_rgb(session.images[i], trainer.cfg.background),
