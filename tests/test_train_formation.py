@@ -7,15 +7,18 @@ import json
 import threading
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
+from plyfile import PlyData
 
-from blender_addon.core.client import Client
+from blender_addon.core.client import Client, decode_frame
 from blender_addon.core.settings import default, training_settings
 from backend.data import load_split
 from backend.formats import formation_of, notes, write_any
 from backend.formats.ply import encode_ply, read_ply, write_ply
 from backend.policy import cpu_config, make_config
+from backend.render import render
 from backend.service.engine import Engine
 from backend.service.server import Server
 from backend.tools import commands
@@ -129,7 +132,6 @@ def test_the_ply_names_a_blender_models_formation_in_a_comment_other_readers_ign
         assert torch.equal(getattr(back, name), t), name
     write_ply(tmp_path / "m.ply", g, "blender")
     assert formation_of(tmp_path / "m.ply") == "blender"
-    from plyfile import PlyData  # another reader: the comment is a comment
     assert PlyData.read(str(tmp_path / "m.ply"))["vertex"].count == 20
 
 
@@ -155,3 +157,32 @@ def test_cli_training_in_blender_formation_writes_the_comment_and_renders_in_it(
                 "--iterations", "3", "--init-points", "200", "--device", "cpu"]) == 0
     assert formation_of(out / "splats.ply") == "blender"
     assert json.loads((out / "metrics.json").read_text())["image_formation"] == "blender"
+
+
+def test_the_server_draws_and_exports_a_blender_model_in_its_formation(tmp_path, scene):
+    """A trained model and an imported file are drawn in the image formation they were made for; an export keeps
+    it in the PLY and says what changes for other viewers."""
+    model = random_gaussians(80, seed=4, sh_degree=1)
+    background = (0.1, 0.2, 0.3)
+    cam = orbit_cameras(1, 24, 24)[0]
+    with torch.no_grad():
+        out = render(model, cam, 1, background, formation="blender")
+    expected = (torch.cat([out.image, out.alpha[..., None]], -1).clamp(0, 1) * 255 + 0.5).to(torch.uint8).numpy()
+    server = Server(Engine(tmp_path, "cpu", "reference"))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with Client("127.0.0.1", server.port) as client:
+            client.load_ply(encode_ply(model, "blender"), background, "native.ply")
+            assert np.array_equal(decode_frame(client.request("render", {"camera": cam})), expected[::-1])
+            exported = client.request("export_ply", {"name": "again.spz"})
+            assert "Blender's image formation" in exported.fields["note"]
+            client.call("open_session", name="trained")
+            add_scene_views(client, scene)
+            client.call("start_training", iterations=3, init_points=100, image_formation="blender")
+            assert wait_for(client, lambda e: e["event"] == "state" and e["state"] == "finished")
+            exported = client.request("export_ply", {"name": "trained.ply"})
+            assert formation_of(bytes(exported.payload)) == "blender" and "PLY comment" in exported.fields["note"]
+    finally:
+        server.stop()
+        thread.join(30)
