@@ -4,7 +4,6 @@ only, trains in that one and says so in one line (on the CPU, the rasterizer cho
 from __future__ import annotations
 
 import json
-import threading
 from dataclasses import replace
 
 import numpy as np
@@ -12,20 +11,18 @@ import pytest
 import torch
 from plyfile import PlyData
 
-from blender_addon.core.client import Client, decode_frame
+from blender_addon.core.client import decode_frame
 from blender_addon.core.settings import default, training_settings
 from backend.data import load_split
 from backend.formats import formation_of, notes, write_any
 from backend.formats.ply import encode_ply, read_ply, write_ply
 from backend.policy import cpu_config, make_config
 from backend.render import render
-from backend.service.engine import Engine
-from backend.service.server import Server
 from backend.tools import commands
 from backend.tools.cli import main as cli
 from backend.train import Trainer, evaluate, load_checkpoint
 from helpers import orbit_cameras, random_gaussians, write_scene
-from server_helpers import add_scene_views, wait_for
+from server_helpers import add_scene_views, serving, wait_for
 
 
 @pytest.fixture
@@ -103,22 +100,15 @@ def test_the_server_warns_once_that_a_gpu_trains_the_standard_formation(tmp_path
     def step(self):  # a step without the kernels: the trainer's set-up is what is under test
         self.step += 1
     monkeypatch.setattr(Trainer, "train_step", step)
-    server = Server(Engine(tmp_path, "cpu", "cuda"))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        with Client("127.0.0.1", server.port) as client:
-            client.call("open_session", name="native")
-            add_scene_views(client, scene)
-            client.call("start_training", iterations=5, init_points=100, image_formation="blender")
-            warning = wait_for(client, lambda e: e["event"] == "warning")
-            assert "image formation 'blender' is not in the CUDA kernels yet" in warning["message"]
-            assert wait_for(client, lambda e: e["event"] == "state" and e["state"] == "finished")
-            assert client.call("status")["settings"]["image_formation"] == "blender"  # as asked
-        assert load_checkpoint(tmp_path / "native" / "checkpoint.pt")["config"]["image_formation"] == "standard"
-    finally:
-        server.stop()
-        thread.join(30)
+    with serving(tmp_path, "cpu", "cuda") as client:
+        client.call("open_session", name="native")
+        add_scene_views(client, scene)
+        client.call("start_training", iterations=5, init_points=100, image_formation="blender")
+        warning = wait_for(client, lambda e: e["event"] == "warning")
+        assert "image formation 'blender' is not in the CUDA kernels yet" in warning["message"]
+        assert wait_for(client, lambda e: e["event"] == "state" and e["state"] == "finished")
+        assert client.call("status")["settings"]["image_formation"] == "blender"  # as asked
+    assert load_checkpoint(tmp_path / "native" / "checkpoint.pt")["config"]["image_formation"] == "standard"
 
 
 def test_the_ply_names_a_blender_models_formation_in_a_comment_other_readers_ignore(tmp_path):
@@ -168,21 +158,14 @@ def test_the_server_draws_and_exports_a_blender_model_in_its_formation(tmp_path,
     with torch.no_grad():
         out = render(model, cam, 1, background, formation="blender")
     expected = (torch.cat([out.image, out.alpha[..., None]], -1).clamp(0, 1) * 255 + 0.5).to(torch.uint8).numpy()
-    server = Server(Engine(tmp_path, "cpu", "reference"))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        with Client("127.0.0.1", server.port) as client:
-            client.load_ply(encode_ply(model, "blender"), background, "native.ply")
-            assert np.array_equal(decode_frame(client.request("render", {"camera": cam})), expected[::-1])
-            exported = client.request("export_ply", {"name": "again.spz"})
-            assert "Blender's image formation" in exported.fields["note"]
-            client.call("open_session", name="trained")
-            add_scene_views(client, scene)
-            client.call("start_training", iterations=3, init_points=100, image_formation="blender")
-            assert wait_for(client, lambda e: e["event"] == "state" and e["state"] == "finished")
-            exported = client.request("export_ply", {"name": "trained.ply"})
-            assert formation_of(bytes(exported.payload)) == "blender" and "PLY comment" in exported.fields["note"]
-    finally:
-        server.stop()
-        thread.join(30)
+    with serving(tmp_path) as client:
+        client.load_ply(encode_ply(model, "blender"), background, "native.ply")
+        assert np.array_equal(decode_frame(client.request("render", {"camera": cam})), expected[::-1])
+        exported = client.request("export_ply", {"name": "again.spz"})
+        assert "Blender's image formation" in exported.fields["note"]
+        client.call("open_session", name="trained")
+        add_scene_views(client, scene)
+        client.call("start_training", iterations=3, init_points=100, image_formation="blender")
+        assert wait_for(client, lambda e: e["event"] == "state" and e["state"] == "finished")
+        exported = client.request("export_ply", {"name": "trained.ply"})
+        assert formation_of(bytes(exported.payload)) == "blender" and "PLY comment" in exported.fields["note"]

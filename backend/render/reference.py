@@ -86,23 +86,9 @@ def project(means, quats, scales, opacities, sh, viewmat, K, width: int, height:
     every pixel the splat is drawn on."""
     R, t = viewmat[:3, :3], viewmat[:3, 3]
     fx, fy, cx, cy = K[0, 0], K[1, 1], K[0, 2], K[1, 2]
-    p = means @ R.T + t
-    x, y, z = p.unbind(-1)
-    in_front = z > NEAR_PLANE
-    z_safe = torch.where(in_front, z, torch.ones_like(z))
+    x, y, z, in_front, z_safe = view_space(means, viewmat)
 
-    # Jacobian of the perspective map, taken at the centre clamped to a margin around the view so
-    # Gaussians far outside it do not get huge footprints.
-    lim_x_pos = (width - cx) / fx + FOV_CLAMP_MARGIN * width / fx
-    lim_x_neg = cx / fx + FOV_CLAMP_MARGIN * width / fx
-    lim_y_pos = (height - cy) / fy + FOV_CLAMP_MARGIN * height / fy
-    lim_y_neg = cy / fy + FOV_CLAMP_MARGIN * height / fy
-    tx = z_safe * torch.clamp(x / z_safe, -lim_x_neg, lim_x_pos)
-    ty = z_safe * torch.clamp(y / z_safe, -lim_y_neg, lim_y_pos)
-    zero = torch.zeros_like(z)
-    J = torch.stack([fx / z_safe, zero, -fx * tx / z_safe ** 2,
-                     zero, fy / z_safe, -fy * ty / z_safe ** 2], dim=-1).reshape(-1, 2, 3)
-
+    J = perspective_jacobian(x, y, z_safe, K, width, height)
     M = quat_to_rotmat(quats) * scales[:, None, :]
     T = J @ R @ M
     cov2d = T @ T.mT
@@ -128,6 +114,29 @@ def project(means, quats, scales, opacities, sh, viewmat, K, width: int, height:
     dirs = torch.nn.functional.normalize(means - campos, dim=-1)
     colors = sh_to_rgb(sh, dirs, sh_degree)
     return Projected(means2d, conics, z, radii, colors)
+
+
+def view_space(means, viewmat):
+    """The means' camera-space x, y and z, whether each is in front of the near plane, and z where it is (1
+    elsewhere, which nothing divides by zero)."""
+    x, y, z = (means @ viewmat[:3, :3].T + viewmat[:3, 3]).unbind(-1)
+    in_front = z > NEAR_PLANE
+    return x, y, z, in_front, torch.where(in_front, z, torch.ones_like(z))
+
+
+def perspective_jacobian(x, y, z, K, width: int, height: int) -> torch.Tensor:
+    """(N, 2, 3) Jacobian of the perspective map at camera-space points (x, y, z), z > 0, taken at the point
+    clamped to a margin around the view so Gaussians far outside it do not get huge footprints."""
+    fx, fy, cx, cy = K[0, 0], K[1, 1], K[0, 2], K[1, 2]
+    lim_x_pos = (width - cx) / fx + FOV_CLAMP_MARGIN * width / fx
+    lim_x_neg = cx / fx + FOV_CLAMP_MARGIN * width / fx
+    lim_y_pos = (height - cy) / fy + FOV_CLAMP_MARGIN * height / fy
+    lim_y_neg = cy / fy + FOV_CLAMP_MARGIN * height / fy
+    tx = z * torch.clamp(x / z, -lim_x_neg, lim_x_pos)
+    ty = z * torch.clamp(y / z, -lim_y_neg, lim_y_pos)
+    zero = torch.zeros_like(z)
+    return torch.stack([fx / z, zero, -fx * tx / z ** 2,
+                        zero, fy / z, -fy * ty / z ** 2], dim=-1).reshape(-1, 2, 3)
 
 
 def footprint_sigmas(opacities):
@@ -216,10 +225,7 @@ def project_rays(means, quats, scales, opacities, sh, viewmat, K, width: int, he
     to linear light."""
     R, t = viewmat[:3, :3], viewmat[:3, 3]
     fx, fy, cx, cy = K[0, 0], K[1, 1], K[0, 2], K[1, 2]
-    p = means @ R.T + t
-    x, y, z = p.unbind(-1)
-    in_front = z > NEAR_PLANE
-    z_safe = torch.where(in_front, z, torch.ones_like(z))
+    x, y, z, in_front, z_safe = view_space(means, viewmat)
     means2d = torch.stack([fx * x / z_safe + cx, fy * y / z_safe + cy], dim=-1)
     # The mean again from its projection and depth: the same point, through which the image's gradient
     # reaches means2d, the screen-space gradient densification reads.
@@ -231,13 +237,7 @@ def project_rays(means, quats, scales, opacities, sh, viewmat, K, width: int, he
     # projection's determinants), so that its weight in the image stays.
     spread = FILM_SPLAT_VARIANCE * z_safe * z_safe / (fx * fy)
     widened = torch.sqrt(clamped * clamped + spread[:, None])
-    lim_x = (width - cx) / fx + FOV_CLAMP_MARGIN * width / fx, cx / fx + FOV_CLAMP_MARGIN * width / fx
-    lim_y = (height - cy) / fy + FOV_CLAMP_MARGIN * height / fy, cy / fy + FOV_CLAMP_MARGIN * height / fy
-    tx = z_safe * torch.clamp(x / z_safe, -lim_x[1], lim_x[0])
-    ty = z_safe * torch.clamp(y / z_safe, -lim_y[1], lim_y[0])
-    zero = torch.zeros_like(z)
-    J = torch.stack([fx / z_safe, zero, -fx * tx / z_safe ** 2,
-                     zero, fy / z_safe, -fy * ty / z_safe ** 2], dim=-1).reshape(-1, 2, 3)
+    J = perspective_jacobian(x, y, z_safe, K, width, height)
     T = J @ (rotation * clamped[:, None, :])
     cov2d = T @ T.mT
     wide2d = cov2d + spread[:, None, None] * (J @ J.mT)
