@@ -90,7 +90,7 @@ def make_config(device: str, rasterizer: str, s: dict) -> TrainConfig:
         densify = replace(densify, max_gaussians=s["max_gaussians"])
     return replace(cfg, rasterizer=rasterizer, sh_degree=s["sh_degree"], seed=s["seed"],
                    background=tuple(s["background"]), densify=densify,
-                   init_points=s["init_points"] or cfg.init_points)
+                   init_points=s["init_points"] or cfg.init_points, image_formation=s["image_formation"])
 
 
 def device_name(device: str) -> str:

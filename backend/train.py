@@ -18,8 +18,9 @@ from .dynamic import DynamicGaussians, gaussians_from_tensors
 from .gaussians import Gaussians
 from .metrics import photometric_loss, psnr, ssim
 from .optim import Adam
-from .render import camera_tensors, render
+from .render import camera_tensors, drawn_formation, render
 from .render.cuda import gradient_step
+from .render.formation import STANDARD
 from .strategy import DefaultStrategy, DensifyConfig
 from . import torch_files
 
@@ -59,6 +60,9 @@ class TrainConfig:
     background: tuple[float, float, float] = tuple(default("background"))
     init_points: int = 100_000  # random initialisation when no points are given
     rasterizer: str = "reference"
+    # The image formation the model is trained for (render/formation.py), which it then remembers: its
+    # checkpoints hold it, and its PLY says so.
+    image_formation: str = default("image_formation")
     seed: int = default("seed")
     log_every: int = 50  # steps between loss read-backs (each is a host synchronisation)
     batch_views: int = 1  # views per step, shared out among a distributed group's processes
@@ -105,9 +109,10 @@ def random_start(data: Dataset, cfg: TrainConfig) -> Gaussians:
     return Gaussians.random_in_box(cfg.init_points, center, half, cfg.sh_degree, cfg.seed, data.mean_color())
 
 
-def evaluate(g: Gaussians, data: Dataset, sh_degree: int, background, rasterizer: str) -> dict:
-    """mean_scores of our renders over a dataset's views, each at its time."""
-    return mean_scores((render(g.at(data.time(i)), cam, sh_degree, background, rasterizer).image
+def evaluate(g: Gaussians, data: Dataset, sh_degree: int, background, rasterizer: str,
+             formation: str = STANDARD) -> dict:
+    """mean_scores of our renders in an image formation over a dataset's views, each at its time."""
+    return mean_scores((render(g.at(data.time(i)), cam, sh_degree, background, rasterizer, formation=formation).image
                         for i, cam in enumerate(data.cameras)), data.images)
 
 
@@ -138,6 +143,10 @@ class Trainer:
         if cfg.batch_views < group.world:
             raise SplatwrightError(f"{group.world} processes need at least as many views per step, "
                                    f"not {cfg.batch_views}")
+        # What the user is told once about how this training differs from what was asked ('' when nothing does):
+        # the image formation its rasterizer trains (the model then is, and says it is, of that one).
+        formation, self.note = drawn_formation(cfg.rasterizer, cfg.image_formation, "trains")
+        cfg = replace(cfg, image_formation=formation)
         # Views over time are cameras at times, many more than the cameras: their schedule is not stretched.
         over_time = cfg.dynamic or data.times is not None
         cfg = fit_to_views(cfg, 0 if over_time else len(data.cameras))
@@ -202,7 +211,7 @@ class Trainer:
                                                                  self.cfg.ssim_weight)
             else:
                 out = render(self.g.at(self.data.time(i)), cam, self.sh_degree, self.background,
-                             self.cfg.rasterizer, self.views[i])
+                             self.cfg.rasterizer, self.views[i], self.cfg.image_formation)
                 loss = photometric_loss(out.image, gt, self.cfg.ssim_weight)
                 loss.backward()
                 image, means2d_grad, radii = out.image, out.means2d.grad, out.radii
@@ -259,10 +268,17 @@ class Trainer:
 
     @classmethod
     def from_checkpoint(cls, data: Dataset, state: dict, device, cfg: TrainConfig | None = None) -> "Trainer":
-        """A trainer continuing a checkpoint (load_checkpoint), with the checkpoint's config or `cfg`."""
-        cfg = cfg or TrainConfig.from_dict(state["config"])
+        """A trainer continuing a checkpoint (load_checkpoint), with the checkpoint's config or `cfg`; in the image
+        formation its model was trained in either way, which it remembers."""
+        saved = TrainConfig.from_dict(state["config"])
+        asked = (cfg or saved).image_formation
+        cfg = replace(cfg or saved, image_formation=saved.image_formation)
         gaussians = gaussians_from_tensors(state["gaussians"])
         trainer = cls(data, cfg, device, gaussians)
+        if asked != saved.image_formation:
+            trainer.note = "; ".join(filter(None, [
+                f"the checkpoint's model was trained in image formation {saved.image_formation!r}, and training "
+                f"goes on in it, not in {asked!r} (train from scratch to change it)", trainer.note]))
         if trainer.dynamic != isinstance(gaussians, DynamicGaussians):
             raise SplatwrightError("the checkpoint holds a static model, but these views have times (or the "
                                    "configuration says dynamic); train the 4D model from scratch (without --resume)")

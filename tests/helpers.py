@@ -44,16 +44,23 @@ def random_gaussians(n: int, seed: int = 0, sh_degree: int = 3, scale: float = 0
 
 
 def write_scene(folder: Path, model: Gaussians, cameras: list[Camera], split: str = "train",
-                background=(1.0, 1.0, 1.0)) -> Path:
-    """Render `model` from `cameras` into PNGs + a NeRF-synthetic transforms_<split>.json."""
+                background=(1.0, 1.0, 1.0), formation: str = "standard") -> Path:
+    """Render `model` from `cameras` in an image formation into PNGs + a NeRF-synthetic transforms_<split>.json:
+    RGBA for the standard formation, whose compositing over the background the loader repeats, and opaque views
+    over `background` for the blender formation, which composites in linear light."""
     (folder / split).mkdir(parents=True, exist_ok=True)
     frames = []
     for i, cam in enumerate(cameras):
         with torch.no_grad():
-            out = render(model, cam, model.max_sh_degree, (0.0, 0.0, 0.0))
-        # Un-premultiply so the loader's compositing over the background reproduces the render.
-        rgb = torch.where(out.alpha[..., None] > 0, out.image / out.alpha[..., None].clamp_min(1e-6), 0.0)
-        rgba = torch.cat([rgb.clamp(0, 1), out.alpha[..., None]], dim=-1)
+            if formation == "standard":
+                out = render(model, cam, model.max_sh_degree, (0.0, 0.0, 0.0))
+                # Un-premultiply so the loader's compositing over the background reproduces the render.
+                rgb = torch.where(out.alpha[..., None] > 0, out.image / out.alpha[..., None].clamp_min(1e-6), 0.0)
+                alpha = out.alpha
+            else:
+                rgb = render(model, cam, model.max_sh_degree, background, formation=formation).image
+                alpha = torch.ones_like(rgb[..., 0])
+        rgba = torch.cat([rgb.clamp(0, 1), alpha[..., None]], dim=-1)
         Image.fromarray((rgba.numpy() * 255 + 0.5).astype(np.uint8), "RGBA").save(folder / split / f"r_{i}.png")
         frames.append({"file_path": f"./{split}/r_{i}",
                        "transform_matrix": (cam.c2w @ BLENDER_TO_OPENCV).tolist()})

@@ -2,6 +2,7 @@
 events, and a stand-in for the add-on's client."""
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import socket
@@ -20,6 +21,8 @@ from blender_addon.core.cameras import Camera
 from blender_addon.core.client import Client, PendingReply, RemoteError
 from blender_addon.core.protocol import REQUESTS, SERVER_MESSAGES, Message
 from backend.render import render
+from backend.service.engine import Engine
+from backend.service.server import Server
 from helpers import ROOT
 
 SIZE = 32  # the side of the views of conftest's scene
@@ -56,6 +59,20 @@ class ServerProcess:
             self.proc.kill()
         self.proc.wait(10)
         self.proc.stdout.close()
+
+
+@contextlib.contextmanager
+def serving(workdir: Path, device: str = "cpu", rasterizer: str = "reference"):
+    """A client of a server in this process (where a test can patch what it runs), stopped on leaving."""
+    server = Server(Engine(workdir, device, rasterizer))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with Client("127.0.0.1", server.port) as client:
+            yield client
+    finally:
+        server.stop()
+        thread.join(30)
 
 
 def png_bytes(image: np.ndarray) -> bytes:

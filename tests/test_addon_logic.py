@@ -222,6 +222,12 @@ def panel(**overrides):
     return SimpleNamespace(**{**values, **overrides})
 
 
+def test_where_blender_draws_splats_the_panel_trains_for_its_image_formation():
+    checked = REQUESTS["start_training"].fields.check(training.training_fields(panel(), native_splats=True))
+    assert checked["image_formation"] == "blender"
+    assert REQUESTS["start_training"].fields.check(training.training_fields(panel()))["image_formation"] == "standard"
+
+
 def test_training_fields_are_start_training_fields():
     fields = training.training_fields(panel())
     assert fields == {"preset": "quality", "sh_degree": 3, "background": [1.0, 1.0, 1.0], "fresh": True}

@@ -151,8 +151,10 @@ def test_outputs_alpha_and_depth():
     assert ((mean_depth > 1.5) & (mean_depth < 4.5)).all()  # the model sits about 3 m away
 
 
-def test_gradcheck_float64():
-    """Gradients to means, quaternions, scales, opacities and SH agree with finite differences."""
+@pytest.mark.parametrize("formation", ["standard", "blender"])
+def test_gradcheck_float64(formation):
+    """Gradients to means, quaternions, scales, opacities and SH agree with finite differences, in both image
+    formations."""
     g = random_gaussians(6, seed=7, sh_degree=3, scale=0.3).to(dtype=torch.float64)
     cam = orbit_cameras(1, 20, 18, radius=2.5)[0]
     viewmat, K = camera_tensors(cam, "cpu", torch.float64)
@@ -160,7 +162,7 @@ def test_gradcheck_float64():
 
     def f(means, quats, log_scales, opacity_logits, sh):
         out = reference.rasterize(means, quats, torch.exp(log_scales), torch.sigmoid(opacity_logits), sh,
-                                  viewmat, K, 20, 18, 3, (0.3, 0.3, 0.3))
+                                  viewmat, K, 20, 18, 3, (0.3, 0.3, 0.3), formation)
         return (out.image * weights).sum()
 
     inputs = tuple(t.clone().requires_grad_() for t in

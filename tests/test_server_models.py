@@ -2,7 +2,6 @@
 cropped by a box and placed in another space; the server runs in this process on loopback (CPU)."""
 from __future__ import annotations
 
-import contextlib
 import math
 import threading
 from pathlib import Path
@@ -25,7 +24,7 @@ from backend.service.server import Server
 from backend.service.session import Session, imported_file
 from backend.train import TrainConfig, Trainer
 from helpers import assert_same_model, moving_model, orbit_cameras, random_gaussians
-from server_helpers import expected_frame, raw_connect, wait_for
+from server_helpers import expected_frame, raw_connect, serving, wait_for
 
 SIZE = 24
 BACKGROUNDS = {"near": (1.0, 1.0, 1.0), "far": (0.2, 0.3, 0.4)}
@@ -230,19 +229,6 @@ def viewer(tmp_path):
     yield server
     server.stop()
     thread.join(30)
-
-
-@contextlib.contextmanager
-def serving(workdir: Path):
-    server = Server(Engine(workdir, "cpu", "reference"))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        with Client("127.0.0.1", server.port) as client:
-            yield client
-    finally:
-        server.stop()
-        thread.join(30)
 
 
 def test_an_imported_file_is_kept_in_a_session_named_after_it(tmp_path):

@@ -20,7 +20,7 @@ from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.files import write_atomic
 from ..gaussians import Gaussians, sh_coeff_count
 from .budget import Budget
-from .ply import encode_ply, read_ply
+from .ply import STANDARD, encode_ply, header_formation, read_ply
 from . import compressed_ply, splat, spz
 
 FORMATS = ("ply", "compressed_ply", "spz", "splat")
@@ -29,6 +29,17 @@ SUFFIXES = {".compressed.ply": "compressed_ply", ".ply": "ply", ".spz": "spz", "
 DECODERS = {"ply": read_ply, "compressed_ply": compressed_ply.decode, "spz": spz.decode, "splat": splat.decode}
 ENCODERS = {"ply": encode_ply, "compressed_ply": compressed_ply.encode, "spz": spz.encode, "splat": splat.encode}
 _HEAD = 1 << 16  # bytes read to recognise a file: PLY headers end well within them
+
+
+def _head(source: str | Path | bytes) -> tuple[bytes, str]:
+    """A file's first bytes (enough to recognise it) and its name, or those of bytes."""
+    if isinstance(source, bytes):
+        return source[:_HEAD], ""
+    path = Path(source)
+    if not path.is_file():
+        raise SplatwrightError(f"{path}: no such file")
+    with open(path, "rb") as f:
+        return f.read(_HEAD), str(path)
 
 
 def detect(head: bytes, name: str) -> str:
@@ -50,23 +61,27 @@ def read_any(source: str | Path | bytes, name: str = "the splat file", fmt: str 
     """Gaussians from a file in any supported format, or from its bytes (`name` then says what they are in
     errors, and a .splat must be named so). `fmt` names the format instead of recognising it. Every decoder reads
     against `budget` (budget.py) and returns a model validate.validated passed."""
-    if isinstance(source, bytes):
-        head = source[:_HEAD]
-    else:
-        path = Path(source)
-        name = str(path)
-        if not path.is_file():
-            raise SplatwrightError(f"{path}: no such file")
-        with open(path, "rb") as f:
-            head = f.read(_HEAD)
+    head, path_name = _head(source)
+    name = path_name or name
     if fmt is None:
         fmt = detect(head, name)
     elif fmt not in FORMATS:
         raise SplatwrightError(f"unknown splat format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if fmt == "ply":
         return read_ply(source, name, budget)  # by path: plyfile maps the file rather than copying it
-    data = source if isinstance(source, bytes) else path.read_bytes()
+    data = source if isinstance(source, bytes) else Path(source).read_bytes()
     return DECODERS[fmt](data, name, budget)
+
+
+def formation_of(source: str | Path | bytes, name: str = "the splat file") -> str:
+    """The image formation (render/formation.py) a splat file's model was trained for: what its PLY header's
+    comment names (ply.header_formation); standard for a PLY without one and for the other formats, which have no
+    place for it."""
+    head, path_name = _head(source)
+    if not head.startswith((b"ply\n", b"ply\r\n")):
+        return STANDARD
+    end = head.find(b"end_header")
+    return header_formation(head[:max(end, 0)].decode("ascii", "replace"), path_name or name)
 
 
 def format_for_path(path: str | Path) -> str:
@@ -78,22 +93,33 @@ def format_for_path(path: str | Path) -> str:
                            "(PlayCanvas), *.spz (Niantic) or *.splat (antimatter15)")
 
 
-def encode_any(g: Gaussians, fmt: str) -> bytes:
+def encode_any(g: Gaussians, fmt: str, formation: str = STANDARD) -> bytes:
+    """`g`, trained for image formation `formation`, in format `fmt`; only the PLY has a place for the formation."""
     if fmt not in ENCODERS:
         raise SplatwrightError(f"unknown splat format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    return ENCODERS[fmt](g)
+    return encode_ply(g, formation) if fmt == "ply" else ENCODERS[fmt](g)
 
 
-def notes(g: Gaussians, fmt: str) -> list[str]:
-    """What writing `g` in `fmt` leaves out, beyond the format's quantisation."""
-    return splat.notes(g) if fmt == "splat" else []
+def notes(g: Gaussians, fmt: str, formation: str = STANDARD) -> list[str]:
+    """What writing `g`, trained for image formation `formation`, in `fmt` leaves out or changes, beyond the
+    format's quantisation."""
+    said = splat.notes(g) if fmt == "splat" else []
+    if formation != STANDARD:
+        kept = ("its PLY comment names it, for Blender 5.3 and Splatwright, which draw it as trained"
+                if fmt == "ply" else "this format has no place to say so")
+        said.append(f"the model was trained for Blender's image formation ({formation}; {kept}): other 3DGS viewers "
+                    "blend its colours as display values and widen each splat by 0.3 px, so there it looks darker "
+                    "where colours mix and its fine parts look thicker (for them, train with image_formation "
+                    "standard)")
+    return said
 
 
-def write_any(path: str | Path, g: Gaussians) -> list[str]:
-    """Write `g` atomically in the format `path` names; returns `notes` on what the format left out."""
+def write_any(path: str | Path, g: Gaussians, formation: str = STANDARD) -> list[str]:
+    """Write `g`, trained for image formation `formation`, atomically in the format `path` names; returns `notes` on
+    what the format left out or changes."""
     fmt = format_for_path(path)
-    write_atomic(path, encode_any(g, fmt))
-    return notes(g, fmt)
+    write_atomic(path, encode_any(g, fmt, formation))
+    return notes(g, fmt, formation)
 
 
 def with_sh_degree(g: Gaussians, degree: int) -> Gaussians:

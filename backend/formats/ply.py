@@ -1,5 +1,10 @@
 """PLY I/O in the official 3DGS layout (blender_addon/core/splats.py defines its columns), readable by other 3DGS
-viewers and trainers."""
+viewers and trainers.
+
+A model trained for an image formation other than the standard one (render/formation.py) says so in a header
+comment, `comment splatwright image_formation blender`, which other readers ignore; a file without one is a
+standard 3DGS model, as every other trainer's is.
+"""
 from __future__ import annotations
 
 import io
@@ -11,6 +16,7 @@ from plyfile import PlyData
 
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.files import write_atomic
+from blender_addon.core.settings import FORMATIONS
 from blender_addon.core.splats import SH_DEGREES, SplatArrays, encode_ply_bytes
 from ..gaussians import Gaussians
 from .budget import PLY_HEADER_BYTES, Budget, check_ply_counts
@@ -18,19 +24,36 @@ from .validate import validated
 
 _REQUIRED = ["x", "y", "z", "f_dc_0", "f_dc_1", "f_dc_2", "opacity",
              "scale_0", "scale_1", "scale_2", "rot_0", "rot_1", "rot_2", "rot_3"]
+FORMATION_COMMENT = "splatwright image_formation"  # the header comment naming a model's image formation
+STANDARD = FORMATIONS[0]
 
 
-def write_ply(path: str | Path, g: Gaussians) -> None:
+def write_ply(path: str | Path, g: Gaussians, formation: str = STANDARD) -> None:
     """Write atomically: a partial file never replaces a good one."""
-    write_atomic(path, encode_ply(g))
+    write_atomic(path, encode_ply(g, formation))
 
 
-def encode_ply(g: Gaussians) -> bytes:
-    """The PLY file of `g` in the official 3DGS layout."""
+def encode_ply(g: Gaussians, formation: str = STANDARD) -> bytes:
+    """The PLY file of `g` in the official 3DGS layout, trained for image formation `formation`."""
+    if formation not in FORMATIONS:
+        raise ValueError(f"unknown image formation {formation!r}")
     t = {k: v.detach().cpu().float().numpy() for k, v in g.tensors().items()}
-    return encode_ply_bytes(SplatArrays(means=t["means"], log_scales=t["log_scales"], quats=t["quats"],
-                                        opacity_logits=t["opacity_logits"], sh_dc=t["sh_dc"].reshape(len(g), 3),
-                                        sh_rest=t["sh_rest"]))
+    model = SplatArrays(means=t["means"], log_scales=t["log_scales"], quats=t["quats"],
+                        opacity_logits=t["opacity_logits"], sh_dc=t["sh_dc"].reshape(len(g), 3), sh_rest=t["sh_rest"])
+    return encode_ply_bytes(model, () if formation == STANDARD else (f"{FORMATION_COMMENT} {formation}",))
+
+
+def header_formation(header: str, name: str = "the PLY") -> str:
+    """The image formation a PLY header's comment names; standard where none does."""
+    for line in header.splitlines():
+        words = line.split()
+        if words[:1] == ["comment"] and " ".join(words[1:3]) == FORMATION_COMMENT:
+            formation = " ".join(words[3:])
+            if formation not in FORMATIONS:
+                raise SplatwrightError(f"{name}: made for image formation {formation!r}, which this version does "
+                                       f"not know (it knows {', '.join(FORMATIONS)})")
+            return formation
+    return STANDARD
 
 
 def read_ply(source: str | Path | bytes | bytearray, name: str = "the PLY", budget: Budget = Budget()) -> Gaussians:

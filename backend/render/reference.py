@@ -8,10 +8,16 @@ its transmittance below 1e-4. Pixel (i, j) is sampled at its centre (i + 0.5, j 
 Instead of a per-pixel loop it evaluates every (tile entry, pixel of that tile) pair at once and gets the
 front-to-back transmittance from a per-tile cumulative sum of log(1 - alpha) in float64; tiles are
 processed in chunks so memory stays bounded for large images.
+
+It draws both image formations (formation.py). The blender one keeps the tiles, the alpha cap and floor, the
+stop rule and the RADIUS_SIGMAS bound, and differs where Blender does: a splat's alpha at a pixel is its
+maximum response along the pixel's ray (its 3D Gaussian evaluated there, no dilation, scales clamped), the
+pixel takes its splats in the order of those maxima's depths, and colours blend in linear light.
 """
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -20,6 +26,8 @@ import torch
 from ..sh import sh_to_rgb
 from .constants import (ALPHA_MAX, ALPHA_MIN, DILATION, FOV_CLAMP_MARGIN, MIN_DEPTH_KEY_BITS, NEAR_PLANE,
                         RADIUS_SIGMAS, T_STOP, TILE)
+from .formation import (BLENDER, FILM_SPLAT_VARIANCE, SCALE_CLAMP, check_formation, film, linear_to_srgb,
+                        srgb_to_linear)
 
 MAX_CHUNK_PIXEL_ENTRIES = 1 << 24  # (tile entry x pixel) pairs evaluated at once
 
@@ -40,6 +48,20 @@ class Projected:
     depths: torch.Tensor  # (N,)
     radii: torch.Tensor  # (N,) int32, 0 where culled
     colors: torch.Tensor  # (N, 3)
+
+
+@dataclass
+class RayProjected:
+    """Splats as the blender formation evaluates them along pixels' rays."""
+    means2d: torch.Tensor  # (N, 2) projected centres; the rays are evaluated through them, so .grad holds dL/dmeans2d
+    frames: torch.Tensor  # (N, 3, 3) M = S^-1 R^T: camera-space vectors into the splat's unit frame (scales clamped)
+    centres: torch.Tensor  # (N, 3) M p: the mean p in camera space, in that frame
+    depths: torch.Tensor  # (N,) view z of the means
+    radii: torch.Tensor  # (N,) int32 half-size of the footprint's bounding box in pixels, 0 where culled
+    opacities: torch.Tensor  # (N,) as drawn in this view: lowered where the film filter widens the splat
+    rects: tuple  # the footprints' pixel bounding boxes (u_lo, u_hi, v_lo, v_hi), each (N,)
+    colors: torch.Tensor  # (N, 3) in linear light
+    intrinsics: tuple  # fx, fy, cx, cy
 
 
 class TileEntries(NamedTuple):
@@ -64,23 +86,9 @@ def project(means, quats, scales, opacities, sh, viewmat, K, width: int, height:
     every pixel the splat is drawn on."""
     R, t = viewmat[:3, :3], viewmat[:3, 3]
     fx, fy, cx, cy = K[0, 0], K[1, 1], K[0, 2], K[1, 2]
-    p = means @ R.T + t
-    x, y, z = p.unbind(-1)
-    in_front = z > NEAR_PLANE
-    z_safe = torch.where(in_front, z, torch.ones_like(z))
+    x, y, z, in_front, z_safe = view_space(means, viewmat)
 
-    # Jacobian of the perspective map, taken at the centre clamped to a margin around the view so
-    # Gaussians far outside it do not get huge footprints.
-    lim_x_pos = (width - cx) / fx + FOV_CLAMP_MARGIN * width / fx
-    lim_x_neg = cx / fx + FOV_CLAMP_MARGIN * width / fx
-    lim_y_pos = (height - cy) / fy + FOV_CLAMP_MARGIN * height / fy
-    lim_y_neg = cy / fy + FOV_CLAMP_MARGIN * height / fy
-    tx = z_safe * torch.clamp(x / z_safe, -lim_x_neg, lim_x_pos)
-    ty = z_safe * torch.clamp(y / z_safe, -lim_y_neg, lim_y_pos)
-    zero = torch.zeros_like(z)
-    J = torch.stack([fx / z_safe, zero, -fx * tx / z_safe ** 2,
-                     zero, fy / z_safe, -fy * ty / z_safe ** 2], dim=-1).reshape(-1, 2, 3)
-
+    J = perspective_jacobian(x, y, z_safe, K, width, height)
     M = quat_to_rotmat(quats) * scales[:, None, :]
     T = J @ R @ M
     cov2d = T @ T.mT
@@ -106,6 +114,29 @@ def project(means, quats, scales, opacities, sh, viewmat, K, width: int, height:
     dirs = torch.nn.functional.normalize(means - campos, dim=-1)
     colors = sh_to_rgb(sh, dirs, sh_degree)
     return Projected(means2d, conics, z, radii, colors)
+
+
+def view_space(means, viewmat):
+    """The means' camera-space x, y and z, whether each is in front of the near plane, and z where it is (1
+    elsewhere, which nothing divides by zero)."""
+    x, y, z = (means @ viewmat[:3, :3].T + viewmat[:3, 3]).unbind(-1)
+    in_front = z > NEAR_PLANE
+    return x, y, z, in_front, torch.where(in_front, z, torch.ones_like(z))
+
+
+def perspective_jacobian(x, y, z, K, width: int, height: int) -> torch.Tensor:
+    """(N, 2, 3) Jacobian of the perspective map at camera-space points (x, y, z), z > 0, taken at the point
+    clamped to a margin around the view so Gaussians far outside it do not get huge footprints."""
+    fx, fy, cx, cy = K[0, 0], K[1, 1], K[0, 2], K[1, 2]
+    lim_x_pos = (width - cx) / fx + FOV_CLAMP_MARGIN * width / fx
+    lim_x_neg = cx / fx + FOV_CLAMP_MARGIN * width / fx
+    lim_y_pos = (height - cy) / fy + FOV_CLAMP_MARGIN * height / fy
+    lim_y_neg = cy / fy + FOV_CLAMP_MARGIN * height / fy
+    tx = z * torch.clamp(x / z, -lim_x_neg, lim_x_pos)
+    ty = z * torch.clamp(y / z, -lim_y_neg, lim_y_pos)
+    zero = torch.zeros_like(z)
+    return torch.stack([fx / z, zero, -fx * tx / z ** 2,
+                        zero, fy / z, -fy * ty / z ** 2], dim=-1).reshape(-1, 2, 3)
 
 
 def footprint_sigmas(opacities):
@@ -185,6 +216,108 @@ def bin_tiles(proj: Projected, opacities, width: int, height: int) -> TileEntrie
     return TileEntries(tile[order], gauss[order])
 
 
+def project_rays(means, quats, scales, opacities, sh, viewmat, K, width: int, height: int,
+                 sh_degree: int) -> RayProjected:
+    """The blender formation's splats: each one's frame (its clamped scales and rotation in camera space, widened
+    by the film filter's part within a pixel), which turns a pixel's ray into its unit frame where its response
+    is exp(-|x|^2 / 2), its opacity in this view, the footprint's bounding box (exact: the silhouette of the
+    ellipsoid out to footprint_sigmas deviations, a conic seen from the camera), and its colour decoded from sRGB
+    to linear light."""
+    R, t = viewmat[:3, :3], viewmat[:3, 3]
+    fx, fy, cx, cy = K[0, 0], K[1, 1], K[0, 2], K[1, 2]
+    x, y, z, in_front, z_safe = view_space(means, viewmat)
+    means2d = torch.stack([fx * x / z_safe + cx, fy * y / z_safe + cy], dim=-1)
+    # The mean again from its projection and depth: the same point, through which the image's gradient
+    # reaches means2d, the screen-space gradient densification reads.
+    p = torch.stack([(means2d[:, 0] - cx) / fx * z_safe, (means2d[:, 1] - cy) / fy * z_safe, z_safe], dim=-1)
+    clamped = torch.maximum(scales, SCALE_CLAMP * scales.max(dim=-1, keepdim=True).values)
+    rotation = R @ quat_to_rotmat(quats)  # the splat's axes in camera space (columns)
+    # The film filter's part within a pixel: the splat convolved with an isotropic Gaussian whose projection has
+    # FILM_SPLAT_VARIANCE px^2 at its depth, its opacity lowered by the growth of its projected area (the EWA
+    # projection's determinants), so that its weight in the image stays.
+    spread = FILM_SPLAT_VARIANCE * z_safe * z_safe / (fx * fy)
+    widened = torch.sqrt(clamped * clamped + spread[:, None])
+    J = perspective_jacobian(x, y, z_safe, K, width, height)
+    T = J @ (rotation * clamped[:, None, :])
+    cov2d = T @ T.mT
+    wide2d = cov2d + spread[:, None, None] * (J @ J.mT)
+    area = torch.sqrt(torch.clamp_min(_det2(cov2d), 0) / _det2(wide2d))
+    opacities = opacities.reshape(-1) * area
+    frames = rotation.mT / widened[:, :, None]
+    centres = (frames @ p[:, :, None])[:, :, 0]
+
+    u_lo, u_hi, v_lo, v_hi = silhouette_bounds(frames.detach(), centres.detach(), rotation.detach(),
+                                               widened.detach(), z_safe.detach(), opacities.detach(),
+                                               K, width, height)
+    valid = in_front & (u_hi > 0) & (u_lo < width) & (v_hi > 0) & (v_lo < height)
+    u, v = means2d.detach().unbind(-1)
+    half = torch.stack([u - u_lo, u_hi - u, v - v_lo, v_hi - v], dim=-1).amax(-1).clamp(0, max(width, height))
+    radii = torch.where(valid, torch.ceil(half), torch.zeros_like(half)).to(torch.int32)
+
+    campos = -R.T @ t
+    dirs = torch.nn.functional.normalize(means - campos, dim=-1)
+    colors = srgb_to_linear(sh_to_rgb(sh, dirs, sh_degree))
+    return RayProjected(means2d, frames, centres, z, radii, opacities, (u_lo, u_hi, v_lo, v_hi), colors,
+                        (fx, fy, cx, cy))
+
+
+def _det2(m):
+    return m[:, 0, 0] * m[:, 1, 1] - m[:, 0, 1] * m[:, 1, 0]
+
+
+def silhouette_bounds(frames, centres, rotation, scales, depths, opacities, K, width: int, height: int):
+    """Pixel bounding boxes (u_lo, u_hi, v_lo, v_hi) of the pixels whose rays pass within footprint_t(opacity)
+    (squared, in the splat's unit frame) of each splat's mean: the silhouette of that ellipsoid, the conic
+    d^T C d = 0 of ray directions d = (x, y, 1) with C = (M^T m)(M^T m)^T - (|m|^2 - t) M^T M, whose bounding
+    lines come from its dual. Where the ellipsoid reaches the near plane, the whole image."""
+    dtype = frames.dtype
+    frames, centres, K = frames.double(), centres.double(), K.double()
+    t = footprint_t(opacities.double())
+    A = frames.mT @ frames
+    Am = (frames.mT @ centres[:, :, None])[:, :, 0]
+    C = Am[:, :, None] * Am[:, None, :] - ((centres * centres).sum(-1) - t)[:, None, None] * A
+    # In pixels: d = H (u, v, 1) with H = K^-1.
+    H = torch.linalg.inv(K)
+    C = H.T @ C @ H
+    nearest = depths.double() - torch.sqrt(t * ((rotation.double()[:, 2, :] * scales.double()) ** 2).sum(-1))
+    bounded = nearest > NEAR_PLANE
+    eye = torch.eye(3, dtype=torch.float64, device=C.device)
+    D = torch.linalg.inv(torch.where(bounded[:, None, None], C, eye))  # the dual conic (up to scale)
+
+    def extent(i: int):
+        mid, disc = D[:, i, 2] / D[:, 2, 2], (D[:, i, 2] ** 2 - D[:, i, i] * D[:, 2, 2]) / D[:, 2, 2] ** 2
+        r = torch.sqrt(torch.clamp_min(disc, 0))
+        return mid - r, mid + r
+
+    (u_lo, u_hi), (v_lo, v_hi) = extent(0), extent(1)
+    whole = ~bounded | ~torch.isfinite(u_lo + u_hi + v_lo + v_hi)
+    full = torch.tensor([0.0, width, 0.0, height], dtype=torch.float64, device=C.device)
+    box = torch.where(whole[:, None], full, torch.stack([u_lo, u_hi, v_lo, v_hi], dim=-1))
+    return tuple(b.to(dtype) for b in box.unbind(-1))
+
+
+def bin_rects(proj: RayProjected, width: int, height: int) -> TileEntries:
+    """Every tile of each drawn splat's footprint box, sorted by (tile, Gaussian index): the blender formation
+    orders each pixel's splats itself."""
+    tiles_x, tiles_y = tile_grid(width, height)
+    u_lo, u_hi, v_lo, v_hi = proj.rects
+    idx = (proj.radii > 0).nonzero().squeeze(1)
+    x_lo = torch.clamp(torch.floor(u_lo[idx] / TILE), 0, tiles_x).long()
+    x_hi = torch.clamp(torch.floor(u_hi[idx] / TILE) + 1, 0, tiles_x).long()
+    y_lo = torch.clamp(torch.floor(v_lo[idx] / TILE), 0, tiles_y).long()
+    y_hi = torch.clamp(torch.floor(v_hi[idx] / TILE) + 1, 0, tiles_y).long()
+    cols, rows = x_hi - x_lo, y_hi - y_lo
+    counts = cols * rows
+    starts = torch.cumsum(counts, 0) - counts
+    local = torch.arange(int(counts.sum()), device=counts.device) - torch.repeat_interleave(starts, counts)
+    gauss = torch.repeat_interleave(idx, counts)
+    span = torch.repeat_interleave(cols, counts)
+    tile = (torch.repeat_interleave(y_lo, counts) + local // span) * tiles_x + torch.repeat_interleave(x_lo, counts) \
+        + local % span
+    order = torch.argsort(tile, stable=True)  # gauss is ascending already
+    return TileEntries(tile[order], gauss[order])
+
+
 def depth_key_bits(width: int, height: int) -> int:
     """Bits of the depth key beside the tile: what a 32-bit sort key leaves where that is at least
     MIN_DEPTH_KEY_BITS (up to 2^14 tiles), else 32 (the kernels' 64-bit keys)."""
@@ -205,19 +338,28 @@ def depth_keys(depths, visible, bits: int) -> torch.Tensor:
     return (depth_bits - lowest) >> shift
 
 
-def composite(proj: Projected, tile_ids, gauss_ids, opacities, width: int, height: int):
-    """Front-to-back alpha compositing per tile. Returns colour (H, W, 3), alpha (H, W), depth (H, W)."""
+def composite(proj, tile_ids, gauss_ids, opacities, width: int, height: int):
+    """Front-to-back alpha compositing per tile. Returns colour (H, W, 3), alpha (H, W), depth (H, W): of
+    Projected splats as the standard formation draws them, of RayProjected ones as the blender formation does
+    (its colour in linear light)."""
     tiles_x, tiles_y = tile_grid(width, height)
     n_tiles = tiles_x * tiles_y
     ends = torch.cumsum(torch.bincount(tile_ids, minlength=n_tiles), 0).tolist()
-    budget = max(1, MAX_CHUNK_PIXEL_ENTRIES // (TILE * TILE))
+    # A ray-evaluated pair holds a few more intermediates (its ray in the splat's frame, the per-pixel order).
+    per_pair = 1 if isinstance(proj, Projected) else 4
+    budget = max(1, MAX_CHUNK_PIXEL_ENTRIES // (TILE * TILE * per_pair))
     chunks = []
     t0 = 0
     while t0 < n_tiles:  # chunks of whole tiles holding at most `budget` entries (or one tile)
         e0 = ends[t0 - 1] if t0 > 0 else 0
         t1 = max(t0 + 1, bisect.bisect_right(ends, e0 + budget))
         e1 = ends[t1 - 1]
-        chunks.append(_composite_tiles(proj, tile_ids[e0:e1], gauss_ids[e0:e1], t0, t1, tiles_x, opacities))
+        tid, gid = tile_ids[e0:e1], gauss_ids[e0:e1]
+        if isinstance(proj, Projected):
+            pairs = _splat_pairs(proj, tid, gid, tiles_x, opacities)
+        else:
+            pairs = _ray_pairs(proj, tid, gid, tiles_x, proj.opacities)
+        chunks.append(_blend(tid, t0, t1, *pairs))
         t0 = t1
     out = torch.cat(chunks, dim=0)
     # (tiles_y * tiles_x, TILE * TILE, 5) -> (H, W, 5), cropped to the image.
@@ -226,15 +368,19 @@ def composite(proj: Projected, tile_ids, gauss_ids, opacities, width: int, heigh
     return img[..., :3], img[..., 3], img[..., 4]
 
 
-def _composite_tiles(proj: Projected, tid, gid, t0: int, t1: int, tiles_x: int, opacities) -> torch.Tensor:
-    """Composite the sorted entries (tile `tid`, Gaussian `gid`) of tiles [t0, t1).
-    Returns (t1 - t0, TILE * TILE, 5): rgb, alpha, depth per pixel of each tile."""
-    dtype, device = proj.means2d.dtype, proj.means2d.device
-    acc = torch.zeros(t1 - t0, TILE * TILE, 5, dtype=dtype, device=device)
+def _pixel_centres(tid, tiles_x: int, dtype, device):
+    """The centres (x, y), in pixels, of the TILE * TILE pixels of each tile `tid`: (len(tid), TILE * TILE) each."""
     offsets = torch.arange(TILE, device=device, dtype=dtype) + 0.5
     py_local, px_local = torch.meshgrid(offsets, offsets, indexing="ij")
     px = (tid % tiles_x * TILE).to(dtype)[:, None] + px_local.reshape(-1)
     py = (tid // tiles_x * TILE).to(dtype)[:, None] + py_local.reshape(-1)
+    return px, py
+
+
+def _splat_pairs(proj: Projected, tid, gid, tiles_x: int, opacities):
+    """The standard formation's (entry, pixel) pairs of a chunk: alpha (E, P), colours (E, 1, 3), depths (E, 1),
+    in the entries' order."""
+    px, py = _pixel_centres(tid, tiles_x, proj.means2d.dtype, proj.means2d.device)
     # index_select, not t[gid]: its backward (index_add) sums in a fixed order on the CPU, so training repeats.
     means2d = proj.means2d.index_select(0, gid)
     dx = px - means2d[:, 0, None]
@@ -244,7 +390,44 @@ def _composite_tiles(proj: Projected, tid, gid, t0: int, t1: int, tiles_x: int, 
     alpha = torch.clamp_max(opacities.index_select(0, gid)[:, None] * torch.exp(power), ALPHA_MAX)
     outside = (power > 0) | (power < -0.5 * RADIUS_SIGMAS ** 2) | (alpha < ALPHA_MIN)  # beyond the footprint
     alpha = torch.where(outside, torch.zeros_like(alpha), alpha)
+    return alpha, proj.colors.index_select(0, gid)[:, None, :], proj.depths.index_select(0, gid)[:, None]
 
+
+def _ray_pairs(proj: "RayProjected", tid, gid, tiles_x: int, opacities):
+    """The blender formation's (entry, pixel) pairs of a chunk: each splat at its maximum response along the
+    pixel's ray, and each pixel's entries reordered (within their tile) by the depth of that maximum. Returns
+    alpha (E, P), colours (E, P, 3), depths (E, P), in each pixel's order."""
+    dtype, device = proj.frames.dtype, proj.frames.device
+    px, py = _pixel_centres(tid, tiles_x, dtype, device)
+    fx, fy, cx, cy = proj.intrinsics
+    x, y = (px - cx) / fx, (py - cy) / fy  # the pixel's ray d = (x, y, 1) in camera space
+    frame = proj.frames.index_select(0, gid)  # M: camera space into the splat's unit frame
+    m = proj.centres.index_select(0, gid)  # M p: the camera seen from the mean, in that frame (negated)
+    ray = frame[:, None, :, 0] * x[..., None] + frame[:, None, :, 1] * y[..., None] + frame[:, None, :, 2]
+    ray_sq = (ray * ray).sum(-1)
+    # The squared distance from the mean to the ray in the unit frame, |m x Md|^2 / |Md|^2: the cross product
+    # keeps it exact where |m| is large (a thin splat seen edge-on), which |m|^2 - (m.Md)^2/|Md|^2 does not.
+    dist_sq = (torch.linalg.cross(m[:, None, :].expand_as(ray), ray, dim=-1) ** 2).sum(-1) / ray_sq
+    depth = (m[:, None, :] * ray).sum(-1) / ray_sq  # view z of the maximum (t along d, whose z is 1)
+    alpha = torch.clamp_max(opacities.index_select(0, gid)[:, None] * torch.exp(-0.5 * dist_sq), ALPHA_MAX)
+    outside = (dist_sq > RADIUS_SIGMAS ** 2) | (alpha < ALPHA_MIN) | (depth <= NEAR_PLANE)
+    alpha = torch.where(outside, torch.zeros_like(alpha), alpha)
+    # Each pixel's entries by depth, within their tile (tile blocks keep their rows: every pixel of a tile has
+    # the same entries); stable sorts, so equal depths keep index order and the image repeats.
+    key = torch.where(outside, torch.full_like(depth, math.inf), depth).detach()
+    order = torch.sort(key, dim=0, stable=True).indices
+    order = order.gather(0, torch.sort(tid[:, None].expand_as(order).gather(0, order), dim=0, stable=True).indices)
+    colors = proj.colors.index_select(0, gid)
+    colors = colors.index_select(0, order.reshape(-1)).reshape(*order.shape, 3)
+    return alpha.gather(0, order), colors, depth.gather(0, order)
+
+
+def _blend(tid, t0: int, t1: int, alpha, colors, depths) -> torch.Tensor:
+    """Composite the pairs of tiles [t0, t1), entries `tid` sorted by tile, alpha (E, P) in each pixel's front-to-
+    back order with their colours (E, 1 or P, 3) and depths (E, 1 or P). Returns (t1 - t0, TILE * TILE, 5): rgb,
+    alpha, depth per pixel of each tile."""
+    dtype, device = alpha.dtype, alpha.device
+    acc = torch.zeros(t1 - t0, TILE * TILE, 5, dtype=dtype, device=device)
     # Inclusive cumulative log-transmittance along each tile's list; float64 keeps the running sum
     # across the chunk's tiles exact enough to subtract each tile's base.
     log_t = torch.log1p(-alpha).double()
@@ -257,21 +440,30 @@ def _composite_tiles(proj: Projected, tid, gid, t0: int, t1: int, tiles_x: int, 
     t_before = torch.exp(cum - log_t - base).to(dtype)
     contributes = t_incl >= T_STOP  # monotone along a tile's list, so this means "before the stop"
     weight = torch.where(contributes, alpha * t_before, torch.zeros_like(alpha))
-
-    values = torch.cat([weight[..., None] * proj.colors.index_select(0, gid)[:, None, :], weight[..., None],
-                        (weight * proj.depths.index_select(0, gid)[:, None])[..., None]], dim=-1)
+    values = torch.cat([weight[..., None] * colors, weight[..., None], (weight * depths)[..., None]], dim=-1)
     return acc.index_add(0, tid - t0, values)
 
 
 def rasterize(means, quats, scales, opacities, sh, viewmat, K, width: int, height: int,
-              sh_degree: int, background) -> RasterOutput:
+              sh_degree: int, background, formation: str = "standard") -> RasterOutput:
     """Render Gaussians (world-space means, quaternions, positive scales, opacities in [0, 1], SH
-    coefficients (N, K, 3)) through an OpenCV camera (world-to-camera `viewmat`, intrinsics `K`)."""
-    proj = project(means, quats, scales, opacities, sh, viewmat, K, width, height, sh_degree)
+    coefficients (N, K, 3)) through an OpenCV camera (world-to-camera `viewmat`, intrinsics `K`) in an image
+    formation (formation.py): the image is in display values either way, the blender formation's composited
+    over the background in linear light."""
+    if check_formation(formation) == BLENDER:
+        proj = project_rays(means, quats, scales, opacities, sh, viewmat, K, width, height, sh_degree)
+        tile_ids, gauss_ids = bin_rects(proj, width, height)
+    else:
+        proj = project(means, quats, scales, opacities, sh, viewmat, K, width, height, sh_degree)
+        tile_ids, gauss_ids = bin_tiles(proj, opacities, width, height)
     if proj.means2d.requires_grad:
         proj.means2d.retain_grad()
-    tile_ids, gauss_ids = bin_tiles(proj, opacities, width, height)
     color, alpha, depth = composite(proj, tile_ids, gauss_ids, opacities, width, height)
     background = torch.as_tensor(background, dtype=color.dtype, device=color.device)
-    image = color + (1 - alpha)[..., None] * background
+    if formation == BLENDER:  # over the background and through the film filter, in linear light
+        linear = color + (1 - alpha)[..., None] * srgb_to_linear(background)
+        filtered = film(torch.cat([linear, alpha[..., None], depth[..., None]], dim=-1))
+        image, alpha, depth = linear_to_srgb(filtered[..., :3]), filtered[..., 3], filtered[..., 4]
+    else:
+        image = color + (1 - alpha)[..., None] * background
     return RasterOutput(image, alpha, depth, proj.means2d, proj.radii)

@@ -18,7 +18,7 @@ from .frames import view_rgb
 from .limits import Limits
 from .render_queue import RenderJob
 from .renderer import Renderer
-from .saved_models import SavedModels, read_model_file
+from .saved_models import SavedModels, file_model
 from .session import Session
 from .shown import Shown
 from .training import Training, TrainingCopies
@@ -73,11 +73,11 @@ class Engine:
             raise SplatwrightError("training is running; stop it before loading a model to view")
         data = bytes(data)
         # A file that cannot be read, or holds a model validate.py refuses, makes no session.
-        g = read_model_file(data, name, self.limits.budget()).to(self.device)
+        model = file_model(data, name, background, self.device, self.limits.budget())
         session = Session.create_imported(self.workdir, name, data, background)
-        self.training.show(session, (g, tuple(background)))
+        self.training.show(session, model)
         # and the status says whether it is 4D
-        return {"gaussians": len(g), "sh_degree": g.max_sh_degree, "session": session.name}
+        return {"gaussians": len(model.g), "sh_degree": model.g.max_sh_degree, "session": session.name}
 
     def check_view(self, camera: Camera) -> None:
         """Refuse a view over the limits before its image is decoded."""

@@ -51,13 +51,14 @@ class Exports:
             said = [] if crop is None else [f"the crop box kept the Gaussians inside it at time {time or 0.0:g}"]
         else:
             g = placed(chosen(source.g, crop, time), placement)
-            data = encode_any(g, fmt)
-            said = notes(g, fmt)
+            data = encode_any(g, fmt, source.formation)
+            said = notes(g, fmt, source.formation)
         path = ""
         whole = crop is None and placement is None and (time is None or not dynamic)  # a static one at any time
         if source.trained and whole and not dynamic_file:
             # the session's whole trained model is also kept beside its checkpoint, as a PLY; a viewed one is not
-            path = self.shown.session.write_file("splats.ply", data if fmt == "ply" else encode_ply(g))
+            ply = data if fmt == "ply" else encode_ply(g, source.formation)
+            path = self.shown.session.write_file("splats.ply", ply)
         fields = {"path": path, "gaussians": len(g), "step": source.step, "format": fmt, "note": "; ".join(said),
                   "dynamic": dynamic}
         return fields, data

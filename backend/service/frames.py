@@ -15,6 +15,7 @@ from blender_addon.core.errors import SplatwrightError
 from ..data.images import over_background
 from ..gaussians import Gaussians
 from ..render import render
+from ..render.formation import STANDARD
 from .shared_frames import SharedFrames, SharedSlot
 
 
@@ -97,12 +98,12 @@ def packed_layer(rgba: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
 
 
 def queue_frame(g: Gaussians, camera: Camera, sh_degree: int, background, rasterizer: str, view, format: str,
-                depth: bool, shared: SharedFrames | None = None) -> QueuedFrame:
+                depth: bool, shared: SharedFrames | None = None, formation: str = STANDARD) -> QueuedFrame:
     """Queue the frame's rendering, its bytes and their copy to the host, on the current stream, without waiting
     for any of it. A raw frame goes into a slot of `shared` when one is free; an rgba32f frame finding none goes
     in the reply as rgba8, a quarter of the bytes (the frame's `format` says which). `view`:
-    render.camera_tensors of `camera`."""
-    out = render(g, camera, sh_degree, background, rasterizer, view)
+    render.camera_tensors of `camera`; `formation`: the image formation it is drawn in."""
+    out = render(g, camera, sh_degree, background, rasterizer, view, formation)
     data, depth_offset = frame_bytes(out, format, depth)
     slot = shared.take(data.numel()) if shared is not None and format in codecs.RAW_FRAME_FORMATS else None
     if slot is None and format == "rgba32f":

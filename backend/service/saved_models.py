@@ -7,8 +7,8 @@ from collections import OrderedDict
 from pathlib import Path
 
 from blender_addon.core.errors import SplatwrightError
-from ..dynamic import gaussians_from_tensors, read_dynamic
-from ..formats import read_any
+from ..dynamic import DynamicGaussians, gaussians_from_tensors, read_dynamic
+from ..formats import formation_of, read_any
 from ..formats.budget import Budget
 from ..gaussians import Gaussians
 from ..policy import CHECKPOINT
@@ -73,7 +73,7 @@ class SavedModels:
         cfg, g = TrainConfig.from_dict(state["config"]), gaussians_from_tensors(state["gaussians"]).to(self.device)
         # The SH degree its trainer renders with at that step (Trainer.sh_degree).
         sh_degree = min(cfg.sh_degree, g.max_sh_degree, state["step"] // cfg.sh_interval)
-        return Model(g, sh_degree, tuple(cfg.background), state["step"])
+        return Model(g, sh_degree, tuple(cfg.background), state["step"], formation=cfg.image_formation)
 
 
 def imported_model(path: Path, background: tuple, device, budget: Budget) -> Model:
@@ -83,8 +83,15 @@ def imported_model(path: Path, background: tuple, device, budget: Budget) -> Mod
     except OSError as e:
         raise SplatwrightError(f"cannot read {path.parent.name}/{path.name}, the file session {path.parent.name!r} "
                                f"was imported from ({e.strerror or e})") from None
-    g = read_model_file(data, path.name, budget).to(device)
-    return Model(g, g.max_sh_degree, tuple(background), 0)
+    return file_model(data, path.name, background, device, budget)
+
+
+def file_model(data: bytes, name: str, background, device, budget: Budget) -> Model:
+    """The model of a splat file or a 4D model's file (read_model_file, within `budget`), to draw over
+    `background` in the image formation it was trained for (a 4D model's file: the standard one)."""
+    g = read_model_file(data, name, budget).to(device)
+    formation = "standard" if isinstance(g, DynamicGaussians) else formation_of(data, name or "the uploaded model")
+    return Model(g, g.max_sh_degree, tuple(background), 0, formation=formation)
 
 
 def is_dynamic_file(data: bytes, name: str) -> bool:

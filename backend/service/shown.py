@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from blender_addon.core.errors import SplatwrightError
 from ..gaussians import Gaussians
+from ..render.formation import STANDARD
 from ..train import Trainer
 from .session import Session
 
@@ -19,21 +20,22 @@ class Model:
     background: tuple
     step: int
     trained: bool = False  # the open session's trained model (not a viewed file or a saved model)
+    formation: str = STANDARD  # the image formation it was trained for, which it is drawn and exported in
 
 
 def trained_model(t: Trainer) -> Model:
-    return Model(t.g, t.sh_degree, t.cfg.background, t.step, True)
+    return Model(t.g, t.sh_degree, t.cfg.background, t.step, True, t.cfg.image_formation)
 
 
 class Shown:
-    """The open session and its model in memory: its trainer, or the model of the file it was imported from and
+    """The open session and its model in memory: its trainer, or the model of the file it was imported from, with
     its background (`viewed`). `lock` guards the three and the session's data."""
 
     def __init__(self):
         self.lock = threading.Lock()
         self.session: Session | None = None
         self.trainer: Trainer | None = None
-        self.viewed: tuple[Gaussians, tuple] | None = None  # the open session's imported file and background
+        self.viewed: Model | None = None  # the open session's imported file's model
 
     def require_session(self) -> Session:
         if self.session is None:
@@ -47,8 +49,7 @@ class Shown:
         if name is not None and (self.session is None or self.session.name != name):
             return None
         if self.viewed is not None:  # the open session's imported file
-            g, background = self.viewed
-            return Model(g, g.max_sh_degree, background, 0)
+            return self.viewed
         if self.trainer is not None:
             return trained_model(self.trainer)
         if name is not None:

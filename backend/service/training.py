@@ -94,11 +94,11 @@ class Training:
         """Without the model lock, so it answers at once whatever runs: each value is read once, and a step
         in progress shows as the one before it."""
         session, t, viewed = self.shown.session, self.shown.trainer, self.shown.viewed
-        model = viewed[0] if viewed else (t.g if t else None)
+        model = viewed.g if viewed else (t.g if t else None)
         return {"session": session.name if session else None, "state": self.state,
                 "views": len(session.cameras) if session else 0,
                 "step": t.step if t else 0, "iterations": t.cfg.iterations if t else 0,
-                "gaussians": len(viewed[0]) if viewed else (len(t.g) if t else 0),
+                "gaussians": len(viewed.g) if viewed else (len(t.g) if t else 0),
                 "checkpoint": bool(session and session.has_model),
                 "settings": session.settings if session else None,
                 "dynamic": isinstance(model, DynamicGaussians)}
@@ -107,7 +107,7 @@ class Training:
         with self.cond:
             return self.state in protocol.RUNNING
 
-    def show(self, session: Session, viewed: tuple[Gaussians, tuple] | None = None) -> None:
+    def show(self, session: Session, viewed: Model | None = None) -> None:
         """Make `session` the open one, with nothing trained in memory (`viewed`: its imported file's model)."""
         with self.shown.lock:
             self.shown.session, self.shown.trainer, self.shown.viewed = session, None, viewed
@@ -221,7 +221,7 @@ class Training:
                 raise SplatwrightError(f"session {session.name!r} has no checkpoint yet")
             model = imported_model(*session.imported_file, self.device, self.limits.budget())
             with shown.lock:
-                shown.trainer, shown.viewed = None, (model.g, model.background)
+                shown.trainer, shown.viewed = None, model
             self._emit_state()
             return self.status()
         trainer = self._trainer_from_checkpoint()
@@ -307,10 +307,14 @@ class Training:
             self._fail(protocol.INTERNAL, f"training failed: {e!r}; see the backend's log")
 
     def _install(self, trainer: Trainer) -> bool:
-        """Make a newly set-up trainer the session's, with the views added while it was set up; False (and
-        the finished state) if it has no steps left."""
+        """Make a newly set-up trainer the session's, with the views added while it was set up, and tell the client
+        once how it trains otherwise than asked (trainer.note); False (and the finished state) if it has no steps
+        left."""
         shown = self.shown
         session = shown.session
+        if trainer.note:
+            log(f"session {session.name}: {trainer.note}")
+            self.emit({"event": "warning", "message": trainer.note})
         with shown.lock:
             for i in range(len(trainer.data), len(session.cameras)):
                 trainer.add_view(session.cameras[i], view_rgb(session.images[i], trainer.cfg.background),

@@ -15,11 +15,11 @@ from blender_addon.core.settings import TRAINING
 from ..data import load_cameras, load_split, scene_point_cloud
 from ..data.dataset import Dataset
 from ..dynamic import DYNAMIC_FILE, DynamicGaussians, read_dynamic, write_dynamic
-from ..formats import read_any, with_sh_degree
+from ..formats import formation_of, read_any, with_sh_degree
 from ..formats.ply import write_ply
 from ..gaussians import Gaussians
 from ..policy import CHECKPOINT, device_name, make_config, resolve_device, system_report
-from ..render import render
+from ..render import drawn_formation, render
 from ..train import TrainConfig, Trainer, evaluate, load_latest_checkpoint, previous_checkpoint
 from .progress import Progress
 
@@ -75,6 +75,8 @@ def train(args) -> int:
         initial = (init_gaussians(args.init, cfg) if args.init
                    else None if args.random_init else scene_points(args.data, cfg, device))
         trainer = Trainer(train_set, cfg, device, initial)
+    if trainer.note:
+        print(f"warning: {trainer.note}", file=sys.stderr)
     run_training(trainer, out / CHECKPOINT, args.checkpoint_every, args.checkpoint_seconds)
     metrics = finish(trainer, test_set or train_set, out, device)
     print(json.dumps(metrics))
@@ -116,10 +118,12 @@ def finish(trainer: Trainer, eval_set: Dataset, out: Path, device: str, **extra)
     splats4d.pt (then splats.ply holds its time 0); returns the metrics."""
     if trainer.dynamic:
         write_dynamic(out / DYNAMIC_FILE, trainer.g)
-    write_ply(out / "splats.ply", trainer.g.at(0.0))
-    scores = evaluate(trainer.g, eval_set, trainer.sh_degree, trainer.cfg.background, trainer.cfg.rasterizer)
+    formation = trainer.cfg.image_formation
+    write_ply(out / "splats.ply", trainer.g.at(0.0), formation)
+    scores = evaluate(trainer.g, eval_set, trainer.sh_degree, trainer.cfg.background, trainer.cfg.rasterizer,
+                      formation)
     metrics = {**scores, "iterations": trainer.step, "train_seconds": round(trainer.train_seconds, 3),
-               "gaussians": len(trainer.g), "device": device_name(device), **extra}
+               "gaussians": len(trainer.g), "device": device_name(device), "image_formation": formation, **extra}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     return metrics
 
@@ -134,8 +138,16 @@ def read_model(path: str) -> Gaussians:
     return read_dynamic(path) if Path(path).suffix == ".pt" else read_any(path)
 
 
+def model_formation(path: str) -> str:
+    """The image formation a model file's model was trained for (a 4D model's file: the standard one)."""
+    return "standard" if Path(path).suffix == ".pt" else formation_of(path)
+
+
 def render_views(args) -> int:
     device, rasterizer = resolve_device(args.device)
+    formation, note = drawn_formation(rasterizer, model_formation(args.splats))
+    if note:
+        print(f"warning: {note}", file=sys.stderr)
     g = read_model(args.splats).to(device)
     if args.time is not None and not isinstance(g, DynamicGaussians):
         raise SplatwrightError(f"--time: {args.splats} is a static model, the same at every time; give a 4D model "
@@ -147,7 +159,8 @@ def render_views(args) -> int:
     bar = Progress(len(cameras), "render")
     with torch.no_grad():
         for i, (cam, name) in enumerate(zip(cameras, names)):
-            save_png(out / f"{name}.png", render(g, cam, g.max_sh_degree, background, rasterizer).image)
+            save_png(out / f"{name}.png", render(g, cam, g.max_sh_degree, background, rasterizer,
+                                                 formation=formation).image)
             bar.update(i + 1)
     bar.close()
     print(f"wrote {len(cameras)} images to {out}")

@@ -1,6 +1,7 @@
 """`python -m backend convert IN OUT [--sh-degree N] [--frames N]`: a splat file in any supported format to the
 format OUT's name gives (*.ply, *.compressed.ply, *.spz, *.splat); a 4D model (splats4d.pt) to a sequence of
-files, one per frame (OUT name_0001.ply ...), as PLY-sequence players read them."""
+files, one per frame (OUT name_0001.ply ...), as PLY-sequence players read them. The model's image formation goes
+with it where the format has a place for it, and a note says what changes for other viewers."""
 from __future__ import annotations
 
 import sys
@@ -10,20 +11,21 @@ from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.files import sequence_paths
 from ..dynamic import DynamicGaussians
 from ..formats import format_for_path, with_sh_degree, write_any
-from .commands import read_model
+from .commands import model_formation, read_model
 from .progress import Progress
 
 
 def convert(args) -> int:
     format_for_path(args.output)  # an unknown output name fails before the input is read
     g = read_model(args.input)
+    formation = model_formation(args.input)
     if args.sh_degree is not None and args.sh_degree < g.max_sh_degree:
         g = with_sh_degree(g, args.sh_degree)
     if args.frames is None:
         if isinstance(g, DynamicGaussians):
             print(f"note: {args.input} is a 4D model; {args.output} holds its first frame (--frames N writes N)",
                   file=sys.stderr)
-        write(g.at(0.0), Path(args.output))
+        write(g.at(0.0), Path(args.output), formation)
         return 0
     if not isinstance(g, DynamicGaussians):
         raise SplatwrightError(f"--frames: {args.input} is a static model, the same at every time; give a 4D model "
@@ -31,16 +33,16 @@ def convert(args) -> int:
     paths = sequence_paths(Path(args.output), args.frames)
     bar = Progress(len(paths), "convert")
     for k, path in enumerate(paths):
-        write(g.at(k / (len(paths) - 1) if len(paths) > 1 else 0.0), path, quiet=True)
+        write(g.at(k / (len(paths) - 1) if len(paths) > 1 else 0.0), path, formation, quiet=True)
         bar.update(k + 1)
     bar.close()
     print(f"wrote {len(paths)} frames of {len(g)} Gaussians: {paths[0]} ... {paths[-1]}")
     return 0
 
 
-def write(g, path: Path, quiet: bool = False) -> None:
+def write(g, path: Path, formation: str, quiet: bool = False) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    for note in write_any(path, g):
+    for note in write_any(path, g, formation):
         print(f"note: {note}", file=sys.stderr)
     if not quiet:
         print(f"wrote {len(g)} Gaussians (SH degree {g.max_sh_degree}) to {path} ({format_for_path(path)}, "

@@ -28,14 +28,16 @@ from .schema import (MAX_TEXT_CHARS, AnyObject, Bool, Fields, Float, Int, Kind, 
                      optional)
 from .settings import BACKGROUND, TRAINING, default
 
-# 11: convert_model (a model the client holds, as a file of another format); 10: load_ply keeps the file in a new session, which opens (its reply names it); status's `checkpoint`: the session
+# 12: convert_model (a model the client holds, as a file of another format); 11: start_training's image_formation
+# (a training setting, so status's settings hold it too); 10: load_ply keeps the file in a new session, which opens
+# (its reply names it); status's `checkpoint`: the session
 # has a saved model (a checkpoint or the file it was imported from); 9: the "rgba32f" frame format, six
 # shared-memory slots; 8: frames through shared memory on one machine (hello's shared_frames, render's shared,
 # release_frame) and the "layer" frame format; 7: load_ply reads a 4D model's file and export_ply writes one (*.pt);
 # status, render and export_ply say whether the model is 4D; 6: render streams; 5: render and export_ply name a
 # session's saved model and a crop box, export_ply a placement; 4: load_ply and export_ply name their files (the
 # splat format); 3: warning events; 2: replies and events declared and checked by the client
-PROTOCOL_VERSION = 11
+PROTOCOL_VERSION = 12
 DEFAULT_PORT = 7380  # where `serve` listens and the add-on looks for a remote backend, unless told otherwise
 MAGIC = b"SPW\x00"
 PREFIX = struct.Struct(">4sI")  # magic, header length

@@ -12,6 +12,9 @@ SCHEDULE_STEPS = {"quality": (12_000, 110), "fast": (6500, 65), "dynamic": (15_0
 PRESETS = tuple(SCHEDULE_STEPS)
 CPU_STEPS = 3000
 BACKGROUND = Numbers((3,), 0.0, 1.0)
+# How the model's splats make an image, which it is trained to look right in (backend/render/formation.py):
+# standard 3DGS viewers', or Blender 5.3's own drawing of native splats (Cycles and EEVEE).
+FORMATIONS = ("standard", "blender")
 
 TRAINING = Fields(
     preset=optional(Str(choices=PRESETS), "quality",
@@ -29,13 +32,20 @@ TRAINING = Fields(
                                 "seconds of training between checkpoints, besides the steps (0: by steps only)"),
     progress_interval=optional(Float(0.05, 3600.0), 0.5, "seconds between progress reports"),
     seed=optional(Int(0, 2**31 - 1), 0, "random seed of the initialisation"),
+    image_formation=optional(Str(choices=FORMATIONS), "standard",
+                             "the image formation the model is trained for: standard (3DGS viewers) or blender "
+                             "(Blender 5.3's native splats: linear-light blending, ray-space splats); the CUDA "
+                             "kernels train the standard one"),
 )
 
 # Where a context starts a setting elsewhere than the table does (the table's defaults are the backend's: the
-# CLI's and the protocol's). The panel's Steps, per backend device: the count Custom Steps trains.
+# CLI's and the protocol's). The panel's Steps, per backend device: the count Custom Steps trains. The add-on on
+# Blender 5.3 and later, where a model becomes a native splat object that Blender draws itself, trains for
+# Blender's image formation ("blender-5.3").
 CONTEXT_DEFAULTS = {
     "panel-cuda": {"iterations": 7000},
     "panel-cpu": {"iterations": 300},
+    "blender-5.3": {"image_formation": "blender"},
 }
 
 

@@ -71,12 +71,12 @@ def read_ply_bytes(data: bytes | memoryview, what: str = "the model") -> SplatAr
                        sh_rest=table[:, 9:9 + rest].reshape(count, 3, k).transpose(0, 2, 1).copy())
 
 
-def encode_ply_bytes(model: SplatArrays) -> bytes:
-    """`model` as a binary little-endian PLY in the official 3DGS layout."""
+def encode_ply_bytes(model: SplatArrays, comments: tuple[str, ...] = ()) -> bytes:
+    """`model` as a binary little-endian PLY in the official 3DGS layout, with header `comments`."""
     n = len(model)
     table = np.concatenate([model.means, np.zeros((n, 3), np.float32), model.sh_dc,
                             model.sh_rest.transpose(0, 2, 1).reshape(n, -1), model.opacity_logits.reshape(n, 1),
                             model.log_scales, model.quats], axis=1).astype("<f4")
-    header = ["ply", "format binary_little_endian 1.0", f"element vertex {n}",
+    header = ["ply", "format binary_little_endian 1.0", *(f"comment {c}" for c in comments), f"element vertex {n}",
               *(f"property float {name}" for name in ply_columns(model.sh_degree)), "end_header"]
     return ("\n".join(header) + "\n").encode("ascii") + table.tobytes()

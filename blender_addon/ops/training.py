@@ -4,7 +4,7 @@ from bpy.props import EnumProperty
 from bpy.types import Operator
 
 from ..logic.training import training_fields
-from ..scene import live
+from ..scene import live, native
 from ..scene.session import has_model, not_connected, set_status, training_runs, training_state
 from .base import Guarded, button
 
@@ -40,7 +40,8 @@ class SPLATWRIGHT_OT_train_start(Guarded, Operator):
         layout.prop(self, "start", expand=True)
 
     def execute(self, context):
-        fields = training_fields(context.scene.splatwright, fresh=self.start == "OVER")
+        fields = training_fields(context.scene.splatwright, fresh=self.start == "OVER",
+                                 native_splats=native.available())
         live.backend.progress = {}
         live.backend.call("start_training", lambda c: c.call("start_training", **fields), started)
         return {"FINISHED"}
