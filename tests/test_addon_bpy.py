@@ -16,7 +16,7 @@ import pytest
 
 from backend.data import load_split
 from backend.formats.ply import read_ply
-from blender.runner import BLENDERS, REPO, SCENARIOS, blender_env, bpy_folder, bpy_python, run_scenario
+from blender.runner import BLENDERS, REPO, STREAMED_SPLATS, SCENARIOS, blender_env, bpy_folder, bpy_python, run_scenario
 from helpers import DONUT, assert_same_model, moving_model, viewing_model
 from splat_helpers import BACKGROUND, inside_crop, subset, trained_session
 
@@ -223,7 +223,7 @@ def test_remote_backend_with_token(scenario):
     assert remote["alive_after_stop"]
 
 
-@pytest.fixture(scope="module", params=BLENDERS)
+@pytest.fixture(scope="module", params=STREAMED_SPLATS)  # 5.3's imports are native objects: test_native_bpy.py
 def f12(addon_zip, tmp_path_factory, request) -> dict:
     """An F12 render with the Splatwright engine of a generated model the add-on loaded into a CPU backend, then
     of a trained session's model placed by a splat object, in each Blender version; then a 4D model through File >

@@ -53,14 +53,16 @@ def add_model_to_scene(context, session: str, done: str = "") -> None:
     def add(result) -> str:
         centre, half_size, attributes, step = result
         placed = [o.name for o in splat_objects(scene) if o[SESSION_KEY] == session]
-        again = (f", which the scene already held as {', '.join(placed)} (delete the new one if one copy is "
-                 "enough)") if placed else ""
         if natively:
             obj = add_native_object(view_layer, collection, session, attributes, step)
+        else:
+            obj = add_model_object(view_layer, collection, session, centre, half_size)
+            composite.prepare(scene)
+        again = (f", which the scene already held as {', '.join(placed)} (delete {obj.name} if one copy is "
+                 "enough)") if placed else ""
+        if natively:
             return (f"{done}added {obj.name}, the model of session {session}{again}, as Blender's own splats: EEVEE "
                     "and Cycles draw it with the scene")
-        obj = add_model_object(view_layer, collection, session, centre, half_size)
-        composite.prepare(scene)
         return (f"{done}added {obj.name}, the model of session {session}{again}; final renders composite it "
                 "through the scene's compositor")
     live.backend.call("add_model", fetch, add)
