@@ -11,6 +11,7 @@ it fails where the add-on used an API that this Blender deprecates (deprecations
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -239,3 +240,17 @@ def report(result_of) -> int:
         result = {"failure": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
     print("RESULT " + json.dumps(result, default=str), flush=True)
     return 0
+
+
+def session_scenario(run, *extra: str) -> int:
+    """The main() of a scenario on a trained session: --zip, --workdir, --session, --out, --python and the
+    `extra` options parsed, `run(zip, workdir, session, out, python, *extra values)` reported."""
+    parser = argparse.ArgumentParser()
+    for name in ("zip", "workdir", "session", "out", *extra):
+        parser.add_argument(f"--{name}", required=True)
+    parser.add_argument("--python", default=sys.executable, help="the backend's Python, with torch")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    return report(lambda: run(Path(args.zip), Path(args.workdir), args.session, out, args.python,
+                              *(getattr(args, name) for name in extra)))

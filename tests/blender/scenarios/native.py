@@ -10,7 +10,6 @@ compositor set-up, no backend in the render). Training on, the object follows th
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import bpy
 import numpy as np
 from mathutils import Euler, Matrix
 
-from blender.kit import addon, blender_reports, op, placed_model, report, stop_and_disable, wait_for
+from blender.kit import addon, blender_reports, op, placed_model, session_scenario, stop_and_disable, wait_for
 
 PLACEMENT = Matrix.Translation((0.4, -0.2, 0.3)) @ Euler((0.3, -0.2, 0.9)).to_matrix().to_4x4() @ Matrix.Scale(1.5, 4)
 KEPT = 200  # the points left after "deleting" the rest
@@ -85,18 +84,5 @@ def run(zip_path: Path, workdir: Path, session: str, out: Path, python: str) -> 
     return result
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--zip", required=True)
-    parser.add_argument("--workdir", required=True)
-    parser.add_argument("--session", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--python", default=sys.executable, help="the backend's Python, with torch")
-    args = parser.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    return report(lambda: run(Path(args.zip), Path(args.workdir), args.session, out, args.python))
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(session_scenario(run))

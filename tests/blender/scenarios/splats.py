@@ -12,15 +12,14 @@ splat images and the exports into the output folder; prints `RESULT <json>` for 
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import bpy
 import numpy as np
 
-from blender.kit import (WithLayout, addon, blender_reports, op, placed_model, pump, report, stop_and_disable,
-                         wait_for)  # (it also catches the add-on's timers and Blender's reports)
+from blender.kit import (WithLayout, addon, blender_reports, op, placed_model, pump, session_scenario,
+                         stop_and_disable, wait_for)  # (it also catches the add-on's timers and Blender's reports)
 from blender.splat_scene import CROP_LOCATION, CROP_SCALE, CUBE_AT, CUBE_COLOR, CUBE_SIZE, MOVE, SECOND_AT, WALL_COLOR
 
 
@@ -87,7 +86,7 @@ def several_models_and_a_crop_box(scene, session: str, second: str, out: Path) -
             "cropped": cropped, "crop": splats.model_choice(model, bpy.context.scene)["crop"].tolist(), "exports": exports}
 
 
-def run(zip_path: Path, workdir: Path, session: str, second: str, out: Path, python: str) -> dict:
+def run(zip_path: Path, workdir: Path, session: str, out: Path, python: str, second: str) -> dict:
     scene, live, model = placed_model(zip_path, workdir, session, python)
     added = {"location": list(model.location), "display": model.empty_display_type,
              "size": model.empty_display_size, "selected": model.select_get()}
@@ -138,19 +137,5 @@ def run(zip_path: Path, workdir: Path, session: str, second: str, out: Path, pyt
     return result
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--zip", required=True)
-    parser.add_argument("--workdir", required=True)
-    parser.add_argument("--session", required=True)
-    parser.add_argument("--second", required=True, help="another session with a saved model")
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--python", default=sys.executable, help="the backend's Python, with torch")
-    args = parser.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    return report(lambda: run(Path(args.zip), Path(args.workdir), args.session, args.second, out, args.python))
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(session_scenario(run, "second"))  # --second: another session with a saved model

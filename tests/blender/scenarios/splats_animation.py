@@ -10,14 +10,13 @@ pytest. Prints `RESULT <json>`.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import bpy
 from mathutils import Euler, Matrix, Vector
 
-from blender.kit import addon, blender_reports, placed_model, report, stop_and_disable  # (catches the add-on's timers)
+from blender.kit import addon, blender_reports, placed_model, session_scenario, stop_and_disable  # (catches timers)
 from blender.splat_scene import LOOK_AT, WALL_COLOR
 
 # Per frame: where the camera is (it looks at LOOK_AT), and how the model object is moved from where it was added.
@@ -76,18 +75,5 @@ def run(zip_path: Path, workdir: Path, session: str, out: Path, python: str) -> 
     return result
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--zip", required=True)
-    parser.add_argument("--workdir", required=True)
-    parser.add_argument("--session", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--python", default=sys.executable, help="the backend's Python, with torch")
-    args = parser.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    return report(lambda: run(Path(args.zip), Path(args.workdir), args.session, out, args.python))
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(session_scenario(run))
