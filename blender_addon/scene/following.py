@@ -7,6 +7,8 @@ import time
 
 import bpy
 
+from ..core.client import RemoteError
+from ..core.errors import SplatwrightError
 from ..core.splats import read_ply_bytes
 from ..logic.native import to_attributes
 from . import live, native
@@ -19,6 +21,7 @@ IDLE_SECONDS = 0.25  # between looks while nothing is to be written
 
 _writes: list = []  # (object name, writing() steps, step) still under way
 _last_refresh = 0.0
+_failed: set = set()  # (session, step) whose model could not be fetched: not asked for again, reported once
 
 
 def native_objects() -> list:
@@ -43,17 +46,25 @@ def follow() -> float:
     b = live.backend
     session, step = b.status.get("session"), b.status.get("step")
     stale = [o for o in native_objects() if o[SESSION_KEY] == session and o.get(STEP_KEY) != step]
+    stale = [] if (session, step) in _failed else stale
     if not stale or nothing_to_show() or REFRESH in b.in_flight or time.monotonic() - _last_refresh < REFRESH_SECONDS:
         return IDLE_SECONDS
     _last_refresh = time.monotonic()
     centres = {o.name: tuple(o[CENTRE_KEY]) for o in stale}
 
     def fetch(client):  # on the worker: the model, and each object's attributes of it
-        reply = client.request("export_ply")
-        model = read_ply_bytes(reply.payload, f"the model of session {session}")
+        try:
+            reply = client.request("export_ply")
+            model = read_ply_bytes(reply.payload, f"the model of session {session}")
+        except (RemoteError, SplatwrightError) as e:
+            return e
         return reply.fields["step"], {name: to_attributes(model, centre) for name, centre in centres.items()}
 
     def fetched(result) -> str:
+        if isinstance(result, Exception):  # said once; the objects keep the model they hold
+            _failed.add((session, step))
+            live.report("WARNING", f"the splat objects of session {session} keep their model: {result}")
+            return ""
         fetched_step, attributes = result
         for name, values in attributes.items():
             obj = bpy.data.objects.get(name)
