@@ -169,3 +169,11 @@ def test_the_server_draws_and_exports_a_blender_model_in_its_formation(tmp_path,
         assert wait_for(client, lambda e: e["event"] == "state" and e["state"] == "finished")
         exported = client.request("export_ply", {"name": "trained.ply"})
         assert formation_of(bytes(exported.payload)) == "blender" and "PLY comment" in exported.fields["note"]
+
+
+def test_convert_carries_the_formation_and_says_what_other_formats_lose(tmp_path, capsys):
+    write_ply(tmp_path / "native.ply", random_gaussians(30, seed=2, sh_degree=1), "blender")
+    assert cli(["convert", str(tmp_path / "native.ply"), str(tmp_path / "copy.ply")]) == 0
+    assert formation_of(tmp_path / "copy.ply") == "blender"
+    assert cli(["convert", str(tmp_path / "native.ply"), str(tmp_path / "copy.spz")]) == 0
+    assert "no place to say so" in capsys.readouterr().err

@@ -1,0 +1,96 @@
+"""Blender's own renders of a splat file, for `python -m backend bench formation` (formation.py): the file through
+Blender's PLY importer (a native GAUSSIAN_SPLAT point cloud, bpy 5.3 or later), rendered by Cycles on the CPU or
+EEVEE through each camera of a job file, over a world of one colour, under the Standard view transform. Each render
+is kept as its linear RGBA (no view transform: the caller applies it), rows top-down, as OUT_<job>_<view>.npy.
+
+    python backend/tools/bench/blender_formation.py JOB.json
+
+JOB.json: {"ply": PATH, "background": [r, g, b] (linear), "out": PREFIX,
+           "cameras": [{"c2w": Blender camera-to-world 4x4, "lens", "sensor_width", "sensor_height", "sensor_fit",
+                        "shift_x", "shift_y", "width", "height", "pixel_aspect_x", "pixel_aspect_y"}, ...],
+           "renders": [{"name", "engine": CYCLES|BLENDER_EEVEE, "samples", "filter_width", "seed"}, ...]}
+Prints `RESULT <json>` with Blender's version and each render's seconds.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import bpy
+import numpy as np
+from mathutils import Matrix
+
+
+def set_up(job: dict):
+    bpy.ops.wm.read_factory_settings(use_empty=True)
+    scene = bpy.context.scene
+    bpy.ops.wm.ply_import(filepath=job["ply"])
+    cloud = next(o for o in scene.objects if o.type == "POINTCLOUD")
+    if getattr(cloud.data, "type", None) != "GAUSSIAN_SPLAT":
+        raise SystemExit(f"Blender {bpy.app.version_string} imported {job['ply']} as a plain point cloud; "
+                         "native splats need Blender 5.3 or later")
+    world = bpy.data.worlds.new("background")
+    scene.world = world
+    if world.node_tree is None:
+        world.use_nodes = True
+    node = next(n for n in world.node_tree.nodes if n.type == "BACKGROUND")
+    node.inputs["Color"].default_value = (*job["background"], 1.0)
+    node.inputs["Strength"].default_value = 1.0
+    scene.view_settings.view_transform = "Standard"
+    scene.view_settings.look = "None"
+    scene.render.image_settings.file_format = "OPEN_EXR"
+    scene.render.image_settings.color_depth = "32"
+    scene.render.resolution_percentage = 100
+    camera = bpy.data.objects.new("camera", bpy.data.cameras.new("camera"))
+    scene.collection.objects.link(camera)
+    scene.camera = camera
+    return scene, camera, len(cloud.data.points)
+
+
+def place(scene, camera, c: dict) -> None:
+    camera.matrix_world = Matrix(c["c2w"])
+    lens = camera.data
+    lens.lens, lens.sensor_width, lens.sensor_height = c["lens"], c["sensor_width"], c["sensor_height"]
+    lens.sensor_fit, lens.shift_x, lens.shift_y = c["sensor_fit"], c["shift_x"], c["shift_y"]
+    lens.clip_start = 0.01
+    scene.render.resolution_x, scene.render.resolution_y = c["width"], c["height"]
+    scene.render.pixel_aspect_x, scene.render.pixel_aspect_y = c["pixel_aspect_x"], c["pixel_aspect_y"]
+
+
+def configure(scene, r: dict) -> None:
+    scene.render.engine = r["engine"]
+    if r["engine"] == "CYCLES":
+        scene.cycles.device = "CPU"
+        scene.cycles.samples = r["samples"]
+        scene.cycles.use_denoising = False
+        scene.cycles.use_adaptive_sampling = False
+        scene.cycles.filter_width = r["filter_width"]
+        scene.cycles.seed = r.get("seed", 0)
+    else:
+        scene.eevee.taa_render_samples = r["samples"]
+        scene.render.filter_size = r["filter_width"]
+
+
+def main(job_path: str) -> None:
+    job = json.loads(open(job_path).read())
+    scene, camera, count = set_up(job)
+    seconds = {}
+    for r in job["renders"]:
+        configure(scene, r)
+        for i, c in enumerate(job["cameras"]):
+            place(scene, camera, c)
+            path = f"{job['out']}_{r['name']}_{i}.exr"
+            scene.render.filepath = path
+            start = time.perf_counter()
+            bpy.ops.render.render(write_still=True)
+            seconds.setdefault(r["name"], []).append(time.perf_counter() - start)
+            image = bpy.data.images.load(path)
+            pixels = np.array(image.pixels[:], dtype=np.float32).reshape(c["height"], c["width"], 4)[::-1]
+            np.save(f"{job['out']}_{r['name']}_{i}.npy", pixels)
+            bpy.data.images.remove(image)
+    print("RESULT " + json.dumps({"blender": bpy.app.version_string, "splats": count, "seconds": seconds}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[-1])
