@@ -142,7 +142,7 @@ def run(zip_path: Path, out: Path, colmap: Path, distorted: Path, python: str, s
     bpy.ops.wm.read_factory_settings(use_empty=True)
     bpy.ops.preferences.addon_install(filepath=str(zip_path), overwrite=True)
     bpy.ops.preferences.addon_enable(module="splatwright")
-    result = {"blender": bpy.app.version_string, "menus": menu_entries(), "seconds": {}}
+    result = {"menus": menu_entries(), "seconds": {}}
     began = time.perf_counter()
 
     def lap(what: str) -> None:
