@@ -52,6 +52,15 @@ def scene():
     return model, cameras, images
 
 
+@pytest.fixture
+def blender_scene(tmp_path):
+    """A 32x32 scene drawn in Blender's image formation over white: 8 train and 3 test views of a random model."""
+    model = random_gaussians(300, seed=1, sh_degree=1)
+    write_scene(tmp_path, model, orbit_cameras(8, 32, 32), "train", formation="blender")
+    write_scene(tmp_path, model, orbit_cameras(3, 32, 32, radius=3.2), "test", formation="blender")
+    return tmp_path
+
+
 @pytest.fixture(scope="module")
 def poisoned_kernels():
     """The CUDA extension with its outputs NaN-poisoned, so that an unwritten pixel or Gaussian fails."""

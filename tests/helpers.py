@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import zlib
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from PIL import Image
 
 from blender_addon.core.cameras import BLENDER_TO_OPENCV, Camera, intrinsics_from_fov_x, look_at  # noqa: E402
 from backend.gaussians import Gaussians
+from backend.policy import cpu_config
 from backend.render import render
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -222,6 +224,14 @@ def zstd_spz_of_zeros(splats: int, inflated: int | None = None) -> bytes:
     header = NGSP_HEADER.pack(MAGIC, 4, splats, 0, 12, 0, len(sizes), NGSP_HEADER.size)
     table = b"".join(struct.pack("<QQ", len(stream), size) for stream, size in zip(streams, sizes))
     return header + table + b"".join(streams)
+
+
+def formation_config(iterations: int, formation: str):
+    """A short CPU training of 300 random Gaussians (at most 800) in an image formation."""
+    cfg = cpu_config(iterations)
+    return replace(cfg, init_points=300, sh_interval=40, log_every=10, image_formation=formation,
+                   densify=replace(cfg.densify, start=10, every=10, stop=iterations, reset_opacity_every=0,
+                                   max_gaussians=800))
 
 
 _CLI_MEMORY = """

@@ -11,8 +11,8 @@ import torch
 
 from blender_addon.core.cameras import Camera, intrinsics, look_at
 from backend.gaussians import Gaussians, logit, rgb_to_sh_dc
-from backend.render import camera_tensors, drawn_formation, reference, render
-from backend.render.constants import ALPHA_MAX, ALPHA_MIN, NEAR_PLANE, RADIUS_SIGMAS, T_STOP
+from backend.render import camera_tensors, reference, render
+from backend.render.constants import ALPHA_MAX, ALPHA_MIN, NEAR_PLANE, RADIUS_SIGMAS, T_STOP, TILE
 from backend.render.formation import (FILM_SPLAT_VARIANCE, FILM_TAPS, SCALE_CLAMP, blackman_harris,
                                       linear_to_srgb, srgb_to_linear)
 from backend.sh import sh_basis
@@ -39,7 +39,8 @@ def ray_walk(g: Gaussians, cam: Camera, sh_degree: int, background):
     largest, covariance S = R diag(s^2) R^T widened by the film filter's share (FILM_SPLAT_VARIANCE px^2 at its
     depth, its opacity lowered by the growth of its projected area), at the point x = t d of the pixel's ray where
     its response peaks, t = d^T S^-1 mu / d^T S^-1 d, alpha = opacity exp(-(x - mu)^T S^-1 (x - mu) / 2); the
-    pixel's splats in the order of t, their sRGB colours decoded and blended in linear light over the background's
+    pixel's splats in the order of t along the ray through its tile's centre (at least 0; then by index), their
+    sRGB colours decoded and blended in linear light over the background's
     linear colour (the alpha floor and cap, the footprint bound and the stop rule as in the standard formation);
     then the film's taps (edges repeated) and the sRGB encoding."""
     w2c = cam.w2c
@@ -74,12 +75,14 @@ def ray_walk(g: Gaussians, cam: Camera, sh_degree: int, background):
             d = np.array([(px + 0.5 - cx) / fx, (py + 0.5 - cy) / fy, 1.0])
             q = np.einsum("j,njk,k->n", d, inv, d)
             tmax = np.einsum("j,njk,nk->n", d, inv, p) / q
+            centre = np.array([(px // TILE * TILE + TILE / 2 - cx) / fx, (py // TILE * TILE + TILE / 2 - cy) / fy, 1.0])
+            order_key = np.maximum(np.einsum("j,njk,nk->n", centre, inv, p) / np.einsum("j,njk,k->n", centre, inv, centre), 0)
             off = tmax[:, None] * d - p
             dist = np.einsum("nj,njk,nk->n", off, inv, off)
             alpha = np.minimum(ALPHA_MAX, drawn_opac * np.exp(-0.5 * dist))
             drawn = (dist <= RADIUS_SIGMAS ** 2) & (alpha >= ALPHA_MIN) & (tmax > NEAR_PLANE) & (p[:, 2] > NEAR_PLANE)
             T, color = 1.0, np.zeros(3)
-            for i in sorted(np.nonzero(drawn)[0], key=lambda i: (tmax[i], i)):
+            for i in sorted(np.nonzero(drawn)[0], key=lambda i: (order_key[i], i)):
                 if T * (1 - alpha[i]) < T_STOP:
                     break
                 color += colors[i] * alpha[i] * T
@@ -200,8 +203,30 @@ def test_means2d_receive_the_screen_space_gradient():
     assert grad is not None and bool((grad.abs().sum(-1) > 0).sum() > 10)
 
 
-def test_the_cuda_rasterizer_draws_the_standard_formation_and_says_so():
-    assert drawn_formation("reference", "blender") == ("blender", "")
-    assert drawn_formation("cuda", "standard") == ("standard", "")
-    formation, note = drawn_formation("cuda", "blender", "trains")
-    assert formation == "standard" and "the GPU trains in the standard one" in note
+def test_the_kernels_ray_parameters_give_the_reference_distances_and_depths():
+    """The CUDA kernels evaluate a splat along a pixel's ray from its ray parameters (backend/render/cuda.py's
+    ray_parameters, cuda/raster.cuh's Rays): r = s m + du N0 + dv N1 for the pixel's offset (du, dv) from the
+    projected centre, the squared distance |m x (du N0 + dv N1)|^2 / |r|^2 and the depth m.r / |r|^2. Those are
+    the reference's, which evaluates the ray through the pixel in the splat's frame."""
+    from backend.render.cuda import ray_parameters
+    g = random_gaussians(40, seed=5, sh_degree=0, scale=0.2).to(dtype=torch.float64)
+    g.log_scales[:10, 2] -= 3.0  # flat ones too
+    cam = orbit_cameras(1, 40, 30, radius=2.5)[0]
+    proj = reference.project_rays(*args(g, cam, 0, (0.0, 0.0, 0.0))[:10])
+    drawn = (proj.radii > 0).nonzero().squeeze(1)
+    px = torch.rand(len(drawn), 7, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 40
+    py = torch.rand(len(drawn), 7, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) * 30
+    ray, m = reference.splat_rays(proj, drawn, px, py)
+    ray_sq = (ray * ray).sum(-1)
+    expected_dist = (torch.linalg.cross(m.expand_as(ray), ray, dim=-1) ** 2).sum(-1) / ray_sq
+    expected_depth = (m * ray).sum(-1) / ray_sq
+
+    params = ray_parameters(proj)[drawn]
+    m, s, n0, n1 = params[:, None, :3], params[:, None, 3:4], params[:, None, 4:7], params[:, None, 7:10]
+    du = (px - proj.means2d[drawn, 0, None])[..., None]
+    dv = (py - proj.means2d[drawn, 1, None])[..., None]
+    v = du * n0 + dv * n1
+    r = s * m + v
+    r_sq = (r * r).sum(-1)
+    torch.testing.assert_close((torch.linalg.cross(m.expand_as(v), v, dim=-1) ** 2).sum(-1) / r_sq, expected_dist)
+    torch.testing.assert_close((m * r).sum(-1) / r_sq, expected_depth)

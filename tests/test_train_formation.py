@@ -4,7 +4,6 @@ only, trains in that one and says so in one line (on the CPU, the rasterizer cho
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -16,29 +15,12 @@ from blender_addon.core.settings import default, training_settings
 from backend.data import load_split
 from backend.formats import formation_of, notes, write_any
 from backend.formats.ply import encode_ply, read_ply, write_ply
-from backend.policy import cpu_config, make_config
+from backend.policy import make_config
 from backend.render import render
-from backend.tools import commands
 from backend.tools.cli import main as cli
 from backend.train import Trainer, evaluate, load_checkpoint
-from helpers import orbit_cameras, random_gaussians, write_scene
+from helpers import formation_config, orbit_cameras, random_gaussians
 from server_helpers import add_scene_views, serving, wait_for
-
-
-@pytest.fixture
-def blender_scene(tmp_path):
-    """A 32x32 scene drawn in Blender's image formation over white: 8 train and 3 test views of a random model."""
-    model = random_gaussians(300, seed=1, sh_degree=1)
-    write_scene(tmp_path, model, orbit_cameras(8, 32, 32), "train", formation="blender")
-    write_scene(tmp_path, model, orbit_cameras(3, 32, 32, radius=3.2), "test", formation="blender")
-    return tmp_path
-
-
-def small_config(iterations: int, formation: str):
-    cfg = cpu_config(iterations)
-    return replace(cfg, init_points=300, sh_interval=40, log_every=10, image_formation=formation,
-                   densify=replace(cfg.densify, start=10, every=10, stop=iterations, reset_opacity_every=0,
-                                   max_gaussians=800))
 
 
 def test_the_settings_table_states_the_formation_and_the_addon_on_blender_5_3_asks_for_blender():
@@ -51,7 +33,7 @@ def test_the_settings_table_states_the_formation_and_the_addon_on_blender_5_3_as
 def test_training_in_blender_formation_fits_a_scene_drawn_in_it(blender_scene):
     """100 steps from 300 random Gaussians (at most 800) reach about 23 dB on the held-out views, from 16."""
     train, test = load_split(blender_scene, "train"), load_split(blender_scene, "test")
-    trainer = Trainer(train, small_config(100, "blender"))
+    trainer = Trainer(train, formation_config(100, "blender"))
     assert trainer.note == ""
     before = evaluate(trainer.g, test, 0, (1, 1, 1), "reference", "blender")["psnr"]
     while trainer.step < 100:
@@ -62,53 +44,17 @@ def test_training_in_blender_formation_fits_a_scene_drawn_in_it(blender_scene):
 
 def test_a_checkpoint_remembers_the_formation_and_resuming_keeps_it(blender_scene, tmp_path):
     train = load_split(blender_scene, "train")
-    trainer = Trainer(train, small_config(4, "blender"))
+    trainer = Trainer(train, formation_config(4, "blender"))
     while trainer.step < 2:
         trainer.train_step()
     trainer.save_checkpoint(tmp_path / "ck.pt")
     state = load_checkpoint(tmp_path / "ck.pt")
     assert state["config"]["image_formation"] == "blender"
     # Resumed with settings that name another formation (the CLI's defaults, say), it trains on in its own.
-    resumed = Trainer.from_checkpoint(train, state, "cpu", small_config(4, "standard"))
+    resumed = Trainer.from_checkpoint(train, state, "cpu", formation_config(4, "standard"))
     assert resumed.cfg.image_formation == "blender"
     assert "trained in image formation 'blender', and training goes on in it" in resumed.note
     assert Trainer.from_checkpoint(train, state, "cpu").note == ""
-
-
-def test_a_gpu_trains_a_blender_model_in_the_standard_formation_and_says_so(blender_scene):
-    trainer = Trainer(load_split(blender_scene, "train"), replace(small_config(4, "blender"), rasterizer="cuda"))
-    assert trainer.cfg.image_formation == "standard"
-    assert "image formation 'blender' is not in the CUDA kernels yet" in trainer.note
-    assert Trainer(load_split(blender_scene, "train"),
-                   replace(small_config(4, "standard"), rasterizer="cuda")).note == ""
-
-
-def test_the_cli_says_in_one_line_on_stderr_that_a_gpu_trains_the_standard_formation(blender_scene, tmp_path,
-                                                                                     monkeypatch, capsys):
-    monkeypatch.setattr(commands, "resolve_device", lambda name: ("cpu", "cuda"))
-    monkeypatch.setattr(commands, "run_training", lambda *args: None)
-    monkeypatch.setattr(commands, "finish", lambda trainer, *args, **kw: {"image_formation": trainer.cfg.image_formation})
-    assert cli(["train", str(blender_scene), "--out", str(tmp_path / "out"), "--image-formation", "blender",
-                "--random-init", "--iterations", "2"]) == 0
-    out, err = capsys.readouterr()
-    lines = [line for line in err.splitlines() if "image formation" in line]
-    assert len(lines) == 1 and lines[0].startswith("warning: image formation 'blender' is not in the CUDA kernels")
-    assert json.loads(out.strip().splitlines()[-1]) == {"image_formation": "standard"}
-
-
-def test_the_server_warns_once_that_a_gpu_trains_the_standard_formation(tmp_path, scene, monkeypatch):
-    def step(self):  # a step without the kernels: the trainer's set-up is what is under test
-        self.step += 1
-    monkeypatch.setattr(Trainer, "train_step", step)
-    with serving(tmp_path, "cpu", "cuda") as client:
-        client.call("open_session", name="native")
-        add_scene_views(client, scene)
-        client.call("start_training", iterations=5, init_points=100, image_formation="blender")
-        warning = wait_for(client, lambda e: e["event"] == "warning")
-        assert "image formation 'blender' is not in the CUDA kernels yet" in warning["message"]
-        assert wait_for(client, lambda e: e["event"] == "state" and e["state"] == "finished")
-        assert client.call("status")["settings"]["image_formation"] == "blender"  # as asked
-    assert load_checkpoint(tmp_path / "native" / "checkpoint.pt")["config"]["image_formation"] == "standard"
 
 
 def test_the_ply_names_a_blender_models_formation_in_a_comment_other_readers_ignore(tmp_path):

@@ -1,10 +1,11 @@
-"""CUDA rasterizer: the kernels in cuda/ behind the reference rasterizer's interface.
+"""CUDA rasterizer: the kernels in cuda/ behind the reference rasterizer's interface, in both image formations.
 
-rasterize runs the extension's autograd Functions (cuda/bindings.cpp: the projection, then the rasterization), so
-the output's means2d receives dL/d(means2d) in .grad, which densification reads; the depth image carries no
-gradient. The projection also counts the tiles each footprint meets and starts the binning's entry count on its
-way to the host (the extension's TileCounts), which the rasterization's binning waits for. gradient_step runs the
-same kernels without autograd.
+rasterize (the standard formation) runs the extension's autograd Functions (cuda/bindings.cpp: the projection,
+then the rasterization), so the output's means2d receives dL/d(means2d) in .grad, which densification reads; the
+depth image carries no gradient. The projection also counts the tiles each footprint meets and starts the
+binning's entry count on its way to the host (the extension's TileCounts), which the rasterization's binning
+waits for. gradient_step runs the same kernels without autograd. rasterize_blender (Blender's formation) projects
+the splats in torch, as the reference does, and rasterizes them in the kernels.
 """
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ import torch
 from blender_addon.core.errors import SplatwrightError
 from ..gaussians import Gaussians
 from ..kernels import extension
+from . import reference
+from .constants import NEAR_PLANE
+from .formation import blender_image
 from .reference import RasterOutput
 
 
@@ -63,11 +67,8 @@ def rasterize(means, quats, scales, opacities, sh, viewmat, K, width: int, heigh
               sh_degree: int, background) -> RasterOutput:
     """Same contract as reference.rasterize, on float32 CUDA tensors. Gradients flow to means, quats, scales,
     opacities and sh; the output's means2d gets dL/d(means2d) in .grad after backward."""
+    check_inputs(means)
     device = means.device
-    if device.type != "cuda":
-        raise SplatwrightError(f"the CUDA rasterizer needs its inputs on a CUDA device, got {device}")
-    if means.dtype != torch.float32:
-        raise SplatwrightError(f"the CUDA rasterizer works in float32, got {means.dtype}")
 
     def prep(t):
         return torch.as_tensor(t, dtype=torch.float32, device=device).contiguous()
@@ -78,6 +79,43 @@ def rasterize(means, quats, scales, opacities, sh, viewmat, K, width: int, heigh
     image, alpha, depth, means2d, radii = extension().rasterize(
         means, quats, scales, opacities, sh, viewmat, K, background, int(width), int(height), int(sh_degree))
     return RasterOutput(image, alpha, depth, means2d, radii)
+
+
+def check_inputs(means):
+    """Raises SplatwrightError unless the kernels can take `means`' model: float32 on a CUDA device."""
+    if means.device.type != "cuda":
+        raise SplatwrightError(f"the CUDA rasterizer needs its inputs on a CUDA device, got {means.device}")
+    if means.dtype != torch.float32:
+        raise SplatwrightError(f"the CUDA rasterizer works in float32, got {means.dtype}")
+
+
+def ray_parameters(proj: reference.RayProjected) -> torch.Tensor:
+    """The kernels' RAY_PARAMS values a splat of the blender formation (cuda/raster.cuh's Rays), (N, 10): in the
+    splat's unit frame its centre m, s = 1 / its view depth (the ray through the projected centre is s m there),
+    and N0, N1, how a pixel's ray changes there per pixel in x and in y (its frame's first two columns over fx
+    and fy)."""
+    fx, fy = proj.intrinsics[:2]
+    s = 1 / torch.where(proj.depths > NEAR_PLANE, proj.depths, torch.ones_like(proj.depths))
+    return torch.cat([proj.centres, s[:, None], proj.frames[:, :, 0] / fx, proj.frames[:, :, 1] / fy], dim=-1)
+
+
+def rasterize_blender(means, quats, scales, opacities, sh, viewmat, K, width: int, height: int,
+                      sh_degree: int, background) -> RasterOutput:
+    """reference.rasterize's contract in the blender formation, on float32 CUDA tensors: the splats projected
+    as the reference projects them (torch, with autograd), composited by the kernels (the extension's
+    rasterize_rays), then over the background and through the film filter as the reference does."""
+    check_inputs(means)
+    proj = reference.project_rays(means, quats, scales, opacities, sh, viewmat.detach(), K.detach(), width, height,
+                                  sh_degree)
+    if proj.means2d.requires_grad:
+        proj.means2d.retain_grad()
+    no_background = constant((3,), 0.0, means.device)
+    color, alpha, depth = extension().rasterize_rays(
+        proj.means2d.contiguous(), ray_parameters(proj).contiguous(), proj.colors.contiguous(),
+        proj.opacities.contiguous(), torch.stack(proj.rects, dim=-1).contiguous(), proj.radii.contiguous(),
+        no_background, int(width), int(height))
+    image, alpha, depth = blender_image(color, alpha, depth, background)
+    return RasterOutput(image, alpha, depth, proj.means2d, proj.radii)
 
 
 class ViewGradients(NamedTuple):

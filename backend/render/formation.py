@@ -8,11 +8,12 @@
   taken as sRGB, converted to linear light and blended there, over the background's linear colour, the result
   turned back into display values as the Standard view transform does; each splat evaluated along each pixel's
   ray at its maximum response in 3D (no screen-space dilation), its scales clamped to at least SCALE_CLAMP of
-  its largest; at each pixel the splats taken in the order of the depths of their maximum responses along its
-  ray (a ray tracer's order, which Cycles converges to); and the image seen through Blender's film filter
+  its largest; in each 16x16 tile the splats taken in the order of the depths of their maximum responses along
+  the ray through the tile's centre (close to a ray tracer's order, which Cycles converges to, and the same for
+  every pixel of a tile, as a tiled rasterizer draws); and the image seen through Blender's film filter
   (FILM_FILTER_WIDTH), which both engines apply.
 
-The reference rasterizer draws both (reference.rasterize's `formation`); the CUDA kernels draw the standard one.
+The reference rasterizer and the CUDA kernels draw both.
 Why the blender formation is what it is, measured against bpy 5.3: backend/README.md, "Image formation".
 """
 from __future__ import annotations
@@ -81,3 +82,13 @@ def film(image: torch.Tensor) -> torch.Tensor:
     x = torch.nn.functional.conv2d(torch.nn.functional.pad(x, (1, 1, 0, 0), mode="replicate"), taps.reshape(1, 1, 1, 3))
     x = torch.nn.functional.conv2d(torch.nn.functional.pad(x, (0, 0, 1, 1), mode="replicate"), taps.reshape(1, 1, 3, 1))
     return x[:, 0].permute(1, 2, 0)
+
+
+def blender_image(color: torch.Tensor, alpha: torch.Tensor, depth: torch.Tensor, background):
+    """The blender formation's image of its splats' composite, colour (H, W, 3) in linear light (weighted by
+    each splat's share), alpha and depth (H, W): over the background's linear colour, through the film filter,
+    in display values. Returns (image, alpha, depth), alpha and depth filtered alike."""
+    background = torch.as_tensor(background, dtype=color.dtype, device=color.device)
+    linear = color + (1 - alpha)[..., None] * srgb_to_linear(background)
+    filtered = film(torch.cat([linear, alpha[..., None], depth[..., None]], dim=-1))
+    return linear_to_srgb(filtered[..., :3]), filtered[..., 3], filtered[..., 4]

@@ -11,13 +11,13 @@ processed in chunks so memory stays bounded for large images.
 
 It draws both image formations (formation.py). The blender one keeps the tiles, the alpha cap and floor, the
 stop rule and the RADIUS_SIGMAS bound, and differs where Blender does: a splat's alpha at a pixel is its
-maximum response along the pixel's ray (its 3D Gaussian evaluated there, no dilation, scales clamped), the
-pixel takes its splats in the order of those maxima's depths, and colours blend in linear light.
+maximum response along the pixel's ray (its 3D Gaussian evaluated there, no dilation, scales clamped), a tile
+takes its splats in the order of those maxima's depths along the ray through its centre, and colours blend in
+linear light.
 """
 from __future__ import annotations
 
 import bisect
-import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -26,8 +26,7 @@ import torch
 from ..sh import sh_to_rgb
 from .constants import (ALPHA_MAX, ALPHA_MIN, DILATION, FOV_CLAMP_MARGIN, MIN_DEPTH_KEY_BITS, NEAR_PLANE,
                         RADIUS_SIGMAS, T_STOP, TILE)
-from .formation import (BLENDER, FILM_SPLAT_VARIANCE, SCALE_CLAMP, check_formation, film, linear_to_srgb,
-                        srgb_to_linear)
+from .formation import BLENDER, FILM_SPLAT_VARIANCE, SCALE_CLAMP, blender_image, check_formation, srgb_to_linear
 
 MAX_CHUNK_PIXEL_ENTRIES = 1 << 24  # (tile entry x pixel) pairs evaluated at once
 
@@ -297,8 +296,9 @@ def silhouette_bounds(frames, centres, rotation, scales, depths, opacities, K, w
 
 
 def bin_rects(proj: RayProjected, width: int, height: int) -> TileEntries:
-    """Every tile of each drawn splat's footprint box, sorted by (tile, Gaussian index): the blender formation
-    orders each pixel's splats itself."""
+    """Every tile of each drawn splat's footprint box, sorted by (tile, order key, Gaussian index): the key is
+    the depth of the splat's maximum response along the ray through the tile's centre (ray_depths; at least 0),
+    as the kernels' binning keys them."""
     tiles_x, tiles_y = tile_grid(width, height)
     u_lo, u_hi, v_lo, v_hi = proj.rects
     idx = (proj.radii > 0).nonzero().squeeze(1)
@@ -314,8 +314,33 @@ def bin_rects(proj: RayProjected, width: int, height: int) -> TileEntries:
     span = torch.repeat_interleave(cols, counts)
     tile = (torch.repeat_interleave(y_lo, counts) + local // span) * tiles_x + torch.repeat_interleave(x_lo, counts) \
         + local % span
-    order = torch.argsort(tile, stable=True)  # gauss is ascending already
+    dtype = proj.frames.dtype
+    centre_x = (tile % tiles_x * TILE + TILE / 2).to(dtype)
+    centre_y = (tile // tiles_x * TILE + TILE / 2).to(dtype)
+    keys = torch.clamp_min(ray_depths(proj, gauss, centre_x, centre_y).detach(), 0)
+    order = torch.argsort(keys, stable=True)  # gauss is ascending already: equal keys keep index order
+    order = order[torch.argsort(tile[order], stable=True)]
     return TileEntries(tile[order], gauss[order])
+
+
+def splat_rays(proj: RayProjected, gid, px, py):
+    """The rays through pixel centres (px, py) (broadcast against gid's splats) in the unit frames of splats
+    `gid`, and those splats' centres there (m = M p): (ray, m)."""
+    fx, fy, cx, cy = proj.intrinsics
+    x, y = (px - cx) / fx, (py - cy) / fy  # the pixel's ray d = (x, y, 1) in camera space
+    frame = proj.frames.index_select(0, gid)  # M: camera space into the splat's unit frame
+    if x.dim() == 2:  # (E, P) pixels of each entry's tile
+        frame = frame[:, None]
+    ray = frame[..., 0] * x[..., None] + frame[..., 1] * y[..., None] + frame[..., 2]
+    m = proj.centres.index_select(0, gid)
+    return ray, (m[:, None, :] if x.dim() == 2 else m)
+
+
+def ray_depths(proj: RayProjected, gid, px, py):
+    """The view z of each splat's maximum response along the ray through pixel centre (px, py): t along d,
+    whose z is 1, where t = m.Md / |Md|^2."""
+    ray, m = splat_rays(proj, gid, px, py)
+    return (m * ray).sum(-1) / (ray * ray).sum(-1)
 
 
 def depth_key_bits(width: int, height: int) -> int:
@@ -345,8 +370,8 @@ def composite(proj, tile_ids, gauss_ids, opacities, width: int, height: int):
     tiles_x, tiles_y = tile_grid(width, height)
     n_tiles = tiles_x * tiles_y
     ends = torch.cumsum(torch.bincount(tile_ids, minlength=n_tiles), 0).tolist()
-    # A ray-evaluated pair holds a few more intermediates (its ray in the splat's frame, the per-pixel order).
-    per_pair = 1 if isinstance(proj, Projected) else 4
+    # A ray-evaluated pair holds a few more intermediates (its ray in the splat's frame).
+    per_pair = 1 if isinstance(proj, Projected) else 3
     budget = max(1, MAX_CHUNK_PIXEL_ENTRIES // (TILE * TILE * per_pair))
     chunks = []
     t0 = 0
@@ -395,36 +420,23 @@ def _splat_pairs(proj: Projected, tid, gid, tiles_x: int, opacities):
 
 def _ray_pairs(proj: "RayProjected", tid, gid, tiles_x: int, opacities):
     """The blender formation's (entry, pixel) pairs of a chunk: each splat at its maximum response along the
-    pixel's ray, and each pixel's entries reordered (within their tile) by the depth of that maximum. Returns
-    alpha (E, P), colours (E, P, 3), depths (E, P), in each pixel's order."""
-    dtype, device = proj.frames.dtype, proj.frames.device
-    px, py = _pixel_centres(tid, tiles_x, dtype, device)
-    fx, fy, cx, cy = proj.intrinsics
-    x, y = (px - cx) / fx, (py - cy) / fy  # the pixel's ray d = (x, y, 1) in camera space
-    frame = proj.frames.index_select(0, gid)  # M: camera space into the splat's unit frame
-    m = proj.centres.index_select(0, gid)  # M p: the camera seen from the mean, in that frame (negated)
-    ray = frame[:, None, :, 0] * x[..., None] + frame[:, None, :, 1] * y[..., None] + frame[:, None, :, 2]
+    pixel's ray. Returns alpha (E, P), colours (E, 1, 3) and depths (E, P) of those maxima, in the entries' order."""
+    px, py = _pixel_centres(tid, tiles_x, proj.frames.dtype, proj.frames.device)
+    ray, m = splat_rays(proj, gid, px, py)
     ray_sq = (ray * ray).sum(-1)
     # The squared distance from the mean to the ray in the unit frame, |m x Md|^2 / |Md|^2: the cross product
     # keeps it exact where |m| is large (a thin splat seen edge-on), which |m|^2 - (m.Md)^2/|Md|^2 does not.
-    dist_sq = (torch.linalg.cross(m[:, None, :].expand_as(ray), ray, dim=-1) ** 2).sum(-1) / ray_sq
-    depth = (m[:, None, :] * ray).sum(-1) / ray_sq  # view z of the maximum (t along d, whose z is 1)
+    dist_sq = (torch.linalg.cross(m.expand_as(ray), ray, dim=-1) ** 2).sum(-1) / ray_sq
+    depth = (m * ray).sum(-1) / ray_sq
     alpha = torch.clamp_max(opacities.index_select(0, gid)[:, None] * torch.exp(-0.5 * dist_sq), ALPHA_MAX)
     outside = (dist_sq > RADIUS_SIGMAS ** 2) | (alpha < ALPHA_MIN) | (depth <= NEAR_PLANE)
     alpha = torch.where(outside, torch.zeros_like(alpha), alpha)
-    # Each pixel's entries by depth, within their tile (tile blocks keep their rows: every pixel of a tile has
-    # the same entries); stable sorts, so equal depths keep index order and the image repeats.
-    key = torch.where(outside, torch.full_like(depth, math.inf), depth).detach()
-    order = torch.sort(key, dim=0, stable=True).indices
-    order = order.gather(0, torch.sort(tid[:, None].expand_as(order).gather(0, order), dim=0, stable=True).indices)
-    colors = proj.colors.index_select(0, gid)
-    colors = colors.index_select(0, order.reshape(-1)).reshape(*order.shape, 3)
-    return alpha.gather(0, order), colors, depth.gather(0, order)
+    return alpha, proj.colors.index_select(0, gid)[:, None, :], depth
 
 
 def _blend(tid, t0: int, t1: int, alpha, colors, depths) -> torch.Tensor:
-    """Composite the pairs of tiles [t0, t1), entries `tid` sorted by tile, alpha (E, P) in each pixel's front-to-
-    back order with their colours (E, 1 or P, 3) and depths (E, 1 or P). Returns (t1 - t0, TILE * TILE, 5): rgb,
+    """Composite the pairs of tiles [t0, t1), entries `tid` sorted by tile, alpha (E, P) in front-to-back order
+    with their colours (E, 1, 3) and depths (E, 1 or P). Returns (t1 - t0, TILE * TILE, 5): rgb,
     alpha, depth per pixel of each tile."""
     dtype, device = alpha.dtype, alpha.device
     acc = torch.zeros(t1 - t0, TILE * TILE, 5, dtype=dtype, device=device)
@@ -459,11 +471,8 @@ def rasterize(means, quats, scales, opacities, sh, viewmat, K, width: int, heigh
     if proj.means2d.requires_grad:
         proj.means2d.retain_grad()
     color, alpha, depth = composite(proj, tile_ids, gauss_ids, opacities, width, height)
-    background = torch.as_tensor(background, dtype=color.dtype, device=color.device)
-    if formation == BLENDER:  # over the background and through the film filter, in linear light
-        linear = color + (1 - alpha)[..., None] * srgb_to_linear(background)
-        filtered = film(torch.cat([linear, alpha[..., None], depth[..., None]], dim=-1))
-        image, alpha, depth = linear_to_srgb(filtered[..., :3]), filtered[..., 3], filtered[..., 4]
+    if formation == BLENDER:
+        image, alpha, depth = blender_image(color, alpha, depth, background)
     else:
-        image = color + (1 - alpha)[..., None] * background
+        image = color + (1 - alpha)[..., None] * torch.as_tensor(background, dtype=color.dtype, device=color.device)
     return RasterOutput(image, alpha, depth, proj.means2d, proj.radii)
