@@ -164,7 +164,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
           "tile counts' sum");
     counts.entries_on_host = std::make_shared<const PendingCount>(entry_ends + n - 1, stream);
   }
-  check(sw::launch_sh_colors(g, cam, iptr(radii), fptr(colors), stream), "SH colours");
+  check(sw::launch_sh_colors(g, cam, iptr(radii), false, fptr(colors), stream), "SH colours");
   return {means2d, conics, depths, radii, colors, counts};
 }
 
@@ -192,6 +192,56 @@ std::vector<torch::Tensor> project_backward(const torch::Tensor& means, const to
                                   c10::cuda::getCurrentCUDAStream()),
         "projection backward");
   return {gm, gq, gs, g_head, g_tail};
+}
+
+// Blender's formation's projection (splatwright.h's launch_ray_projection_fwd): returns means2d (N, 2), rays (N,
+// RAY_PARAMS), colors (N, 3) in linear light, opacities as drawn (N,), rects (N, 4) and radii (N,) int32.
+std::vector<torch::Tensor> ray_project_forward(const torch::Tensor& means, const torch::Tensor& quats,
+                                               const torch::Tensor& scales, const torch::Tensor& opacities,
+                                               const torch::Tensor& sh, const torch::Tensor& viewmat,
+                                               const torch::Tensor& K, int64_t width, int64_t height,
+                                               int64_t sh_degree) {
+  const c10::cuda::CUDAGuard guard(means.device());
+  check_input(opacities, "opacities");
+  TORCH_CHECK(opacities.numel() == means.size(0), "opacities must be (N,)");
+  const torch::Tensor tail = sh.new_empty({sh.size(0), 0, 3});
+  const sw::GaussianArgs g = gaussian_args(means, quats, scales, sh, tail, fptr(opacities), sh_degree);
+  const sw::CameraArgs cam = camera_args(viewmat, K, width, height);
+  const auto f32 = means.options();
+  const int64_t n = g.n;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  torch::Tensor means2d = new_output({n, 2}, f32), rays = new_output({n, sw::RAY_PARAMS}, f32);
+  torch::Tensor colors = new_output({n, 3}, f32), drawn = new_output({n}, f32), rects = new_output({n, 4}, f32);
+  torch::Tensor radii = new_output({n}, f32.dtype(torch::kInt32));
+  check(sw::launch_ray_projection_fwd(g, cam, fptr(means2d), fptr(rays), fptr(drawn), fptr(rects), iptr(radii),
+                                      stream),
+        "ray projection forward");
+  check(sw::launch_sh_colors(g, cam, iptr(radii), true, fptr(colors), stream), "SH colours");
+  return {means2d, rays, colors, drawn, rects, radii};
+}
+
+// Returns grads w.r.t. means, quats, scales, opacities and sh.
+std::vector<torch::Tensor> ray_project_backward(const torch::Tensor& means, const torch::Tensor& quats,
+                                                const torch::Tensor& scales, const torch::Tensor& opacities,
+                                                const torch::Tensor& sh, const torch::Tensor& viewmat,
+                                                const torch::Tensor& K, int64_t width, int64_t height,
+                                                int64_t sh_degree, const torch::Tensor& radii,
+                                                const torch::Tensor& grad_means2d, const torch::Tensor& grad_rays,
+                                                const torch::Tensor& grad_colors, const torch::Tensor& grad_drawn) {
+  const c10::cuda::CUDAGuard guard(means.device());
+  const torch::Tensor tail = sh.new_empty({sh.size(0), 0, 3});
+  const sw::GaussianArgs g = gaussian_args(means, quats, scales, sh, tail, fptr(opacities), sh_degree);
+  const sw::CameraArgs cam = camera_args(viewmat, K, width, height);
+  check_input(radii, "radii", torch::kInt32);
+  for (const torch::Tensor* grad : {&grad_means2d, &grad_rays, &grad_colors, &grad_drawn}) check_input(*grad, "grad");
+  torch::Tensor gm = new_output(means.sizes(), means.options()), gq = new_output(quats.sizes(), quats.options());
+  torch::Tensor gs = new_output(scales.sizes(), scales.options()), go = new_output(opacities.sizes(), opacities.options());
+  torch::Tensor gsh = new_output(sh.sizes(), sh.options());
+  check(sw::launch_ray_projection_bwd(g, cam, iptr(radii), fptr(grad_means2d), fptr(grad_rays), fptr(grad_colors),
+                                      fptr(grad_drawn), fptr(gm), fptr(gq), fptr(gs), fptr(go), fptr(gsh),
+                                      fptr(tail), c10::cuda::getCurrentCUDAStream()),
+        "ray projection backward");
+  return {gm, gq, gs, go, gsh};
 }
 
 sw::MotionArgs motion_args(const std::vector<torch::Tensor>& motion, double time) {
@@ -558,8 +608,7 @@ struct Rasterization : torch::autograd::Function<Rasterization> {
   }
 };
 
-// The blender formation's rasterization (means2d, rays, colors, opacities -> image, alpha, depth), whose projection
-// is torch's (backend/render/cuda.py's rasterize_blender).
+// The blender formation's rasterization (means2d, rays, colors, opacities -> image, alpha, depth).
 struct RayRasterization : torch::autograd::Function<RayRasterization> {
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& means2d, const torch::Tensor& rays,
                                const torch::Tensor& colors, const torch::Tensor& opacities, const torch::Tensor& rects,
@@ -576,20 +625,6 @@ struct RayRasterization : torch::autograd::Function<RayRasterization> {
     return {g[0], g[1], g[2], g[3], {}, {}, {}, {}, {}, {}};
   }
 };
-
-// The blender formation's rasterization with autograd of splats projected in torch, on float32 contiguous CUDA
-// tensors: means2d (N, 2), rays (N, RAY_PARAMS), colors (N, 3) in linear light, opacities (N,) as drawn, rects
-// (N, 4), radii (N,) int32 (0: not drawn), background (3,). Returns image (H, W, 3) (the splats' linear colour over
-// the background), alpha (H, W) and depth (H, W).
-std::vector<torch::Tensor> rasterize_rays(const torch::Tensor& means2d, const torch::Tensor& rays,
-                                          const torch::Tensor& colors, const torch::Tensor& opacities,
-                                          const torch::Tensor& rects, const torch::Tensor& radii,
-                                          const torch::Tensor& background, int64_t width, int64_t height) {
-  const bool record_states = torch::GradMode::is_enabled() && (means2d.requires_grad() || rays.requires_grad() ||
-                                                               colors.requires_grad() || opacities.requires_grad());
-  return RayRasterization::apply(means2d, rays, colors, opacities, rects, radii, background, width, height,
-                                 record_states);
-}
 
 // The rasterizer with autograd, on float32 contiguous CUDA tensors (backend/render/cuda.py's rasterize checks and
 // converts them): opacities (N,) or (N, 1), sh (N, K, 3) whole. Returns image (H, W, 3), alpha (H, W), depth
@@ -612,6 +647,60 @@ std::vector<torch::Tensor> rasterize(const torch::Tensor& means, const torch::Te
       (means2d.requires_grad() || conics.requires_grad() || colors.requires_grad() || flat_opacities.requires_grad());
   const variable_list image = Rasterization::apply(means2d, conics, colors, flat_opacities, depths, radii, counts,
                                                    background, width, height, record_states);
+  return {image[0], image[1], image[2], means2d, radii};
+}
+
+// Blender's formation's projection with autograd: (means, quats, scales, opacities, sh) -> means2d, rays, colors,
+// opacities as drawn, rects, radii.
+struct RayProjection : torch::autograd::Function<RayProjection> {
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& means, const torch::Tensor& quats,
+                               const torch::Tensor& scales, const torch::Tensor& opacities, const torch::Tensor& sh,
+                               const torch::Tensor& viewmat, const torch::Tensor& K, int64_t width, int64_t height,
+                               int64_t sh_degree) {
+    variable_list out = ray_project_forward(means, quats, scales, opacities, sh, viewmat, K, width, height, sh_degree);
+    ctx->save_for_backward({means, quats, scales, opacities, sh, viewmat, K, out[5]});
+    ctx->saved_data["width"] = width;
+    ctx->saved_data["height"] = height;
+    ctx->saved_data["sh_degree"] = sh_degree;
+    ctx->mark_non_differentiable({out[4], out[5]});
+    ctx->set_materialize_grads(false);
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor& means = saved[0];
+    const auto or_zeros = [&](const torch::Tensor& grad, int64_t columns) {
+      return grad.defined() ? grad.contiguous() : torch::zeros({means.size(0), columns}, means.options());
+    };
+    const std::vector<torch::Tensor> g = ray_project_backward(
+        means, saved[1], saved[2], saved[3], saved[4], saved[5], saved[6], ctx->saved_data["width"].toInt(),
+        ctx->saved_data["height"].toInt(), ctx->saved_data["sh_degree"].toInt(), saved[7], or_zeros(grads[0], 2),
+        or_zeros(grads[1], sw::RAY_PARAMS), or_zeros(grads[2], 3), or_zeros(grads[3], 1).reshape({-1}));
+    return {g[0], g[1], g[2], g[3], g[4], {}, {}, {}, {}, {}};
+  }
+};
+
+// The rasterizer with autograd in Blender's formation (backend/render/cuda.py's rasterize_blender), on what
+// rasterize takes. Returns the splats' colour (H, W, 3) in linear light over a black background, alpha (H, W),
+// depth (H, W), means2d (N, 2), whose .grad the backward fills where it requires grad (the screen-space gradient:
+// raster.cuh's Rays::store), and radii (N,) int32.
+std::vector<torch::Tensor> rasterize_blender(const torch::Tensor& means, const torch::Tensor& quats,
+                                             const torch::Tensor& scales, const torch::Tensor& opacities,
+                                             const torch::Tensor& sh, const torch::Tensor& viewmat,
+                                             const torch::Tensor& K, int64_t width, int64_t height,
+                                             int64_t sh_degree) {
+  const torch::Tensor flat_opacities = opacities.dim() == 1 ? opacities : opacities.reshape({-1});
+  const variable_list projected =
+      RayProjection::apply(means, quats, scales, flat_opacities, sh, viewmat, K, width, height, sh_degree);
+  const torch::Tensor &means2d = projected[0], &rays = projected[1], &colors = projected[2];
+  const torch::Tensor &drawn = projected[3], &rects = projected[4], &radii = projected[5];
+  if (means2d.requires_grad()) means2d.retain_grad();
+  const bool record_states = torch::GradMode::is_enabled() && (means2d.requires_grad() || rays.requires_grad() ||
+                                                               colors.requires_grad() || drawn.requires_grad());
+  const torch::Tensor black = torch::zeros({3}, means.options());
+  const variable_list image = RayRasterization::apply(means2d, rays, colors, drawn, rects, radii, black, width,
+                                                      height, record_states);
   return {image[0], image[1], image[2], means2d, radii};
 }
 
@@ -762,6 +851,8 @@ pybind11::dict constants() {
   c["RADIUS_SIGMAS"] = sw::RADIUS_SIGMAS;
   c["FOV_CLAMP_MARGIN"] = sw::FOV_CLAMP_MARGIN;
   c["MIN_DEPTH_KEY_BITS"] = sw::MIN_DEPTH_KEY_BITS;
+  c["SCALE_CLAMP"] = sw::SCALE_CLAMP;
+  c["FILM_SPLAT_VARIANCE"] = sw::FILM_SPLAT_VARIANCE;
   c["SH_C0"] = sw::SH_C0;
   return c;
 }
@@ -779,7 +870,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("motion_backward", &motion_backward, without_gil);
   m.def("bin_tiles", &bin_tiles, without_gil);
   m.def("rasterize", &rasterize, without_gil);
-  m.def("rasterize_rays", &rasterize_rays, without_gil);
+  m.def("rasterize_blender", &rasterize_blender, without_gil);
   m.def("loss_forward", &loss_forward, without_gil);
   m.def("loss_backward", &loss_backward, without_gil);
   m.def("gradient_step", &gradient_step, without_gil);

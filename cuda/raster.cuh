@@ -129,7 +129,7 @@ struct Conics {
   }
 
   // Gaussian i's summed entry gradients into the outputs: grads.shapes is (n, 3), the conics'.
-  __device__ static void store(int i, const float* total, const SplatGrads& grads) {
+  __device__ static void store(int i, const float* total, const RasterArgs&, const SplatGrads& grads) {
     for (int k = 0; k < 2; ++k) grads.means2d[2 * i + k] = total[k];
     for (int k = 0; k < 3; ++k) grads.shapes[3 * i + k] = total[2 + k];
     for (int k = 0; k < 3; ++k) grads.colors[3 * i + k] = total[COLOR + k];
@@ -138,7 +138,7 @@ struct Conics {
 };
 
 // The blender formation's splats (backend/render/formation.py), each at its maximum response along the pixel's
-// ray, from its RAY_PARAMS ray parameters (backend/render/cuda.py's ray_parameters), in the splat's unit frame:
+// ray, from its RAY_PARAMS ray parameters (rays.cuh's ray_parameters), in the splat's unit frame:
 // its centre m, s = 1 / view depth, and N0, N1, the rays' change per pixel in x and in y. For the pixel's offset
 // (du, dv) from the projected centre the ray is r = s m + v, v = du N0 + dv N1; the squared distance from the
 // centre to it is |m x v|^2 / |r|^2 and the view depth of the maximum m.r / |r|^2. Entry gradients: d/d(mean
@@ -234,9 +234,15 @@ struct Rays {
     v[1] -= dot3(g_v, n1);
   }
 
-  // grads.shapes is (n, RAY_PARAMS), the ray parameters'.
-  __device__ static void store(int i, const float* total, const SplatGrads& grads) {
-    for (int k = 0; k < 2; ++k) grads.means2d[2 * i + k] = total[k];
+  // grads.shapes is (n, RAY_PARAMS), the ray parameters'. The gradient w.r.t. means2d also holds the part through
+  // the centre m, which is the mean's camera-space point recomputed from means2d and its depth, as the reference
+  // makes it: moving the projected centre by (du, dv) at depth 1 / s moves m by (du N0 + dv N1) / s. So it is
+  // the screen-space gradient that densification reads, and rays.cuh's ray_backward leaves that part out.
+  __device__ static void store(int i, const float* total, const RasterArgs& r, const SplatGrads& grads) {
+    const float* ray = r.rays + (size_t)RAY_PARAMS * i;
+    const float depth = 1.f / ray[3];
+    grads.means2d[2 * i] = total[0] + depth * (total[2] * ray[4] + total[3] * ray[5] + total[4] * ray[6]);
+    grads.means2d[2 * i + 1] = total[1] + depth * (total[2] * ray[7] + total[3] * ray[8] + total[4] * ray[9]);
     for (int k = 0; k < RAY_PARAMS; ++k) grads.shapes[(size_t)RAY_PARAMS * i + k] = total[2 + k];
     for (int k = 0; k < 3; ++k) grads.colors[3 * i + k] = total[COLOR + k];
     grads.opacities[i] = total[OPACITY];

@@ -255,8 +255,8 @@ constexpr int THREAD_ENTRIES = 16;
 // Each Gaussian's entries summed in a fixed order: a short run by its thread in emit order, a long one by the
 // warp (lane l adds entries l, l + 32, ... in turn, then the lanes' sums meet in a butterfly).
 template <typename Splats>
-__global__ void sum_entry_grads_kernel(const float* __restrict__ entry_grads, const int64_t* __restrict__ entry_ends,
-                                       int n, SplatGrads grads) {
+__global__ void sum_entry_grads_kernel(RasterArgs r, const float* __restrict__ entry_grads,
+                                       const int64_t* __restrict__ entry_ends, int n, SplatGrads grads) {
   constexpr int GRADS = Splats::GRADS;
   const int i = blockIdx.x * blockDim.x + threadIdx.x, lane = threadIdx.x & 31;
   const int64_t first = i < n && i > 0 ? entry_ends[i - 1] : 0, end = i < n ? entry_ends[i] : 0;
@@ -279,7 +279,7 @@ __global__ void sum_entry_grads_kernel(const float* __restrict__ entry_grads, co
     if (lane == owner)
       for (int k = 0; k < GRADS; ++k) total[k] = part[k];
   }
-  if (i < n) Splats::store(i, total, grads);
+  if (i < n) Splats::store(i, total, r, grads);
 }
 
 size_t entry_grad_floats(int n_entries, const RasterArgs& r) {
@@ -299,7 +299,7 @@ cudaError_t rasterize_bwd(const RasterArgs& r, const TileBatches& batches, int m
   }
   if (n == 0) return cudaSuccess;
   const int threads = 256;
-  sum_entry_grads_kernel<Splats><<<(n + threads - 1) / threads, threads, 0, stream>>>(entry_grads, entry_ends, n,
+  sum_entry_grads_kernel<Splats><<<(n + threads - 1) / threads, threads, 0, stream>>>(r, entry_grads, entry_ends, n,
                                                                                      grads);
   return cudaGetLastError();
 }

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include "constants.h"
+#include "rays.cuh"
 
 namespace splatwright {
 
@@ -44,8 +45,23 @@ struct CameraArgs {
 cudaError_t launch_projection_fwd(const GaussianArgs& g, const CameraArgs& cam, float* means2d, float* conics,
                                   float* depths, int32_t* radii, int64_t* tile_counts, uint32_t* depth_range,
                                   cudaStream_t stream);
-cudaError_t launch_sh_colors(const GaussianArgs& g, const CameraArgs& cam, const int32_t* radii, float* colors,
-                             cudaStream_t stream);
+// linear: the colours decoded from sRGB to linear light (Blender's image formation).
+cudaError_t launch_sh_colors(const GaussianArgs& g, const CameraArgs& cam, const int32_t* radii, bool linear,
+                             float* colors, cudaStream_t stream);
+
+// Blender's image formation's projection (rays.cuh), one thread per Gaussian: the forward writes means2d (n, 2),
+// the ray parameters (n, RAY_PARAMS), the opacities as drawn (n,) (g.opacities are the model's), the footprints'
+// pixel rectangles (n, 4) and radii (n,) (0: not drawn); launch_sh_colors with linear set gives the colours. The
+// backward takes the gradients w.r.t. those (grad_means2d holding the part through the ray parameters' centre:
+// raster.cuh's Rays::store) and the colours, and writes every element of the gradients w.r.t. means, quats,
+// scales, opacities and the SH coefficients' two parts.
+cudaError_t launch_ray_projection_fwd(const GaussianArgs& g, const CameraArgs& cam, float* means2d, float* rays,
+                                      float* drawn_opacities, float* rects, int32_t* radii, cudaStream_t stream);
+cudaError_t launch_ray_projection_bwd(const GaussianArgs& g, const CameraArgs& cam, const int32_t* radii,
+                                      const float* grad_means2d, const float* grad_rays, const float* grad_colors,
+                                      const float* grad_drawn, float* grad_means, float* grad_quats,
+                                      float* grad_scales, float* grad_opacities, float* grad_sh_head,
+                                      float* grad_sh_tail, cudaStream_t stream);
 
 // Gradients of a loss w.r.t. means, quats, scales and the two parts of the SH coefficients, given those w.r.t.
 // means2d, conics and colors. Every output element is written (zeros for culled Gaussians and unused SH
@@ -151,7 +167,6 @@ struct TileBatches {
 
 // The splats a rasterization composites, in one of the two image formations (backend/render/formation.py):
 // standard (conics and depths set, rays and rects null) or blender (rays and rects set, conics and depths null).
-constexpr int RAY_PARAMS = 10;  // per splat in the blender formation: m (3), s, N0 (3), N1 (3) (raster.cuh's Rays)
 struct RasterArgs {
   const int32_t* ranges;    // (n_tiles, 2) [start, end) into gauss_ids
   const int32_t* gauss_ids; // sorted entries

@@ -16,7 +16,7 @@ from backend.render.constants import ALPHA_MAX, ALPHA_MIN, NEAR_PLANE, RADIUS_SI
 from backend.render.formation import (FILM_SPLAT_VARIANCE, FILM_TAPS, SCALE_CLAMP, blackman_harris,
                                       linear_to_srgb, srgb_to_linear)
 from backend.sh import sh_basis
-from helpers import orbit_cameras, random_gaussians
+from helpers import orbit_cameras, random_gaussians, ray_parameters
 
 
 def decode(c):
@@ -204,11 +204,10 @@ def test_means2d_receive_the_screen_space_gradient():
 
 
 def test_the_kernels_ray_parameters_give_the_reference_distances_and_depths():
-    """The CUDA kernels evaluate a splat along a pixel's ray from its ray parameters (backend/render/cuda.py's
-    ray_parameters, cuda/raster.cuh's Rays): r = s m + du N0 + dv N1 for the pixel's offset (du, dv) from the
+    """The CUDA kernels evaluate a splat along a pixel's ray from its ray parameters (helpers.ray_parameters,
+    cuda/rays.cuh's, cuda/raster.cuh's Rays): r = s m + du N0 + dv N1 for the pixel's offset (du, dv) from the
     projected centre, the squared distance |m x (du N0 + dv N1)|^2 / |r|^2 and the depth m.r / |r|^2. Those are
     the reference's, which evaluates the ray through the pixel in the splat's frame."""
-    from backend.render.cuda import ray_parameters
     g = random_gaussians(40, seed=5, sh_degree=0, scale=0.2).to(dtype=torch.float64)
     g.log_scales[:10, 2] -= 3.0  # flat ones too
     cam = orbit_cameras(1, 40, 30, radius=2.5)[0]

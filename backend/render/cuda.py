@@ -4,8 +4,9 @@ rasterize (the standard formation) runs the extension's autograd Functions (cuda
 then the rasterization), so the output's means2d receives dL/d(means2d) in .grad, which densification reads; the
 depth image carries no gradient. The projection also counts the tiles each footprint meets and starts the
 binning's entry count on its way to the host (the extension's TileCounts), which the rasterization's binning
-waits for. gradient_step runs the same kernels without autograd. rasterize_blender (Blender's formation) projects
-the splats in torch, as the reference does, and rasterizes them in the kernels.
+waits for. gradient_step runs the same kernels without autograd. rasterize_blender (Blender's formation) runs the
+extension's two Functions of that formation, then puts the image over the background and through the film filter
+in torch.
 """
 from __future__ import annotations
 
@@ -17,8 +18,6 @@ import torch
 from blender_addon.core.errors import SplatwrightError
 from ..gaussians import Gaussians
 from ..kernels import extension
-from . import reference
-from .constants import NEAR_PLANE
 from .formation import blender_image
 from .reference import RasterOutput
 
@@ -63,59 +62,39 @@ def constant(shape: tuple, value: float, device: torch.device) -> torch.Tensor:
     return torch.full(shape, value, device=device)
 
 
-def rasterize(means, quats, scales, opacities, sh, viewmat, K, width: int, height: int,
-              sh_degree: int, background) -> RasterOutput:
-    """Same contract as reference.rasterize, on float32 CUDA tensors. Gradients flow to means, quats, scales,
-    opacities and sh; the output's means2d gets dL/d(means2d) in .grad after backward."""
-    check_inputs(means)
-    device = means.device
-
-    def prep(t):
-        return torch.as_tensor(t, dtype=torch.float32, device=device).contiguous()
-
-    means, quats, scales, opacities, sh = (prep(t) for t in (means, quats, scales, opacities, sh))
-    viewmat, K = prep(viewmat).detach(), prep(K).detach()
-    background = torch.broadcast_to(prep(background).detach(), (3,)).contiguous()
-    image, alpha, depth, means2d, radii = extension().rasterize(
-        means, quats, scales, opacities, sh, viewmat, K, background, int(width), int(height), int(sh_degree))
-    return RasterOutput(image, alpha, depth, means2d, radii)
-
-
-def check_inputs(means):
-    """Raises SplatwrightError unless the kernels can take `means`' model: float32 on a CUDA device."""
+def kernel_inputs(means, quats, scales, opacities, sh, viewmat, K) -> list[torch.Tensor]:
+    """A model and a camera as the extension takes them: float32, contiguous, on the means' CUDA device (the
+    camera detached). Raises SplatwrightError for means elsewhere or in another precision."""
     if means.device.type != "cuda":
         raise SplatwrightError(f"the CUDA rasterizer needs its inputs on a CUDA device, got {means.device}")
     if means.dtype != torch.float32:
         raise SplatwrightError(f"the CUDA rasterizer works in float32, got {means.dtype}")
+    tensors = [torch.as_tensor(t, dtype=torch.float32, device=means.device).contiguous()
+               for t in (means, quats, scales, opacities, sh, viewmat, K)]
+    return tensors[:5] + [t.detach() for t in tensors[5:]]
 
 
-def ray_parameters(proj: reference.RayProjected) -> torch.Tensor:
-    """The kernels' RAY_PARAMS values a splat of the blender formation (cuda/raster.cuh's Rays), (N, 10): in the
-    splat's unit frame its centre m, s = 1 / its view depth (the ray through the projected centre is s m there),
-    and N0, N1, how a pixel's ray changes there per pixel in x and in y (its frame's first two columns over fx
-    and fy)."""
-    fx, fy = proj.intrinsics[:2]
-    s = 1 / torch.where(proj.depths > NEAR_PLANE, proj.depths, torch.ones_like(proj.depths))
-    return torch.cat([proj.centres, s[:, None], proj.frames[:, :, 0] / fx, proj.frames[:, :, 1] / fy], dim=-1)
+def rasterize(means, quats, scales, opacities, sh, viewmat, K, width: int, height: int,
+              sh_degree: int, background) -> RasterOutput:
+    """Same contract as reference.rasterize, on float32 CUDA tensors. Gradients flow to means, quats, scales,
+    opacities and sh; the output's means2d gets dL/d(means2d) in .grad after backward."""
+    inputs = kernel_inputs(means, quats, scales, opacities, sh, viewmat, K)
+    background = torch.broadcast_to(torch.as_tensor(background, dtype=torch.float32, device=inputs[0].device),
+                                    (3,)).detach().contiguous()
+    image, alpha, depth, means2d, radii = extension().rasterize(*inputs, background, int(width), int(height),
+                                                                int(sh_degree))
+    return RasterOutput(image, alpha, depth, means2d, radii)
 
 
 def rasterize_blender(means, quats, scales, opacities, sh, viewmat, K, width: int, height: int,
                       sh_degree: int, background) -> RasterOutput:
-    """reference.rasterize's contract in the blender formation, on float32 CUDA tensors: the splats projected
-    as the reference projects them (torch, with autograd), composited by the kernels (the extension's
-    rasterize_rays), then over the background and through the film filter as the reference does."""
-    check_inputs(means)
-    proj = reference.project_rays(means, quats, scales, opacities, sh, viewmat.detach(), K.detach(), width, height,
-                                  sh_degree)
-    if proj.means2d.requires_grad:
-        proj.means2d.retain_grad()
-    no_background = constant((3,), 0.0, means.device)
-    color, alpha, depth = extension().rasterize_rays(
-        proj.means2d.contiguous(), ray_parameters(proj).contiguous(), proj.colors.contiguous(),
-        proj.opacities.contiguous(), torch.stack(proj.rects, dim=-1).contiguous(), proj.radii.contiguous(),
-        no_background, int(width), int(height))
+    """reference.rasterize's contract in Blender's image formation, on float32 CUDA tensors: the kernels project
+    and composite the splats (the extension's rasterize_blender), then torch puts them over the background and
+    through the film filter as the reference does."""
+    color, alpha, depth, means2d, radii = extension().rasterize_blender(
+        *kernel_inputs(means, quats, scales, opacities, sh, viewmat, K), int(width), int(height), int(sh_degree))
     image, alpha, depth = blender_image(color, alpha, depth, background)
-    return RasterOutput(image, alpha, depth, proj.means2d, proj.radii)
+    return RasterOutput(image, alpha, depth, means2d, radii)
 
 
 class ViewGradients(NamedTuple):
