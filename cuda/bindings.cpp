@@ -235,7 +235,8 @@ std::vector<torch::Tensor> ray_project_backward(const torch::Tensor& means, cons
   check_input(radii, "radii", torch::kInt32);
   for (const torch::Tensor* grad : {&grad_means2d, &grad_rays, &grad_colors, &grad_drawn}) check_input(*grad, "grad");
   torch::Tensor gm = new_output(means.sizes(), means.options()), gq = new_output(quats.sizes(), quats.options());
-  torch::Tensor gs = new_output(scales.sizes(), scales.options()), go = new_output(opacities.sizes(), opacities.options());
+  torch::Tensor gs = new_output(scales.sizes(), scales.options());
+  torch::Tensor go = new_output(opacities.sizes(), opacities.options());
   torch::Tensor gsh = new_output(sh.sizes(), sh.options());
   check(sw::launch_ray_projection_bwd(g, cam, iptr(radii), fptr(grad_means2d), fptr(grad_rays), fptr(grad_colors),
                                       fptr(grad_drawn), fptr(gm), fptr(gq), fptr(gs), fptr(go), fptr(gsh),
@@ -487,7 +488,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, std::vector<torch::Tenso
 }
 
 // The blender formation's binning (sorted_bins' outputs; splatwright.h's RayBinInputs): the entries keyed by
-// each splat's depth along the ray through the tile's centre.
+// each splat's depth along a ray through the tile (splatwright.h).
 std::vector<torch::Tensor> bin_ray_tiles(const torch::Tensor& means2d, const torch::Tensor& rays,
                                          const torch::Tensor& rects, const torch::Tensor& radii, int64_t width,
                                          int64_t height) {
@@ -570,9 +571,9 @@ struct Projection : torch::autograd::Function<Projection> {
 // A rasterization's forward keeps what its backward reads (rasterize_binned's last result, the image size and the
 // formation); the backward returns the gradients w.r.t. its first four inputs (means2d, the shapes, colors and
 // opacities).
-variable_list keep_for_backward(AutogradContext* ctx,
-                                std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, std::vector<torch::Tensor>> result,
-                                bool rays, int64_t width, int64_t height) {
+using Binned = std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, std::vector<torch::Tensor>>;
+
+variable_list keep_for_backward(AutogradContext* ctx, Binned result, bool rays, int64_t width, int64_t height) {
   auto& [image, alpha, depth, saved] = result;
   ctx->save_for_backward(saved);
   ctx->saved_data["width"] = width;

@@ -1,7 +1,7 @@
 // Tile binning: (tile, depth)-sorted list of (tile, Gaussian) entries and each tile's range in it. A sort key
 // packs the tile and a depth key (depth_key) into 32 bits where both fit (a 1920x1080 image's 13 tile bits leave
 // 19), half the bytes of a 64-bit (tile, float depth) key in each of the radix sort's passes, and two passes
-// fewer. The blender formation's entries are keyed per tile (each splat's depth along the tile's central ray),
+// fewer. The blender formation's entries are keyed per tile (each splat's depth along a ray through the tile),
 // in 64-bit keys.
 #include <cub/cub.cuh>
 
@@ -96,13 +96,14 @@ struct RectTiles {
 __global__ void rect_tile_counts_kernel(RayBinInputs in, int64_t* __restrict__ tile_counts) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= in.n) return;
-  tile_counts[i] = in.radii[i] > 0 ? RectTiles(reinterpret_cast<const float4*>(in.rects)[i], in.width, in.height).count()
-                                   : 0;
+  const RectTiles rect(reinterpret_cast<const float4*>(in.rects)[i], in.width, in.height);
+  tile_counts[i] = in.radii[i] > 0 ? rect.count() : 0;
 }
 
 // One thread per entry: entry k belongs to the Gaussian whose entry range holds it (a binary search of
 // entry_ends), its tiles in row-major order. Key: tile << 32 | the float bits of the view depth of the splat's
-// maximum along the ray through the tile's centre (at least 0, so the bits sort like the values).
+// maximum along the ray through the tile's pixel centre nearest to its projected centre (at least 0, so the bits
+// sort like the values).
 __global__ void emit_ray_keys_kernel(RayBinInputs in, const int64_t* __restrict__ entry_ends, int n_entries,
                                      uint64_t* __restrict__ keys, int32_t* __restrict__ gauss_ids,
                                      int32_t* __restrict__ positions) {
@@ -119,7 +120,9 @@ __global__ void emit_ray_keys_kernel(RayBinInputs in, const int64_t* __restrict_
   const int tx = rect.x_lo + local % cols, ty = rect.y_lo + local / cols;
   const float* ray = in.rays + (size_t)RAY_PARAMS * g;
   const float2 xy = reinterpret_cast<const float2*>(in.means2d)[g];
-  const float du = tx * TILE + 0.5f * TILE - xy.x, dv = ty * TILE + 0.5f * TILE - xy.y;
+  // the tile's pixel centre nearest to the projected centre
+  const float du = fminf(fmaxf(xy.x, tx * TILE + 0.5f), tx * TILE + TILE - 0.5f) - xy.x;
+  const float dv = fminf(fmaxf(xy.y, ty * TILE + 0.5f), ty * TILE + TILE - 0.5f) - xy.y;
   const float3 m = make_float3(ray[0], ray[1], ray[2]);
   const float3 r = make_float3(ray[3] * m.x + du * ray[4] + dv * ray[7], ray[3] * m.y + du * ray[5] + dv * ray[8],
                                ray[3] * m.z + du * ray[6] + dv * ray[9]);

@@ -67,7 +67,8 @@ SW_HD void ray_forward(const Camera& cam, const float* mean, const float* quat, 
   float Rq[9];
   quat_to_rotmat(e.qn[0], e.qn[1], e.qn[2], e.qn[3], Rq);
   for (int i = 0; i < 3; ++i)
-    for (int k = 0; k < 3; ++k) e.Rc[i * 3 + k] = R[i * 3] * Rq[k] + R[i * 3 + 1] * Rq[3 + k] + R[i * 3 + 2] * Rq[6 + k];
+    for (int k = 0; k < 3; ++k)
+      e.Rc[i * 3 + k] = R[i * 3] * Rq[k] + R[i * 3 + 1] * Rq[3 + k] + R[i * 3 + 2] * Rq[6 + k];
   e.largest = 0;
   for (int k = 0; k < 3; ++k) {
     e.s[k] = scale[k];

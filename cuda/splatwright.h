@@ -135,8 +135,8 @@ cudaError_t launch_sort_entries(const BinInputs& in, const int64_t* entry_ends, 
                                 void* sorted_keys, const SortBuffers& out, cudaStream_t stream);
 // The blender formation's binning, in the same steps: 1. launch_rect_tile_counts, the tiles of each splat's
 // footprint rectangle (RayBinInputs.rects; 0 where radii is 0); 2. and 3. as above; 4. launch_sort_ray_entries,
-// each entry keyed by (tile, the view depth of the splat's maximum along the ray through the tile's centre, at
-// least 0), 64-bit keys of ray_sort_key_bytes each, sorted as above.
+// each entry keyed by (tile, the view depth of the splat's maximum along the ray through the tile's pixel nearest
+// to its projected centre, at least 0), 64-bit keys of ray_sort_key_bytes each, sorted as above.
 struct RayBinInputs {
   const float* means2d;
   const float* rays;   // (n, RAY_PARAMS)

@@ -115,8 +115,8 @@ def ambiguous_pixels(scene, width, height, sh_degree, formation="standard"):
             px = (tid % tiles_x * TILE).float()[:, None] + px_local.reshape(-1)
             py = (tid // tiles_x * TILE).float()[:, None] + py_local.reshape(-1)
             flags.index_add_(0, tid, near_pairs(s, proj, tid, gid, px, py).int())
-        img = (flags > 0).reshape(tiles_y, tiles_x, TILE, TILE).permute(0, 2, 1, 3).reshape(tiles_y * TILE, tiles_x * TILE)
-        img = img[:height, :width]
+        img = (flags > 0).reshape(tiles_y, tiles_x, TILE, TILE).permute(0, 2, 1, 3)
+        img = img.reshape(tiles_y * TILE, tiles_x * TILE)[:height, :width]
         if formation == "blender":
             img = torch.nn.functional.max_pool2d(img[None, None].float(), 3, stride=1, padding=1)[0, 0] > 0
     return img

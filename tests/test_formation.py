@@ -39,10 +39,10 @@ def ray_walk(g: Gaussians, cam: Camera, sh_degree: int, background):
     largest, covariance S = R diag(s^2) R^T widened by the film filter's share (FILM_SPLAT_VARIANCE px^2 at its
     depth, its opacity lowered by the growth of its projected area), at the point x = t d of the pixel's ray where
     its response peaks, t = d^T S^-1 mu / d^T S^-1 d, alpha = opacity exp(-(x - mu)^T S^-1 (x - mu) / 2); the
-    pixel's splats in the order of t along the ray through its tile's centre (at least 0; then by index), their
-    sRGB colours decoded and blended in linear light over the background's
-    linear colour (the alpha floor and cap, the footprint bound and the stop rule as in the standard formation);
-    then the film's taps (edges repeated) and the sRGB encoding."""
+    pixel's splats in the order of t along the ray through its tile's pixel nearest to the splat's projected
+    centre (at least 0; then by index), their sRGB colours decoded and blended in linear light over the
+    background's linear colour (the alpha floor and cap, the footprint bound and the stop rule as in the standard
+    formation); then the film's taps (edges repeated) and the sRGB encoding."""
     w2c = cam.w2c
     R, t = w2c[:3, :3], w2c[:3, 3]
     fx, fy, cx, cy = cam.K[0, 0], cam.K[1, 1], cam.K[0, 2], cam.K[1, 2]
@@ -68,6 +68,7 @@ def ray_walk(g: Gaussians, cam: Camera, sh_degree: int, background):
         drawn_opac.append(opac[i] * math.sqrt(np.linalg.det(J @ cov @ J.T) / np.linalg.det(J @ wide @ J.T)))
         inv.append(np.linalg.inv(wide))
     inv, drawn_opac = np.array(inv), np.array(drawn_opac)
+    centres = np.stack([fx * p[:, 0] / p[:, 2] + cx, fy * p[:, 1] / p[:, 2] + cy], axis=-1)  # projected, in pixels
     bg = decode(np.asarray(background, dtype=np.float64))
     out = np.zeros((cam.height, cam.width, 4))
     for py in range(cam.height):
@@ -75,8 +76,11 @@ def ray_walk(g: Gaussians, cam: Camera, sh_degree: int, background):
             d = np.array([(px + 0.5 - cx) / fx, (py + 0.5 - cy) / fy, 1.0])
             q = np.einsum("j,njk,k->n", d, inv, d)
             tmax = np.einsum("j,njk,nk->n", d, inv, p) / q
-            centre = np.array([(px // TILE * TILE + TILE / 2 - cx) / fx, (py // TILE * TILE + TILE / 2 - cy) / fy, 1.0])
-            order_key = np.maximum(np.einsum("j,njk,nk->n", centre, inv, p) / np.einsum("j,njk,k->n", centre, inv, centre), 0)
+            tile_lo = np.array([px // TILE * TILE, py // TILE * TILE]) + 0.5
+            nearest = np.clip(centres, tile_lo, tile_lo + TILE - 1)  # the tile's pixel nearest to each centre
+            rays = np.stack([(nearest[:, 0] - cx) / fx, (nearest[:, 1] - cy) / fy, np.ones(len(p))], axis=-1)
+            order_key = np.maximum(np.einsum("nj,njk,nk->n", rays, inv, p)
+                                   / np.einsum("nj,njk,nk->n", rays, inv, rays), 0)
             off = tmax[:, None] * d - p
             dist = np.einsum("nj,njk,nk->n", off, inv, off)
             alpha = np.minimum(ALPHA_MAX, drawn_opac * np.exp(-0.5 * dist))

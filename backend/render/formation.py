@@ -8,9 +8,9 @@
   taken as sRGB, converted to linear light and blended there, over the background's linear colour, the result
   turned back into display values as the Standard view transform does; each splat evaluated along each pixel's
   ray at its maximum response in 3D (no screen-space dilation), its scales clamped to at least SCALE_CLAMP of
-  its largest; in each 16x16 tile the splats taken in the order of the depths of their maximum responses along
-  the ray through the tile's centre (close to a ray tracer's order, which Cycles converges to, and the same for
-  every pixel of a tile, as a tiled rasterizer draws); and the image seen through Blender's film filter
+  its largest; in each 16x16 tile the splats taken in the order of the depths of their maximum responses, each
+  along the ray through the tile's pixel nearest to the splat's projected centre (close to a ray tracer's order,
+  which Cycles converges to, and the same for every pixel of a tile, as a tiled rasterizer draws); and the image seen through Blender's film filter
   (FILM_FILTER_WIDTH), which both engines apply.
 
 The reference rasterizer and the CUDA kernels draw both.

@@ -12,8 +12,8 @@ processed in chunks so memory stays bounded for large images.
 It draws both image formations (formation.py). The blender one keeps the tiles, the alpha cap and floor, the
 stop rule and the RADIUS_SIGMAS bound, and differs where Blender does: a splat's alpha at a pixel is its
 maximum response along the pixel's ray (its 3D Gaussian evaluated there, no dilation, scales clamped), a tile
-takes its splats in the order of those maxima's depths along the ray through its centre, and colours blend in
-linear light.
+takes its splats in the order of those maxima's depths, each at the tile's pixel nearest to the splat's projected
+centre, and colours blend in linear light.
 """
 from __future__ import annotations
 
@@ -297,8 +297,8 @@ def silhouette_bounds(frames, centres, rotation, scales, depths, opacities, K, w
 
 def bin_rects(proj: RayProjected, width: int, height: int) -> TileEntries:
     """Every tile of each drawn splat's footprint box, sorted by (tile, order key, Gaussian index): the key is
-    the depth of the splat's maximum response along the ray through the tile's centre (ray_depths; at least 0),
-    as the kernels' binning keys them."""
+    the depth of the splat's maximum response (ray_depths; at least 0) along the ray through the tile's pixel
+    centre nearest to the splat's projected centre, as the kernels' binning keys them."""
     tiles_x, tiles_y = tile_grid(width, height)
     u_lo, u_hi, v_lo, v_hi = proj.rects
     idx = (proj.radii > 0).nonzero().squeeze(1)
@@ -314,10 +314,11 @@ def bin_rects(proj: RayProjected, width: int, height: int) -> TileEntries:
     span = torch.repeat_interleave(cols, counts)
     tile = (torch.repeat_interleave(y_lo, counts) + local // span) * tiles_x + torch.repeat_interleave(x_lo, counts) \
         + local % span
-    dtype = proj.frames.dtype
-    centre_x = (tile % tiles_x * TILE + TILE / 2).to(dtype)
-    centre_y = (tile // tiles_x * TILE + TILE / 2).to(dtype)
-    keys = torch.clamp_min(ray_depths(proj, gauss, centre_x, centre_y).detach(), 0)
+    x0, y0 = (tile % tiles_x * TILE).to(proj.frames.dtype), (tile // tiles_x * TILE).to(proj.frames.dtype)
+    u, v = proj.means2d.detach()[gauss].unbind(-1)
+    nearest_x = torch.minimum(torch.maximum(u, x0 + 0.5), x0 + TILE - 0.5)
+    nearest_y = torch.minimum(torch.maximum(v, y0 + 0.5), y0 + TILE - 0.5)
+    keys = torch.clamp_min(ray_depths(proj, gauss, nearest_x, nearest_y).detach(), 0)
     order = torch.argsort(keys, stable=True)  # gauss is ascending already: equal keys keep index order
     order = order[torch.argsort(tile[order], stable=True)]
     return TileEntries(tile[order], gauss[order])
