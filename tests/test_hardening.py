@@ -10,6 +10,7 @@ import inspect
 import io
 import json
 import os
+import re
 import resource
 import signal
 import socket
@@ -944,3 +945,51 @@ def test_the_cli_says_in_one_line_that_its_last_checkpoint_could_not_be_written(
     assert err[-1] == ("error: cannot write the checkpoint checkpoint.pt ([enforce fail at inline_container.cc:672] "
                        ". unexpected pos 704 vs 598)") and not any("Traceback" in line for line in err)
     assert not list((tmp_path / "out").glob("checkpoint*"))
+
+
+# ---- renders nobody waits for ----
+
+def show_a_small_model(client) -> None:
+    client.load_ply(encode_ply(random_gaussians(300, seed=1, sh_degree=1)), name="small.ply")
+
+
+def test_a_closed_connections_waiting_renders_are_dropped_and_the_next_clients_frame_comes_next(tmp_path,
+                                                                                               start_server):
+    """200 renders of 1024x1024 (about 4 s each on two CPU cores) queued on 200 streams by a client that then
+    disconnects: at most the one already running completes, and a new client's 32x32 frame is answered next."""
+    server = start_server(tmp_path / "work", "--max-queued-renders", "256")
+    big, small = orbit_cameras(1, 1024, 1024)[0], orbit_cameras(1, SIZE, SIZE)[0]
+    with server.client() as client:
+        show_a_small_model(client)
+        before = client.call("status")["rendered"]
+        for stream in range(200):
+            client.submit_render(big, stream=stream)
+    start = time.monotonic()
+    with server.client() as client:
+        assert client.render(small).shape == (SIZE, SIZE, 4)
+        answered = time.monotonic() - start
+        rendered = client.call("status")["rendered"] - before
+    dropped = int(re.search(r"closed with (\d+) render\(s\) waiting; they are dropped", server.log())[1])
+    print(f"of 200 queued 1024x1024 renders {rendered - 1} completed and {dropped} were dropped; the next client's "
+          f"32x32 frame came {answered:.1f} s after it connected")
+    assert rendered - 1 <= 1 and dropped >= 199
+    assert answered < 60  # one 1024x1024 render at most before it; the 200 would take over ten minutes
+
+
+def test_a_connection_may_have_so_many_renders_waiting_and_a_stream_one(tmp_path, start_server):
+    """Over the cap, a render on another stream is refused naming its flag; one on a stream that has a render
+    waiting replaces that one. (A 4096x4096 CPU render takes over half a minute: one at most runs meanwhile.)"""
+    server = start_server(tmp_path / "work", "--max-queued-renders", "3")
+    huge = orbit_cameras(1, 4096, 4096)[0]
+    with server.client() as client:
+        show_a_small_model(client)
+        pending = [client.submit_render(huge, stream=stream) for stream in range(6)]
+        with pytest.raises(RemoteError) as refused:
+            pending[5].result(30)  # behind one running and three waiting, or three waiting
+        assert refused.value.code == protocol.REJECTED
+        assert "over the cap of 3 renders one connection may have waiting" in refused.value.message
+        assert "serve --max-queued-renders N" in refused.value.message
+        replacing = client.submit_render(huge, stream=2)
+        with pytest.raises(RemoteError) as replaced:
+            pending[2].result(30)
+        assert replaced.value.code == protocol.SUPERSEDED and not replacing.done()

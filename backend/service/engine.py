@@ -131,6 +131,10 @@ class Engine:
     def submit_render(self, job: RenderJob) -> None:
         self.renderer.submit(job)
 
+    def drop_renders(self, owner) -> int:
+        """Forget the renders `owner` (a closed connection) has waiting; how many there were."""
+        return self.renderer.queue.drop(owner)
+
     def export_ply(self, name: str = "splats.ply", model: str | None = None, crop: np.ndarray | None = None,
                    time: float | None = None, placement: np.ndarray | None = None) -> tuple[dict, bytes]:
         return self.exports.export(name, model, crop, time, placement)

@@ -275,6 +275,9 @@ class Server:
                 self._welcome(conn)
                 self._request_loop(conn)
             finally:
+                dropped = self.engine.drop_renders(conn)  # nobody waits for them now
+                if dropped:
+                    log(f"{conn.address}: closed with {dropped} render(s) waiting; they are dropped")
                 try:
                     if conn.shared is not None:
                         conn.shared.close()
@@ -396,7 +399,7 @@ class Server:
             done=lambda fields, payload: conn.reply(message, fields, payload),
             fail=lambda code, text: conn.error(message.id, code, text),
             model=message.fields["model"], crop=message.fields["crop"], time=message.fields["time"],
-            stream=(conn, message.fields["stream"]), shared=conn.shared if message.fields["shared"] else None))
+            owner=conn, stream=message.fields["stream"], shared=conn.shared if message.fields["shared"] else None))
 
     # ---- handlers that decode payloads ----
 
