@@ -44,7 +44,8 @@ from backend.service.session import Session
 from backend.train import load_checkpoint, previous_checkpoint
 from helpers import (ROOT, assert_same_model, cli_memory, gzip_of_zeros, moving_model, orbit_cameras, random_gaussians,
                      spz_column_bytes, spz_of_zeros, write_capture, zstd_spz_of_zeros)
-from server_helpers import SIZE, add_scene_views, png_bytes, raw_connect, read_until_closed, wait_for
+from server_helpers import (SIZE, add_scene_views, png_bytes, process_running, raw_connect, read_until_closed,
+                            wait_for)
 
 
 def png_declaring(width: int, height: int, rows: int) -> bytes:
@@ -993,3 +994,61 @@ def test_a_connection_may_have_so_many_renders_waiting_and_a_stream_one(tmp_path
         with pytest.raises(RemoteError) as replaced:
             pending[2].result(30)
         assert replaced.value.code == protocol.SUPERSEDED and not replacing.done()
+
+
+# ---- a backend whose Blender died ----
+
+# A stand-in for Blender: starts the backend as the add-on does (runtime.LocalServer), trains through the add-on's
+# client with no checkpoint but the last, prints the backend's pid, port and step, then waits to be killed.
+PARENT = """
+import json, sys, time
+import torch
+from blender_addon.core.client import Client
+from blender_addon.logic.runtime import LocalServer
+from backend.render import render
+from helpers import ROOT, orbit_cameras, random_gaussians
+from server_helpers import png_bytes, wait_for
+
+server = LocalServer(sys.executable, str(ROOT), sys.argv[1])
+client = Client("127.0.0.1", server.wait_ready(), server.token, timeout=60)
+client.call("open_session", name="orphan")
+model = random_gaussians(300, seed=1, sh_degree=1)
+for camera in orbit_cameras(4, 32, 32):
+    with torch.no_grad():
+        image = render(model, camera, 1, (1.0, 1.0, 1.0)).image.clamp(0, 1)
+    client.add_view(camera, png_bytes((image.numpy() * 255 + 0.5).astype("uint8")))
+client.call("start_training", iterations=100_000, init_points=300, checkpoint_every=0, checkpoint_seconds=0,
+            progress_interval=0.05)
+step = wait_for(client, lambda e: e["event"] == "progress" and e["step"] >= 5)["step"]
+print(json.dumps({"pid": server.proc.pid, "port": server.port, "step": step}), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_backend_started_as_the_add_on_starts_it_checkpoints_and_ends_when_its_parent_is_killed(tmp_path):
+    """kill -9 of the process that started the backend (with --exit-with-parent, its stdout a pipe to that process,
+    as Blender's): the backend checkpoints the running training and exits within seconds, leaving its port free."""
+    workdir = tmp_path / "work"
+    path = os.pathsep.join([str(ROOT), str(ROOT / "tests")])
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(workdir)], cwd=ROOT, stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, "PYTHONPATH": path})
+    started = json.loads(parent.stdout.readline() or "null")
+    assert started, "the parent exited before its backend trained"
+    backend = started["pid"]
+    try:
+        parent.kill()
+        killed = time.monotonic()
+        parent.wait(10)
+        while process_running(backend) and time.monotonic() - killed < 60:
+            time.sleep(0.02)
+        seconds = time.monotonic() - killed
+        assert not process_running(backend), "the backend outlived its parent by a minute"
+    finally:
+        parent.stdout.close()
+        if process_running(backend):
+            os.kill(backend, signal.SIGKILL)
+    print(f"the backend exited {seconds:.2f} s after its parent was killed; training had reached step "
+          f"{started['step']}")
+    assert load_checkpoint(workdir / "orphan" / "checkpoint.pt")["step"] >= started["step"]
+    socket.create_server(("127.0.0.1", started["port"])).close()  # nothing holds its port
+    assert seconds < 15  # about 1 s measured
