@@ -34,6 +34,7 @@ from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.protocol import REQUESTS
 from blender_addon.core.settings import training_settings
 from blender_addon.core import colmap
+from blender_addon.core.files import sequence_paths, sequence_state
 from backend import formats
 from backend.formats.budget import Budget
 from backend.tools import cli
@@ -1052,3 +1053,41 @@ def test_a_backend_started_as_the_add_on_starts_it_checkpoints_and_ends_when_its
     assert load_checkpoint(workdir / "orphan" / "checkpoint.pt")["step"] >= started["step"]
     socket.create_server(("127.0.0.1", started["port"])).close()  # nothing holds its port
     assert seconds < 15  # about 1 s measured
+
+
+# ---- exports killed half-way ----
+
+def test_a_killed_ply_sequence_export_is_known_as_incomplete_and_a_finished_one_as_complete(tmp_path):
+    """convert --frames killed by SIGKILL after its second frame: the manifest beside the frames says the sequence
+    is incomplete, and reading one of its frames says so; converted again whole, it is complete, and a frame left
+    from the longer export is known as none of its frames."""
+    from backend.dynamic import write_dynamic
+    write_dynamic(tmp_path / "splats4d.pt", moving_model(20_000))  # about 40 ms a frame
+    out = tmp_path / "seq" / "moving.ply"
+    frames = sequence_paths(out, 200)
+    convert = subprocess.Popen([sys.executable, "-m", "backend", "convert", str(tmp_path / "splats4d.pt"), str(out),
+                                "--frames", "200"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not frames[1].exists() and convert.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    convert.kill()
+    assert convert.wait(10) == -signal.SIGKILL, "convert ended before it could be killed half-way"
+    written = [frame for frame in frames if frame.exists()]
+    assert 2 <= len(written) < 200
+    state = sequence_state(frames[0])
+    assert not state.complete and "export stopped before all 200 frames were in place" in state.message
+    r = subprocess.run([sys.executable, "-m", "backend", "convert", str(frames[0]), str(tmp_path / "one.spz")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and f"warning: the sequence of {frames[0].name} is incomplete" in r.stderr, r.stderr
+
+    r = subprocess.run([sys.executable, "-m", "backend", "convert", str(tmp_path / "splats4d.pt"), str(out),
+                        "--frames", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert sequence_state(frames[0]) == (True, "moving_0001.ply is frame 1 of a complete sequence of 1 "
+                                               "(moving.sequence.json)")
+    left = sequence_state(frames[1])
+    assert not left.complete and "moving_0002.ply is none of the 1 frames" in left.message
+    r = subprocess.run([sys.executable, "-m", "backend", "convert", str(frames[0]), str(tmp_path / "two.spz")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
+    print(f"{len(written)} of 200 frames were written when convert was killed")
