@@ -12,6 +12,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import signal
 import socket
 import statistics
@@ -1091,3 +1092,40 @@ def test_a_killed_ply_sequence_export_is_known_as_incomplete_and_a_finished_one_
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
     print(f"{len(written)} of 200 frames were written when convert was killed")
+
+
+# ---- imported sessions on disk ----
+
+def test_imports_past_the_cap_of_imported_sessions_are_refused_naming_the_flag_and_the_oldest_unused(tmp_path,
+                                                                                                    start_server):
+    """With --max-imported-sessions 3, a fourth import is refused, makes no folder, and names the flag and the
+    imported sessions neither open nor drawn lately, least recently used first; once one is removed, it goes."""
+    workdir = tmp_path / "work"
+    server = start_server(workdir, "--max-imported-sessions", "3")
+    ply = encode_ply(random_gaussians(50, seed=2, sh_degree=0))
+
+    def refusal() -> str:
+        with pytest.raises(RemoteError) as refused:
+            client.load_ply(ply, name="fourth.ply")
+        assert refused.value.code == protocol.REJECTED and not (workdir / "fourth").exists()
+        return refused.value.message
+
+    with server.client() as client:
+        for name in ("first", "second", "third", "second", "first"):  # imported, then second and first opened
+            if (workdir / name).exists():
+                client.call("open_session", name=name, create=False)
+            else:
+                client.load_ply(ply, name=f"{name}.ply")
+            time.sleep(0.05)  # apart in the folders' times on any file system
+        message = refusal()
+        print(message)
+        assert message == ("importing fourth.ply: imported sessions with its own: 4 is over the cap of 3 imported "
+                           "models' sessions kept in the sessions folder; remove from the backend's sessions folder "
+                           "the folders of the least recently used ones that are neither open nor drawn lately "
+                           "(third, second; the oldest first), or start the backend with serve "
+                           "--max-imported-sessions N to allow more")
+        client.submit_render(orbit_cameras(1, SIZE, SIZE)[0], model="third").result(60)  # drawn lately
+        assert "(second; the oldest first)" in refusal()
+        shutil.rmtree(workdir / "second")
+        assert client.load_ply(ply, name="fourth.ply")["session"] == "fourth"
+    assert sorted(p.name for p in workdir.iterdir()) == ["first", "fourth", "third"]

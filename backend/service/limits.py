@@ -25,6 +25,7 @@ class Limits:
                                                  "to convert)")
     queued_renders: int = _limit(64, "renders one connection may have waiting over all its streams (a stream keeps "
                                      "only its newest one waiting)")
+    imported_sessions: int = _limit(32, "imported models' sessions kept in the sessions folder")
 
     @staticmethod
     def flag(name: str) -> str:
