@@ -1,7 +1,8 @@
 """The server against hostile or unlucky peers and machines, through the real socket (CPU): strangers that never
 authenticate, sizes that are declared but not sent, images that lie about their size, work that would hold the
 model for minutes, signals during long work, accept() failing, files a power loss left behind, a folder that
-cannot be written; and the command line's one-line errors."""
+cannot be written, renders nobody waits for, a parent killed under the backend, imports piling up on the disk;
+the command line's one-line errors, and its sequence exports killed half-way."""
 from __future__ import annotations
 
 import gzip
