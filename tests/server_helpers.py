@@ -75,6 +75,14 @@ def serving(workdir: Path, device: str = "cpu", rasterizer: str = "reference"):
         thread.join(30)
 
 
+def process_running(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie waiting to be reaped (Linux)."""
+    try:
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+
+
 def png_bytes(image: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(image).save(buffer, format="PNG")

@@ -323,14 +323,15 @@ def test_the_engine_renders_only_the_splats_inside_the_objects_crop_box(f12):
 def test_a_4d_model_is_imported_shown_at_the_frame_and_exported_as_a_ply_sequence(f12):
     """File > Import of splats4d.pt shows the 4D model at the scene's frame (F12 at the last frame is the model
     at time 1); Export writes one PLY per frame of the range, each the model at that frame's time (as convert
-    --frames names them, nothing else left in the folder), one PLY at the current frame, and the model's own file;
-    a static model's PLY sequence is refused and writes nothing."""
+    --frames names them, nothing else left in the folder but the manifest that says the sequence is complete), one
+    PLY at the current frame, and the model's own file; a static model's PLY sequence is refused and writes
+    nothing. Importing a frame of a sequence whose manifest says it is incomplete warns so."""
     import numpy as np
     import torch
     from PIL import Image
 
     from blender_addon.core.codecs import camera_from_wire
-    from blender_addon.core.files import sequence_paths
+    from blender_addon.core.files import sequence_manifest, sequence_paths, sequence_state
     from backend.dynamic import read_dynamic
     from backend.formats import read_any
     from backend.metrics import psnr
@@ -338,14 +339,20 @@ def test_a_4d_model_is_imported_shown_at_the_frame_and_exported_as_a_ply_sequenc
     moving, model = f12["moving"], f12["model4d"]
     assert moving["may_move"] == [False, True]  # the status tells a 4D model from a static one
     folder = Path(moving["folder"])
-    assert [folder / name for name in moving["files"]] == sequence_paths(folder / "moving.ply", 3)
-    for k, name in enumerate(moving["files"]):
-        assert_same_model(read_any(folder / name), model.at(k / 2).detached(), atol=1e-6)
+    frames = sequence_paths(folder / "moving.ply", 3)
+    assert moving["files"] == sorted([sequence_manifest(folder / "moving.ply").name, *(p.name for p in frames)])
+    for k, frame in enumerate(frames):
+        assert_same_model(read_any(frame), model.at(k / 2).detached(), atol=1e-6)
+        assert sequence_state(frame).complete
     assert_same_model(read_any(moving["frame2"]), model.at(0.5).detached(), atol=1e-6)
     assert_same_model(read_dynamic(moving["copy"]), model)
     assert any(line.startswith("Info: exported 3 frames (1-3) of 120 Gaussians") for line in moving["reports"])
     errors = [line for line in moving["static_reports"] if line.startswith("Error: ")]
     assert len(errors) == 1 and "the model of placed-model is a static model, the same at every frame" in errors[0]
+    warnings = [line for line in moving["incomplete_reports"] if line.startswith("Warning: ")]
+    assert warnings == ["Warning: the sequence of moving_0001.ply is incomplete: its export stopped before all 3 "
+                        "frames were in place (3 of their files are there, of this export or an earlier one; "
+                        "moving.sequence.json says so); export the sequence again"], moving["incomplete_reports"]
 
     cam = camera_from_wire(moving["camera"])
     got = torch.from_numpy(np.asarray(Image.open(moving["png"]), dtype=np.float32)[..., :3] / 255.0)

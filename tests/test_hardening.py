@@ -1,7 +1,8 @@
 """The server against hostile or unlucky peers and machines, through the real socket (CPU): strangers that never
 authenticate, sizes that are declared but not sent, images that lie about their size, work that would hold the
 model for minutes, signals during long work, accept() failing, files a power loss left behind, a folder that
-cannot be written; and the command line's one-line errors."""
+cannot be written, renders nobody waits for, a parent killed under the backend, imports piling up on the disk;
+the command line's one-line errors, and its sequence exports killed half-way."""
 from __future__ import annotations
 
 import gzip
@@ -10,7 +11,9 @@ import inspect
 import io
 import json
 import os
+import re
 import resource
+import shutil
 import signal
 import socket
 import statistics
@@ -33,6 +36,7 @@ from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.protocol import REQUESTS
 from blender_addon.core.settings import training_settings
 from blender_addon.core import colmap
+from blender_addon.core.files import sequence_paths, sequence_state
 from backend import formats
 from backend.formats.budget import Budget
 from backend.tools import cli
@@ -43,7 +47,8 @@ from backend.service.session import Session
 from backend.train import load_checkpoint, previous_checkpoint
 from helpers import (ROOT, assert_same_model, cli_memory, gzip_of_zeros, moving_model, orbit_cameras, random_gaussians,
                      spz_column_bytes, spz_of_zeros, write_capture, zstd_spz_of_zeros)
-from server_helpers import SIZE, add_scene_views, png_bytes, raw_connect, read_until_closed, wait_for
+from server_helpers import (SIZE, add_scene_views, png_bytes, process_running, raw_connect, read_until_closed,
+                            wait_for)
 
 
 def png_declaring(width: int, height: int, rows: int) -> bytes:
@@ -944,3 +949,184 @@ def test_the_cli_says_in_one_line_that_its_last_checkpoint_could_not_be_written(
     assert err[-1] == ("error: cannot write the checkpoint checkpoint.pt ([enforce fail at inline_container.cc:672] "
                        ". unexpected pos 704 vs 598)") and not any("Traceback" in line for line in err)
     assert not list((tmp_path / "out").glob("checkpoint*"))
+
+
+# ---- renders nobody waits for ----
+
+def show_a_small_model(client) -> None:
+    client.load_ply(encode_ply(random_gaussians(300, seed=1, sh_degree=1)), name="small.ply")
+
+
+def test_a_closed_connections_waiting_renders_are_dropped_and_the_next_clients_frame_comes_next(tmp_path,
+                                                                                               start_server):
+    """200 renders of 1024x1024 (about 4 s each on two CPU cores) queued on 200 streams by a client that then
+    disconnects: at most the one already running completes, and a new client's 32x32 frame is answered next."""
+    server = start_server(tmp_path / "work", "--max-queued-renders", "256")
+    big, small = orbit_cameras(1, 1024, 1024)[0], orbit_cameras(1, SIZE, SIZE)[0]
+    with server.client() as client:
+        show_a_small_model(client)
+        before = client.call("status")["rendered"]
+        for stream in range(200):
+            client.submit_render(big, stream=stream)
+    start = time.monotonic()
+    with server.client() as client:
+        assert client.render(small).shape == (SIZE, SIZE, 4)
+        answered = time.monotonic() - start
+        rendered = client.call("status")["rendered"] - before
+    dropped = int(re.search(r"closed with (\d+) render\(s\) waiting; they are dropped", server.log())[1])
+    print(f"of 200 queued 1024x1024 renders {rendered - 1} completed and {dropped} were dropped; the next client's "
+          f"32x32 frame came {answered:.1f} s after it connected")
+    assert rendered - 1 <= 1 and dropped >= 199
+    assert answered < 60  # one 1024x1024 render at most before it; the 200 would take over ten minutes
+
+
+def test_a_connection_may_have_so_many_renders_waiting_and_a_stream_one(tmp_path, start_server):
+    """Over the cap, a render on another stream is refused naming its flag; one on a stream that has a render
+    waiting replaces that one. (A 4096x4096 CPU render takes over half a minute: one at most runs meanwhile.)"""
+    server = start_server(tmp_path / "work", "--max-queued-renders", "3")
+    huge = orbit_cameras(1, 4096, 4096)[0]
+    with server.client() as client:
+        show_a_small_model(client)
+        pending = [client.submit_render(huge, stream=stream) for stream in range(6)]
+        with pytest.raises(RemoteError) as refused:
+            pending[5].result(30)  # behind one running and three waiting, or three waiting
+        assert refused.value.code == protocol.REJECTED
+        assert "over the cap of 3 renders one connection may have waiting" in refused.value.message
+        assert "serve --max-queued-renders N" in refused.value.message
+        replacing = client.submit_render(huge, stream=2)
+        with pytest.raises(RemoteError) as replaced:
+            pending[2].result(30)
+        assert replaced.value.code == protocol.SUPERSEDED and not replacing.done()
+
+
+# ---- a backend whose Blender died ----
+
+# A stand-in for Blender: starts the backend as the add-on does (runtime.LocalServer), trains through the add-on's
+# client with no checkpoint but the last, prints the backend's pid, port and step, then waits to be killed.
+PARENT = """
+import json, sys, time
+import torch
+from blender_addon.core.client import Client
+from blender_addon.logic.runtime import LocalServer
+from backend.render import render
+from helpers import ROOT, orbit_cameras, random_gaussians
+from server_helpers import png_bytes, wait_for
+
+server = LocalServer(sys.executable, str(ROOT), sys.argv[1])
+client = Client("127.0.0.1", server.wait_ready(), server.token, timeout=60)
+client.call("open_session", name="orphan")
+model = random_gaussians(300, seed=1, sh_degree=1)
+for camera in orbit_cameras(4, 32, 32):
+    with torch.no_grad():
+        image = render(model, camera, 1, (1.0, 1.0, 1.0)).image.clamp(0, 1)
+    client.add_view(camera, png_bytes((image.numpy() * 255 + 0.5).astype("uint8")))
+client.call("start_training", iterations=100_000, init_points=300, checkpoint_every=0, checkpoint_seconds=0,
+            progress_interval=0.05)
+step = wait_for(client, lambda e: e["event"] == "progress" and e["step"] >= 5)["step"]
+print(json.dumps({"pid": server.proc.pid, "port": server.port, "step": step}), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_backend_started_as_the_add_on_starts_it_checkpoints_and_ends_when_its_parent_is_killed(tmp_path):
+    """kill -9 of the process that started the backend (with --exit-with-parent, its stdout a pipe to that process,
+    as Blender's): the backend checkpoints the running training and exits within seconds, leaving its port free."""
+    workdir = tmp_path / "work"
+    path = os.pathsep.join([str(ROOT), str(ROOT / "tests")])
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(workdir)], cwd=ROOT, stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, "PYTHONPATH": path})
+    started = json.loads(parent.stdout.readline() or "null")
+    assert started, "the parent exited before its backend trained"
+    backend = started["pid"]
+    try:
+        parent.kill()
+        killed = time.monotonic()
+        parent.wait(10)
+        while process_running(backend) and time.monotonic() - killed < 60:
+            time.sleep(0.02)
+        seconds = time.monotonic() - killed
+        assert not process_running(backend), "the backend outlived its parent by a minute"
+    finally:
+        parent.stdout.close()
+        if process_running(backend):
+            os.kill(backend, signal.SIGKILL)
+    print(f"the backend exited {seconds:.2f} s after its parent was killed; training had reached step "
+          f"{started['step']}")
+    assert load_checkpoint(workdir / "orphan" / "checkpoint.pt")["step"] >= started["step"]
+    socket.create_server(("127.0.0.1", started["port"])).close()  # nothing holds its port
+    assert seconds < 15  # about 1 s measured
+
+
+# ---- exports killed half-way ----
+
+def test_a_killed_ply_sequence_export_is_known_as_incomplete_and_a_finished_one_as_complete(tmp_path):
+    """convert --frames killed by SIGKILL after its second frame: the manifest beside the frames says the sequence
+    is incomplete, and reading one of its frames says so; converted again whole, it is complete, and a frame left
+    from the longer export is known as none of its frames."""
+    from backend.dynamic import write_dynamic
+    write_dynamic(tmp_path / "splats4d.pt", moving_model(20_000))  # about 40 ms a frame
+    out = tmp_path / "seq" / "moving.ply"
+    frames = sequence_paths(out, 200)
+    convert = subprocess.Popen([sys.executable, "-m", "backend", "convert", str(tmp_path / "splats4d.pt"), str(out),
+                                "--frames", "200"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not frames[1].exists() and convert.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    convert.kill()
+    assert convert.wait(10) == -signal.SIGKILL, "convert ended before it could be killed half-way"
+    written = [frame for frame in frames if frame.exists()]
+    assert 2 <= len(written) < 200
+    state = sequence_state(frames[0])
+    assert not state.complete and "export stopped before all 200 frames were in place" in state.message
+    r = subprocess.run([sys.executable, "-m", "backend", "convert", str(frames[0]), str(tmp_path / "one.spz")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and f"warning: the sequence of {frames[0].name} is incomplete" in r.stderr, r.stderr
+
+    r = subprocess.run([sys.executable, "-m", "backend", "convert", str(tmp_path / "splats4d.pt"), str(out),
+                        "--frames", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert sequence_state(frames[0]) == (True, "moving_0001.ply is frame 1 of a complete sequence of 1 "
+                                               "(moving.sequence.json)")
+    left = sequence_state(frames[1])
+    assert not left.complete and "moving_0002.ply is none of the 1 frames" in left.message
+    r = subprocess.run([sys.executable, "-m", "backend", "convert", str(frames[0]), str(tmp_path / "two.spz")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
+    print(f"{len(written)} of 200 frames were written when convert was killed")
+
+
+# ---- imported sessions on disk ----
+
+def test_imports_past_the_cap_of_imported_sessions_are_refused_naming_the_flag_and_the_oldest_unused(tmp_path,
+                                                                                                    start_server):
+    """With --max-imported-sessions 3, a fourth import is refused, makes no folder, and names the flag and the
+    imported sessions neither open nor drawn lately, least recently used first; once one is removed, it goes."""
+    workdir = tmp_path / "work"
+    server = start_server(workdir, "--max-imported-sessions", "3")
+    ply = encode_ply(random_gaussians(50, seed=2, sh_degree=0))
+
+    def refusal() -> str:
+        with pytest.raises(RemoteError) as refused:
+            client.load_ply(ply, name="fourth.ply")
+        assert refused.value.code == protocol.REJECTED and not (workdir / "fourth").exists()
+        return refused.value.message
+
+    with server.client() as client:
+        for name in ("first", "second", "third", "second", "first"):  # imported, then second and first opened
+            if (workdir / name).exists():
+                client.call("open_session", name=name, create=False)
+            else:
+                client.load_ply(ply, name=f"{name}.ply")
+            time.sleep(0.05)  # apart in the folders' times on any file system
+        message = refusal()
+        print(message)
+        assert message == ("importing fourth.ply: imported sessions with its own: 4 is over the cap of 3 imported "
+                           "models' sessions kept in the sessions folder; remove from the backend's sessions folder "
+                           "the folders of the least recently used ones that are neither open nor drawn lately "
+                           "(third, second; the oldest first), or start the backend with serve "
+                           "--max-imported-sessions N to allow more")
+        client.submit_render(orbit_cameras(1, SIZE, SIZE)[0], model="third").result(60)  # drawn lately
+        assert "(second; the oldest first)" in refusal()
+        shutil.rmtree(workdir / "second")
+        assert client.load_ply(ply, name="fourth.ply")["session"] == "fourth"
+    assert sorted(p.name for p in workdir.iterdir()) == ["first", "fourth", "third"]

@@ -30,7 +30,8 @@ from backend.render import render
 from backend.service.server import Server
 from backend.train import Trainer, load_checkpoint
 from helpers import ROOT
-from server_helpers import SIZE, add_scene_views, expected_frame, png_bytes, raw_connect, read_until_closed, wait_for
+from server_helpers import (SIZE, add_scene_views, expected_frame, png_bytes, process_running, raw_connect,
+                            read_until_closed, wait_for)
 
 
 def test_session_end_to_end(tmp_path, start_server, scene):
@@ -437,14 +438,6 @@ def test_nan_loss_and_out_of_memory_are_reported_and_survived(local_server, scen
         client.call("stop")
 
 
-def _running(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie waiting to be reaped."""
-    try:
-        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return False
-
-
 def test_server_stops_when_the_process_that_started_it_dies(tmp_path):
     # A shell starts the server and waits; killing the shell orphans the server, which must then stop.
     command = (f"'{sys.executable}' -m backend serve --port 0 --workdir '{tmp_path}' --exit-with-parent & "
@@ -456,9 +449,9 @@ def test_server_stops_when_the_process_that_started_it_dies(tmp_path):
     shell.kill()
     shell.wait()
     deadline = time.monotonic() + 20
-    while _running(server_pid) and time.monotonic() < deadline:
+    while process_running(server_pid) and time.monotonic() < deadline:
         time.sleep(0.2)
-    if _running(server_pid):
+    if process_running(server_pid):
         os.kill(server_pid, signal.SIGKILL)
         pytest.fail("the orphaned server kept running")
 

@@ -38,7 +38,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workdir", default="out/sessions", help="folder of the sessions")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--exit-with-parent", action="store_true",
-                   help="stop (with a checkpoint) when the process that started the server exits")
+                   help="stop (with a checkpoint) when the process that started the server ends, however it ends: "
+                   "when the pipe it gave as stdin closes, or (POSIX) when it is gone")
     for limit in fields(Limits):
         p.add_argument(Limits.flag(limit.name), type=positive_int, default=limit.default, metavar="N",
                        help=f"most {limit.metadata['help']} (default: {limit.default:,})")

@@ -19,9 +19,11 @@ from .limits import Limits
 from .render_queue import RenderJob
 from .renderer import Renderer
 from .saved_models import SavedModels, file_model
-from .session import Session
+from .session import Session, imported_sessions
 from .shown import Shown
 from .training import Training, TrainingCopies
+
+LISTED_UNUSED = 8  # imported sessions a refused import names for removal
 
 
 class Engine:
@@ -71,6 +73,7 @@ class Engine:
         session's model in a scene, and renders naming it draw it after a restart too."""
         if self.training.running():
             raise SplatwrightError("training is running; stop it before loading a model to view")
+        self._check_imported_sessions(name)
         data = bytes(data)
         # A file that cannot be read, or holds a model validate.py refuses, makes no session.
         model = file_model(data, name, background, self.device, self.limits.budget())
@@ -78,6 +81,23 @@ class Engine:
         self.training.show(session, model)
         # and the status says whether it is 4D
         return {"gaussians": len(model.g), "sh_degree": model.g.max_sh_degree, "session": session.name}
+
+    def _check_imported_sessions(self, name: str) -> None:
+        """Refuse an import that would keep more imported sessions on the disk than --max-imported-sessions allows,
+        listing the least recently used of those neither open nor drawn lately, for the user to remove."""
+        imported = imported_sessions(self.workdir)
+        if len(imported) < self.limits.imported_sessions:
+            return
+        in_use = set(self.saved.loaded()) | {self.shown.session.name if self.shown.session else None}
+        unused = [session for session in imported if session not in in_use]
+        instead = ""
+        if unused:
+            more = f" and {len(unused) - LISTED_UNUSED} more" if len(unused) > LISTED_UNUSED else ""
+            instead = (f"remove from the backend's sessions folder the folders of the least recently used ones that "
+                       f"are neither open nor drawn lately ({', '.join(unused[:LISTED_UNUSED])}{more}; the oldest "
+                       "first)")
+        self.limits.check("imported_sessions", len(imported) + 1,
+                          f"importing {name or 'a model'}: imported sessions with its own", instead)
 
     def check_view(self, camera: Camera) -> None:
         """Refuse a view over the limits before its image is decoded."""
@@ -130,6 +150,10 @@ class Engine:
 
     def submit_render(self, job: RenderJob) -> None:
         self.renderer.submit(job)
+
+    def drop_renders(self, owner) -> int:
+        """Forget the renders `owner` (a closed connection) has waiting; how many there were."""
+        return self.renderer.queue.drop(owner)
 
     def export_ply(self, name: str = "splats.ply", model: str | None = None, crop: np.ndarray | None = None,
                    time: float | None = None, placement: np.ndarray | None = None) -> tuple[dict, bytes]:

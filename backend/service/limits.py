@@ -1,4 +1,4 @@
-"""What a session may hold and ask for: the server's caps, each a `serve` flag."""
+"""What a session may hold and a client ask for: the server's caps, each a `serve` flag."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
@@ -23,17 +23,22 @@ class Limits:
     points: int = _limit(2_000_000, "initial points or random initial Gaussians of a session")
     model_splats: int = _limit(MAX_MODEL_SPLATS, "Gaussians of a model read from a file (an import, or a model sent "
                                                  "to convert)")
+    queued_renders: int = _limit(64, "renders one connection may have waiting over all its streams (a stream keeps "
+                                     "only its newest one waiting)")
+    imported_sessions: int = _limit(32, "imported models' sessions kept in the sessions folder")
 
     @staticmethod
     def flag(name: str) -> str:
         return "--max-" + name.replace("_", "-")
 
-    def check(self, name: str, value: int, what: str) -> None:
-        """SplatwrightError if `value` (of `what`) is over the limit `name`."""
+    def check(self, name: str, value: int, what: str, instead: str = "") -> None:
+        """SplatwrightError if `value` (of `what`) is over the limit `name`; `instead`: what else the user may do
+        than allow more."""
         cap = getattr(self, name)
         if value > cap:
-            raise SplatwrightError(f"{what}: {value:,} is over the cap of {cap:,} {self.meaning(name)}; start the "
-                                   f"backend with serve {self.flag(name)} N to allow more")
+            raise SplatwrightError(f"{what}: {value:,} is over the cap of {cap:,} {self.meaning(name)}; "
+                                   f"{instead + ', or ' if instead else ''}start the backend with serve "
+                                   f"{self.flag(name)} N to allow more")
 
     def budget(self) -> Budget:
         """What reading a model file may decode (formats.budget), its refusal naming the flag that allows more."""

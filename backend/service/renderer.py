@@ -31,7 +31,7 @@ class Renderer:
                  rasterizer: str):
         self.shown, self.saved, self.copies, self.limits = shown, saved, copies, limits
         self.device, self.rasterizer = device, rasterizer
-        self.queue = RenderQueue()
+        self.queue = RenderQueue(limits)
         # Frames render on their own stream, ahead of training's queued kernels (_draw says why that is safe).
         self.stream = torch.cuda.Stream(priority=RENDER_PRIORITY) if device == "cuda" else None
         self.thread = threading.Thread(target=self._render_loop, name="render", daemon=True)
@@ -42,10 +42,9 @@ class Renderer:
         try:
             self.limits.check("render_pixels", camera.width * camera.height, f"the {camera.width}x{camera.height} "
                               "frame")
+            self.queue.submit(job)
         except SplatwrightError as e:
             job.fail(protocol.REJECTED, str(e))
-            return
-        self.queue.submit(job)
 
     def close(self, wait: float) -> bool:
         """Stop the render thread; returns whether it ended within `wait` seconds."""
@@ -65,6 +64,7 @@ class Renderer:
                     frame.slot.owner.sent(frame.slot.index)
                 job.done({**fields, **placed}, payload)
                 frame = None
+                self.queue.count_rendered()
             except SplatwrightError as e:
                 job.fail(protocol.REJECTED, str(e))
             except torch.cuda.OutOfMemoryError:

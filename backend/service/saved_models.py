@@ -15,7 +15,7 @@ from ..policy import CHECKPOINT
 from ..torch_files import ZIP_MAGIC
 from ..train import TrainConfig, load_latest_checkpoint
 from .log import log
-from .session import imported_file
+from .session import imported_file, mark_used
 from .shown import Model
 
 SAVED_MODELS = 4  # sessions' saved models kept loaded for the requests that name them
@@ -59,12 +59,18 @@ class SavedModels:
         # Outside the lock: other sessions' models stay available.
         model = (imported_model(*imported, self.device, self.budget) if imported
                  else self._checkpoint_model(name, source))
+        mark_used(folder)
         with self.lock:
             self.models[name] = (stamp, model, imported)
             self.models.move_to_end(name)
             while len(self.models) > self.size:
                 self.models.popitem(last=False)
         return model
+
+    def loaded(self) -> list[str]:
+        """The sessions whose models are kept loaded: drawn lately."""
+        with self.lock:
+            return list(self.models)
 
     def _checkpoint_model(self, name: str, path: Path) -> Model:
         state, warning = load_latest_checkpoint(path)

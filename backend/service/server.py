@@ -16,6 +16,7 @@ import os
 import queue
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
@@ -47,6 +48,7 @@ MAX_QUEUED_BYTES = 256 << 20  # replies queued beyond this (the client is not re
 MAX_STRANGERS = 256  # connections not yet authenticated; beyond this the one that waited longest is dropped
 ACCEPT_BACKOFF = (0.05, 2.0)  # first and longest wait after accept() fails (e.g. out of file descriptors)
 STOP_WAIT = 1.0  # seconds a stopping server waits for its connections to close
+PARENT_POLL_SECONDS = 1.0  # how often --exit-with-parent reads the parent's pid (watch_parent)
 FIRST_MESSAGE = (f"the first message must be a hello with the token and protocol version, no payload, at most "
                  f"{protocol.MAX_HELLO_HEADER_BYTES} bytes")
 
@@ -275,6 +277,9 @@ class Server:
                 self._welcome(conn)
                 self._request_loop(conn)
             finally:
+                dropped = self.engine.drop_renders(conn)  # nobody waits for them now
+                if dropped:
+                    log(f"{conn.address}: closed with {dropped} render(s) waiting; they are dropped")
                 try:
                     if conn.shared is not None:
                         conn.shared.close()
@@ -396,7 +401,7 @@ class Server:
             done=lambda fields, payload: conn.reply(message, fields, payload),
             fail=lambda code, text: conn.error(message.id, code, text),
             model=message.fields["model"], crop=message.fields["crop"], time=message.fields["time"],
-            stream=(conn, message.fields["stream"]), shared=conn.shared if message.fields["shared"] else None))
+            owner=conn, stream=message.fields["stream"], shared=conn.shared if message.fields["shared"] else None))
 
     # ---- handlers that decode payloads ----
 
@@ -475,7 +480,7 @@ def serve(args) -> int:
                                "--port (0: a free one)") from None
     signal.signal(signal.SIGTERM, lambda signum, frame: server.stop())
     if args.exit_with_parent:
-        threading.Thread(target=_stop_when_orphaned, args=(server,), name="parent-watch", daemon=True).start()
+        watch_parent(server)
     print(json.dumps({"event": "ready", "port": server.port, "protocol": protocol.PROTOCOL_VERSION}), flush=True)
     log(f"listening on {args.host}:{server.port}, {device} ({rasterizer} rasterizer), sessions in {workdir}")
     if device == "cuda":
@@ -493,11 +498,45 @@ def serve(args) -> int:
     return 0
 
 
-def _stop_when_orphaned(server: "Server") -> None:
-    """Stop (checkpointing, as on SIGTERM) once the process that started us is gone, e.g. a killed Blender:
-    the system then re-parents us, which changes our parent's pid."""
+def watch_parent(server: Server) -> None:
+    """Stop (checkpointing, as on SIGTERM) once the process that started this server is gone, however it ended: a
+    Blender that crashed or was killed too.
+
+    That process gives the server a pipe as its stdin and keeps the other end without ever writing to it. When it
+    ends, the system closes its end, whatever ended it, and reading stdin returns end-of-file at once. Unlike
+    Linux's PR_SET_PDEATHSIG, which fires when the *thread* that started the child ends, this does not depend on
+    which thread that was; unlike the parent's pid, which a new process may take, it cannot mistake another process
+    for the parent; and it works on Windows, which never re-parents a process (and where a venv's launcher process
+    stands between the two). As a second watch, for a parent that gave no pipe (a shell's background job reads
+    /dev/null) or whose pipe a child of its own still holds open, the parent's pid is read every second: a POSIX
+    system hands an orphan to another parent, which changes it."""
+    try:
+        piped = stat.S_ISFIFO(os.fstat(0).st_mode)
+    except OSError:  # no stdin at all
+        piped = False
+    if piped:
+        threading.Thread(target=_stop_at_end_of_stdin, args=(server,), name="parent-pipe", daemon=True).start()
+    threading.Thread(target=_stop_when_orphaned, args=(server,), name="parent-pid", daemon=True).start()
+
+
+def _stop_at_end_of_stdin(server: Server) -> None:
+    try:
+        while os.read(0, 4096):  # what a parent might write means nothing
+            pass
+    except OSError as e:
+        log(f"cannot read the pipe from the process that started this backend ({e}); watching its pid alone")
+        return
+    _parent_gone(server, "closed the pipe it gave this backend")
+
+
+def _stop_when_orphaned(server: Server) -> None:
     parent = os.getppid()
     while os.getppid() == parent:
-        time.sleep(0.25)
-    log("the process that started this backend is gone; stopping")
-    server.stop()
+        time.sleep(PARENT_POLL_SECONDS)
+    _parent_gone(server, "is gone")
+
+
+def _parent_gone(server: Server, how: str) -> None:
+    if not server.stopping.is_set():
+        log(f"the process that started this backend {how}; stopping")
+        server.stop()

@@ -115,6 +115,7 @@ class Session:
             session._write(folder / "views", None)
             session._write_meta()
             return session
+        mark_used(folder)
         session._read(folder)
         return session
 
@@ -288,6 +289,28 @@ def _entries(folder: Path) -> list[Path]:
         return list(folder.iterdir())
     except FileNotFoundError:
         return []
+
+
+def mark_used(folder: Path) -> None:
+    """Note that the session in `folder` is used now: its folder's modification time, which every file written
+    there also moves, is when it was last used (imported_sessions)."""
+    try:
+        os.utime(folder)
+    except OSError:  # a read-only folder: its last write stands
+        pass
+
+
+def imported_sessions(workdir: Path) -> list[str]:
+    """The sessions in `workdir` that imports made (their session.json names the file they keep), least recently
+    used first (mark_used)."""
+    found = []
+    for folder in _entries(workdir):
+        try:
+            if folder.is_dir() and imported_file(folder) is not None:
+                found.append((folder.stat().st_mtime_ns, folder.name))
+        except OSError:  # removed meanwhile
+            continue
+    return [name for _, name in sorted(found)]
 
 
 def imported_entry(meta) -> dict | None:

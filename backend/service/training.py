@@ -101,7 +101,7 @@ class Training:
                 "gaussians": len(viewed.g) if viewed else (len(t.g) if t else 0),
                 "checkpoint": bool(session and session.has_model),
                 "settings": session.settings if session else None,
-                "dynamic": isinstance(model, DynamicGaussians)}
+                "dynamic": isinstance(model, DynamicGaussians), "rendered": self.renders.rendered}
 
     def running(self) -> bool:
         with self.cond:

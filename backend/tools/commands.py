@@ -11,6 +11,7 @@ import torch
 from PIL import Image
 
 from blender_addon.core.errors import SplatwrightError
+from blender_addon.core.files import sequence_state
 from blender_addon.core.settings import TRAINING
 from ..data import load_cameras, load_split, scene_point_cloud
 from ..data.dataset import Dataset
@@ -134,8 +135,15 @@ def save_png(path: Path, image: torch.Tensor) -> None:
 
 
 def read_model(path: str) -> Gaussians:
-    """The model of a splat file, or the 4D model of a splats4d.pt (any *.pt) file."""
-    return read_dynamic(path) if Path(path).suffix == ".pt" else read_any(path)
+    """The model of a splat file, or the 4D model of a splats4d.pt (any *.pt) file; a frame of a sequence that its
+    manifest says is incomplete is read with a warning."""
+    if Path(path).suffix == ".pt":
+        return read_dynamic(path)
+    g = read_any(path)
+    state = sequence_state(path)
+    if state is not None and not state.complete:
+        print(f"warning: {state.message}", file=sys.stderr)
+    return g
 
 
 def model_formation(path: str) -> str:

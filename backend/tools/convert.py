@@ -1,14 +1,15 @@
 """`python -m backend convert IN OUT [--sh-degree N] [--frames N]`: a splat file in any supported format to the
 format OUT's name gives (*.ply, *.compressed.ply, *.spz, *.splat); a 4D model (splats4d.pt) to a sequence of
-files, one per frame (OUT name_0001.ply ...), as PLY-sequence players read them. The model's image formation goes
-with it where the format has a place for it, and a note says what changes for other viewers."""
+files, one per frame (OUT name_0001.ply ...), as PLY-sequence players read them, with a manifest
+(name.sequence.json) that says whether they are all there. The model's image formation goes with it where the
+format has a place for it, and a note says what changes for other viewers."""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
 from blender_addon.core.errors import SplatwrightError
-from blender_addon.core.files import sequence_paths
+from blender_addon.core.files import begin_sequence, end_sequence, sequence_manifest, sequence_paths
 from ..dynamic import DynamicGaussians
 from ..formats import format_for_path, with_sh_degree, write_any
 from .commands import model_formation, read_model
@@ -30,13 +31,18 @@ def convert(args) -> int:
     if not isinstance(g, DynamicGaussians):
         raise SplatwrightError(f"--frames: {args.input} is a static model, the same at every time; give a 4D model "
                                "(splats4d.pt from training on views with times)")
-    paths = sequence_paths(Path(args.output), args.frames)
+    output = Path(args.output)
+    paths = sequence_paths(output, args.frames)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    begin_sequence(output, paths)  # until end_sequence, the manifest says the sequence is incomplete
     bar = Progress(len(paths), "convert")
     for k, path in enumerate(paths):
         write(g.at(k / (len(paths) - 1) if len(paths) > 1 else 0.0), path, formation, quiet=True)
         bar.update(k + 1)
     bar.close()
-    print(f"wrote {len(paths)} frames of {len(g)} Gaussians: {paths[0]} ... {paths[-1]}")
+    end_sequence(output, paths)
+    print(f"wrote {len(paths)} frames of {len(g)} Gaussians: {paths[0]} ... {paths[-1]}, and "
+          f"{sequence_manifest(output).name}, which lists them")
     return 0
 
 

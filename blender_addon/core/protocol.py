@@ -28,16 +28,16 @@ from .schema import (MAX_TEXT_CHARS, AnyObject, Bool, Fields, Float, Int, Kind, 
                      optional)
 from .settings import BACKGROUND, TRAINING, default
 
-# 12: convert_model (a model the client holds, as a file of another format); 11: start_training's image_formation
-# (a training setting, so status's settings hold it too); 10: load_ply keeps the file in a new session, which opens
-# (its reply names it); status's `checkpoint`: the session
-# has a saved model (a checkpoint or the file it was imported from); 9: the "rgba32f" frame format, six
-# shared-memory slots; 8: frames through shared memory on one machine (hello's shared_frames, render's shared,
-# release_frame) and the "layer" frame format; 7: load_ply reads a 4D model's file and export_ply writes one (*.pt);
-# status, render and export_ply say whether the model is 4D; 6: render streams; 5: render and export_ply name a
-# session's saved model and a crop box, export_ply a placement; 4: load_ply and export_ply name their files (the
-# splat format); 3: warning events; 2: replies and events declared and checked by the client
-PROTOCOL_VERSION = 12
+# 13: status's `rendered` (the frames the server has rendered and answered); 12: convert_model (a model the client
+# holds, as a file of another format); 11: start_training's image_formation (a training setting, so status's
+# settings hold it too); 10: load_ply keeps the file in a new session, which opens (its reply names it); status's
+# `checkpoint`: the session has a saved model (a checkpoint or the file it was imported from); 9: the "rgba32f"
+# frame format, six shared-memory slots; 8: frames through shared memory on one machine (hello's shared_frames,
+# render's shared, release_frame) and the "layer" frame format; 7: load_ply reads a 4D model's file and export_ply
+# writes one (*.pt); status, render and export_ply say whether the model is 4D; 6: render streams; 5: render and
+# export_ply name a session's saved model and a crop box, export_ply a placement; 4: load_ply and export_ply name
+# their files (the splat format); 3: warning events; 2: replies and events declared and checked by the client
+PROTOCOL_VERSION = 13
 DEFAULT_PORT = 7380  # where `serve` listens and the add-on looks for a remote backend, unless told otherwise
 MAGIC = b"SPW\x00"
 PREFIX = struct.Struct(">4sI")  # magic, header length
@@ -211,9 +211,11 @@ SHARED_FRAMES = Fields(path=Str(4096), slot_bytes=Int(1, 2**40))
 
 # What a session is doing; `checkpoint`: it has a saved model (a checkpoint, or the splat file an import made it
 # from); `settings` are the training settings it runs (or last ran) with, null before; `dynamic`: the model shown
-# (an imported file's, else the trained one) is 4D, different at each time.
+# (an imported file's, else the trained one) is 4D, different at each time; `rendered`: the frames the server has
+# rendered and answered since it started (a closed connection's waiting renders are dropped, not rendered).
 STATUS = Fields(session=Maybe(Str(64)), state=Str(choices=STATES), views=COUNT, step=COUNT, iterations=COUNT,
-                gaussians=COUNT, checkpoint=Bool(), settings=Maybe(TRAINING), dynamic=optional(Bool(), False))
+                gaussians=COUNT, checkpoint=Bool(), settings=Maybe(TRAINING), dynamic=optional(Bool(), False),
+                rendered=optional(COUNT, 0))
 
 # The fields of each request's reply; the payloads are named in comments.
 REPLIES: dict[str, Fields] = {

@@ -155,9 +155,11 @@ def child_env(**extra: str) -> dict:
     return {**env, **extra}
 
 
-def spawn(argv: list[str], cwd: Path | None = None, env: dict | None = None) -> subprocess.Popen:
-    """A child with its stdout and stderr in one text pipe, line-buffered, that never waits for input."""
-    return subprocess.Popen(argv, cwd=cwd, env=env or child_env(), stdin=subprocess.DEVNULL,
+def spawn(argv: list[str], cwd: Path | None = None, env: dict | None = None,
+          stdin: int = subprocess.DEVNULL) -> subprocess.Popen:
+    """A child with its stdout and stderr in one text pipe, line-buffered, that never waits for input (`stdin`:
+    subprocess.PIPE gives it a pipe that Popen.stdin keeps open and nothing writes to)."""
+    return subprocess.Popen(argv, cwd=cwd, env=env or child_env(), stdin=stdin,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
 
 

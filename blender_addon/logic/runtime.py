@@ -52,9 +52,11 @@ class LocalServer:
         token_file.write_text(self.token)
         self._ports: queue.Queue[int] = queue.Queue()
         self.port: int | None = None  # known once ready; a reconnect to the running server reuses it
+        # --exit-with-parent: the backend stops once the pipe on its stdin ends, which the system closes here
+        # however Blender ends (a crash too); self.proc.stdin holds it open until then.
         self.proc = spawn([python, "-u", "-m", "backend.service", "--port", "0", "--workdir", workdir,
                            "--token-file", str(token_file), "--exit-with-parent"], root,
-                          child_env(PYTHONPATH=str(root)))
+                          child_env(PYTHONPATH=str(root)), stdin=subprocess.PIPE)
         self.log = LogTail(on_line=self._ready_line)
         self.log.follow(self.proc.stdout)
 

@@ -22,7 +22,8 @@ from bpy_extras.io_utils import ExportHelper, ImportHelper
 
 from ..core.client import RemoteError
 from ..core.errors import SplatwrightError
-from ..core.files import TEMPORARY_SUFFIX, sequence_paths, sync_folder, write_atomic
+from ..core.files import (TEMPORARY_SUFFIX, begin_sequence, end_sequence, sequence_paths, sequence_state, sync_folder,
+                          write_atomic)
 from ..core.splats import encode_ply_bytes
 from ..logic.dataset import frame_time
 from ..logic.messages import at_step
@@ -60,6 +61,9 @@ class SPLATWRIGHT_OT_import_splats(Guarded, Operator, ImportHelper):
             what = "a folder" if path.is_dir() else "no such file"
             self.report({"ERROR"}, f"{path}: {what}; choose a .ply, .spz, .splat or .pt file")
             return {"CANCELLED"}
+        sequence = sequence_state(path)
+        if sequence is not None and not sequence.complete:
+            self.report({"WARNING"}, sequence.message)
         s = context.scene.splatwright
         background = background_rgb(s.background, s.background_color)
 
@@ -193,7 +197,9 @@ class SequenceExport:
     """A 4D model as files, one per frame of the scene's frame range, each the model at that frame's time
     (dataset.frame_time), exported on the worker; a timer reports how far it got. Each frame goes to a
     temporary file beside its own, and once every frame is written they replace their files together; a failure
-    removes them and names the frame, so a sequence is written whole or not at all."""
+    removes them and names the frame, so a sequence is written whole or not at all. The sequence's manifest
+    (files.begin_sequence) says it is incomplete while its frames are put in place, so a Blender that dies then
+    leaves a sequence known as incomplete."""
 
     def __init__(self, scene, path: Path, fields: dict, obj_name: str = ""):
         if path.name.lower().endswith(DYNAMIC_SUFFIX):
@@ -202,7 +208,7 @@ class SequenceExport:
         start, end = scene.frame_start, scene.frame_end
         self.frames = list(range(start, end + 1))
         self.times = [frame_time(frame, start, end) for frame in self.frames]
-        self.paths = sequence_paths(path, len(self.frames))
+        self.path, self.paths = path, sequence_paths(path, len(self.frames))
         self.fields, self.what = fields, f"the model of {obj_name}" if obj_name else "the model the backend shows"
         self.written = 0  # frames written so far (by the worker)
         self.done = threading.Event()
@@ -240,9 +246,11 @@ class SequenceExport:
                 except OSError as e:
                     raise self.failure(frame, path, e) from None
                 self.written += 1
+            begin_sequence(self.path, self.paths)  # a Blender that dies now leaves it marked incomplete
             for tmp, path in zip(staged, self.paths):
                 os.replace(tmp, path)
             sync_folder(self.paths[0].parent)
+            end_sequence(self.path, self.paths)
             return reply.fields
         finally:
             for tmp in staged:

@@ -13,6 +13,7 @@ imported PLY's session is added to the scene twice and shown by Show Model (impo
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import threading
 import time
@@ -151,7 +152,8 @@ def placed_render(scene, session: str, out: Path) -> dict:
 def moving_files(scene, model4d: Path, out: Path) -> dict:
     """A 4D model through File > Import and Export over a frame range of SEQUENCE_FRAMES: the splat object's static
     model as a PLY sequence is refused; with the object gone, Import the 4D model, F12 at the last frame, Export a
-    PLY sequence, then at frame 2 one PLY and the model's own .pt file."""
+    PLY sequence, then at frame 2 one PLY and the model's own .pt file; then Import a frame of a copy of the
+    sequence whose manifest says it is incomplete."""
     a, live = addon(), addon().scene.live
     scene.frame_start, scene.frame_end = 1, SEQUENCE_FRAMES
     scene.frame_set(1)
@@ -178,10 +180,21 @@ def moving_files(scene, model4d: Path, out: Path) -> dict:
     op("export_splats", filepath=str(out / "frame2.ply"))
     op("export_splats", filepath=str(out / "copy.pt"))
     wait_for(lambda: not live.backend.in_flight, "export the 4D model")
-    return {"static_reports": static_reports, "may_move": may_move, "png": str(out / "moving.png"),
-            "folder": str(folder), "files": sorted(p.name for p in folder.iterdir()), "frame2": str(out / "frame2.ply"),
-            "copy": str(out / "copy.pt"), "reports": blender_reports.lines[reported:],
-            "camera": a.core.codecs.camera_to_wire(a.scene.reading.camera_of(scene.camera, scene))}
+    result = {"static_reports": static_reports, "may_move": may_move, "png": str(out / "moving.png"),
+              "folder": str(folder), "files": sorted(p.name for p in folder.iterdir()),
+              "frame2": str(out / "frame2.ply"), "copy": str(out / "copy.pt"),
+              "reports": blender_reports.lines[reported:],
+              "camera": a.core.codecs.camera_to_wire(a.scene.reading.camera_of(scene.camera, scene))}
+    # A copy of the sequence as a Blender that died while putting its frames in place leaves it; import a frame.
+    died = out / "died"
+    shutil.copytree(folder, died)
+    files = a.core.files
+    files.begin_sequence(died / "moving.ply", files.sequence_paths(died / "moving.ply", SEQUENCE_FRAMES))
+    reported = len(blender_reports.lines)
+    op("import_splats", filepath=str(died / "moving_0001.ply"))
+    wait_for(lambda: not live.backend.in_flight, "import a frame of an incomplete sequence")
+    result["incomplete_reports"] = blender_reports.lines[reported:]
+    return result
 
 
 def imported_session(scene, trained: str) -> dict:
