@@ -113,6 +113,7 @@ def test_the_crop_box_crops_what_the_object_shows_and_what_it_exports(native):
     inside = in_box <= 1.0
     assert 20 < inside.sum() < len(left) - 20
     shown = np.load(c["shown"])
+    print(f"crop box: {len(shown)} of {len(left)} points kept after {c['deleted']} deleted in Edit Mode")
     assert np.array_equal(shown, left[inside])
     cropped = read_ply_bytes(open(native["exports"]["cropped.ply"], "rb").read())
     assert len(cropped) == len(shown) and np.array_equal(cropped.means, shown)
