@@ -1,7 +1,8 @@
 """Native splats in real Blender 5.3 or later (the bpy module): Add Model to Scene makes a GAUSSIAN_SPLAT object
 whose point count and attributes are the backend's model in Blender's conventions, the same attributes Blender's
-own PLY importer makes of the backend's export; Export Splats writes what it shows; it follows the model as
-training moves on; and Cycles renders it with no compositor set-up and no backend.
+own PLY importer makes of the backend's export; Export Splats writes what it shows, its crop box's Geometry Nodes
+crop and points deleted in Edit Mode included, and in world space under any affine world matrix; it follows the
+model as training moves on; and Cycles renders it with no compositor set-up and no backend.
 tests/blender/scenarios/native.py runs in Blender."""
 from __future__ import annotations
 
@@ -12,10 +13,14 @@ import pytest
 import torch
 
 from blender_addon.core.splats import read_ply_bytes
+from blender_addon.core.cameras import Camera, intrinsics_from_fov_x, look_at
 from blender_addon.logic.native import BASE, POSITION, ROTATION, SCALE, sh_attribute, to_attributes
+from blender_addon.logic.placement import crop_matrix
 from backend.formats import encode_any, read_any
 from backend.formats.ply import encode_ply
+from backend.metrics import psnr
 from backend.placement import placed
+from backend.render import rasterizer_fn, render
 from blender.runner import BLENDERS, NATIVE_SPLATS, SCENARIOS, run_scenario
 from splat_helpers import SESSION, png, splat_model, trained_session
 
@@ -92,3 +97,57 @@ def test_cycles_renders_the_object_without_a_compositor_or_a_backend(native):
     hidden, shown = png(native["hidden"]), png(native["shown"])
     assert (np.abs(shown - hidden).max(-1) > 0.05).sum() > 50
     assert native["errors"] == "" and not [line for line in native["reports"] if line.startswith("Error")]
+
+
+def test_the_crop_box_crops_what_the_object_shows_and_what_it_exports(native):
+    """Add Crop Box on a native object: its modifier keeps the points inside the box (moved, turned, scaled
+    unevenly), as the backend's crop convention has it, after points were deleted in Edit Mode; Export Splats
+    writes exactly those (Cropped off: all the points left); a deleted box crops nothing."""
+    c, model = native["crop"], native["model"]
+    left = model.means.numpy()[:c["points"] - c["deleted"]]  # Edit Mode deleted the last points
+    assert c["deleted"] > 0 and c["original_points"] == len(left) and c["box_parent"] == SESSION
+    assert c["modifiers"] == ["Splatwright Crop"] and c["evaluated_type"] == "GAUSSIAN_SPLAT"
+    crop = crop_matrix(np.array(c["box_matrix"]), c["box_size"], np.array(c["object_matrix"]))
+    in_box = np.abs(left.astype(np.float64) @ crop[:3, :3].T + crop[:3, 3]).max(-1)
+    assert np.abs(in_box - 1.0).min() > 1e-5  # no point on the box's faces, where float32 rounding decides
+    inside = in_box <= 1.0
+    assert 20 < inside.sum() < len(left) - 20
+    shown = np.load(c["shown"])
+    print(f"crop box: {len(shown)} of {len(left)} points kept after {c['deleted']} deleted in Edit Mode")
+    assert np.array_equal(shown, left[inside])
+    cropped = read_ply_bytes(open(native["exports"]["cropped.ply"], "rb").read())
+    assert len(cropped) == len(shown) and np.array_equal(cropped.means, shown)
+    uncropped = read_ply_bytes(open(native["exports"]["uncropped.ply"], "rb").read())
+    assert len(uncropped) == len(left) and np.array_equal(uncropped.means, left)
+    assert c["shown_after_uncropped_export"] == len(shown)  # the crop is back once the export is done
+    assert c["shown_without_box"] == len(left)
+
+
+def test_world_space_export_of_a_sheared_parented_object(native):
+    """Under a parent scaled unevenly, turned and scaled unevenly itself, the object's world matrix shears: the
+    world-space export's means are the world matrix times its points, and it renders as the model seen through
+    that matrix (folded into the camera's view matrix, which needs no decomposition); a note says the SH are
+    turned by the rotation part only."""
+    a, model = native["affine"], native["model"]
+    m = np.array(a["matrix_world"])
+    linear = m[:3, :3]
+    assert np.abs(linear.T @ linear - np.diag(np.diag(linear.T @ linear))).max() > 0.05  # a shear
+    shown = np.load(a["shown"])
+    world = read_ply_bytes(open(native["exports"]["affine_world.ply"], "rb").read())
+    assert len(world) == len(shown)
+    np.testing.assert_allclose(world.means, shown.astype(np.float64) @ linear.T + m[:3, 3], rtol=0, atol=1e-5)
+    g = model.detached()
+    g = type(g)(**{name: value[:len(shown)] for name, value in g.tensors().items()})
+    assert np.array_equal(g.means.numpy(), shown)
+    centre = m[:3, 3] + linear @ shown.mean(0)
+    cam = Camera(look_at(centre + np.array([3.0, -3.5, 2.5]), centre), intrinsics_from_fov_x(0.7, 128, 96), 128, 96)
+    with torch.no_grad():
+        ours = render(read_any(native["exports"]["affine_world.ply"]), cam, 0, (1.0, 1.0, 1.0)).image
+        oracle = rasterizer_fn("reference")(g.means, g.quats, torch.exp(g.log_scales), g.opacities, g.sh,
+                                            torch.from_numpy(cam.w2c @ m).float(), torch.from_numpy(cam.K).float(),
+                                            cam.width, cam.height, 0, (1.0, 1.0, 1.0)).image
+    assert (oracle < 0.9).any(-1).float().mean() > 0.1
+    print(f"world-space export of a sheared object against the model seen through its matrix: "
+          f"{psnr(ours, oracle):.1f} dB")
+    assert psnr(ours, oracle) >= 35.0
+    assert any("scales unevenly or shears" in line for line in native["reports"]), native["reports"]

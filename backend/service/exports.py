@@ -13,7 +13,7 @@ from ..dynamic import DYNAMIC_FILE, DynamicGaussians, write_dynamic
 from ..formats import encode_any, format_for_path, notes
 from ..formats.budget import Budget
 from ..formats.ply import encode_ply, read_ply
-from ..placement import chosen, kept, placed
+from ..placement import chosen, kept, placed, placement_notes
 from .saved_models import DYNAMIC_SUFFIX, SavedModels
 from .shown import Shown
 
@@ -67,13 +67,16 @@ class Exports:
 def convert(data: bytes, name: str, placement: np.ndarray | None = None,
             budget: Budget = Budget()) -> tuple[dict, bytes]:
     """A model the client sent (a 3DGS PLY of at most `budget`'s splats) in the format the file `name` is for,
-    placed as an export is."""
+    placed by any invertible affine `placement` (backend/placement.py), the note saying what the placement and the
+    format leave out."""
     if Path(name).suffix.lower() == DYNAMIC_SUFFIX:
         raise SplatwrightError(f"{name}: a model sent to convert is static; export it as .ply, .compressed.ply, "
                                ".spz or .splat")
     fmt = format_for_path(name)
-    g = placed(read_ply(bytes(data), "the model sent", budget), placement)
-    return {"gaussians": len(g), "format": fmt, "note": "; ".join(notes(g, fmt))}, encode_any(g, fmt)
+    sent = read_ply(bytes(data), "the model sent", budget)
+    g = placed(sent, placement)
+    said = placement_notes(sent, placement) + notes(g, fmt)
+    return {"gaussians": len(g), "format": fmt, "note": "; ".join(said)}, encode_any(g, fmt)
 
 
 def dynamic_file_bytes(g: DynamicGaussians) -> bytes:

@@ -28,7 +28,7 @@ from .schema import (MAX_TEXT_CHARS, AnyObject, Bool, Fields, Float, Int, Kind, 
                      optional)
 from .settings import BACKGROUND, TRAINING, default
 
-# 13: status's `rendered` (the frames the server has rendered and answered); 12: convert_model (a model the client
+# 14: convert_model's placement may be any invertible affine map; 13: status's `rendered` (the frames the server has rendered and answered); 12: convert_model (a model the client
 # holds, as a file of another format); 11: start_training's image_formation (a training setting, so status's
 # settings hold it too); 10: load_ply keeps the file in a new session, which opens (its reply names it); status's
 # `checkpoint`: the session has a saved model (a checkpoint or the file it was imported from); 9: the "rgba32f"
@@ -37,7 +37,7 @@ from .settings import BACKGROUND, TRAINING, default
 # writes one (*.pt); status, render and export_ply say whether the model is 4D; 6: render streams; 5: render and
 # export_ply name a session's saved model and a crop box, export_ply a placement; 4: load_ply and export_ply name
 # their files (the splat format); 3: warning events; 2: replies and events declared and checked by the client
-PROTOCOL_VERSION = 13
+PROTOCOL_VERSION = 14
 DEFAULT_PORT = 7380  # where `serve` listens and the add-on looks for a remote backend, unless told otherwise
 MAGIC = b"SPW\x00"
 PREFIX = struct.Struct(">4sI")  # magic, header length
@@ -122,16 +122,34 @@ def placement_scale(matrix, what: str = "the matrix") -> float:
     return scale
 
 
+AFFINE_CONDITION_LIMIT = 1e8  # the most a placement's largest scale may exceed its smallest (its 3x3's condition)
+
+
+def affine_placement(matrix, what: str = "the matrix") -> np.ndarray:
+    """A 4x4 affine placement of any invertible linear part (uneven scales, shears, mirrors: a static model
+    takes them; backend/placement.py) as a float64 array; raises ValueError, naming `what`, for anything else."""
+    m = np.asarray(matrix, dtype=np.float64)
+    if m.shape != (4, 4) or not np.all(np.isfinite(m)) or not np.allclose(m[3], [0.0, 0.0, 0.0, 1.0]):
+        raise ValueError(f"{what} is not an affine 4x4 placement")
+    scales = np.linalg.svd(m[:3, :3], compute_uv=False)
+    if scales.min() <= 0.0 or scales.max() > AFFINE_CONDITION_LIMIT * scales.min():
+        raise ValueError(f"{what} flattens the model (a scale of 0 along some axis); give every axis a scale")
+    return m
+
+
 class Matrix(Kind):
     """A 4x4 affine matrix (rows; the last one 0 0 0 1) of finite numbers, decoded to a float64 array; with
-    `placement`, only a rotation, a translation and one positive scale (placement_scale)."""
+    `placement`, only a rotation, a translation and one positive scale (placement_scale); with `affine`, any
+    invertible affine placement (affine_placement)."""
 
-    def __init__(self, placement: bool = False):
-        self.numbers, self.placement = Numbers((4, 4)), placement
+    def __init__(self, placement: bool = False, affine: bool = False):
+        self.numbers, self.placement, self.affine = Numbers((4, 4)), placement, affine
 
     def check(self, value) -> np.ndarray:
         m = np.array(self.numbers.check(value), dtype=np.float64)
-        if self.placement:
+        if self.affine:
+            affine_placement(m)
+        elif self.placement:
             placement_scale(m)
         elif not np.allclose(m[3], [0.0, 0.0, 0.0, 1.0]):
             raise ValueError(f"the last row is {' '.join(f'{x:g}' for x in m[3])}, not 0 0 0 1 (an affine matrix)")
@@ -188,9 +206,11 @@ REQUESTS: dict[str, MessageSpec] = {
     "export_ply": MessageSpec(MODEL_CHOICE.extended(name=optional(Str(255), "splats.ply"),
                                                     placement=optional(Maybe(Matrix(placement=True)), None))),
     # Payload: a model the client holds (a 3DGS PLY of the official layout, core/splats.py), such as what a
-    # native splat object shows; the reply's payload is it in the format `name` gives, placed as export_ply does.
+    # native splat object shows; the reply's payload is it in the format `name` gives, placed by `placement`,
+    # which may be any invertible affine map (a static model's: backend/placement.py), and the reply's note says
+    # where an uneven scale or a shear leaves view-dependent colours inexact.
     "convert_model": MessageSpec(Fields(name=optional(Str(255), "splats.ply"),
-                                        placement=optional(Maybe(Matrix(placement=True)), None)),
+                                        placement=optional(Maybe(Matrix(affine=True)), None)),
                                  MAX_PAYLOAD_BYTES),
     "save_checkpoint": MessageSpec(),
     "load_checkpoint": MessageSpec(),

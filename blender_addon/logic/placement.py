@@ -13,7 +13,7 @@ import numpy as np
 from ..core import codecs
 from ..core.cameras import Camera
 from ..core.errors import SplatwrightError
-from ..core.protocol import placement_scale
+from ..core.protocol import affine_placement, placement_scale
 
 BOUNDS_PERCENTILES = (1.0, 99.0)  # a few stray Gaussians do not make the model's box
 
@@ -30,6 +30,16 @@ def uniform_scale(matrix, what: str = "the model") -> float:
     SplatwrightError, naming `what`, for anything else."""
     try:
         return placement_scale(matrix, what)
+    except ValueError as e:
+        raise SplatwrightError(str(e)) from None
+
+
+def any_affine(matrix, what: str = "the model") -> np.ndarray:
+    """A 4x4 placement of any invertible affine map (a native splat object's world matrix, which may scale
+    unevenly, shear and mirror: the backend places a static model by it); raises SplatwrightError, naming
+    `what`, for one that flattens the model."""
+    try:
+        return affine_placement(matrix, what)
     except ValueError as e:
         raise SplatwrightError(str(e)) from None
 

@@ -28,7 +28,7 @@ from ..core.splats import encode_ply_bytes
 from ..logic.dataset import frame_time
 from ..logic.messages import at_step
 from ..logic.native import from_attributes
-from ..logic.placement import uniform_scale
+from ..logic.placement import any_affine, uniform_scale
 from ..logic.training import background_rgb
 from ..scene import live, native, splats
 from ..scene.session import capture_runs, nothing_to_show, not_connected, set_status, training_runs
@@ -154,20 +154,29 @@ class SPLATWRIGHT_OT_export_splats(Guarded, Operator, ExportHelper):
                           lambda reply: f"{reply['gaussians']} Gaussians{at_step(reply['step'])}")
 
     def export_native(self, context, obj, path: Path) -> set:
-        """Save what native splat object `obj` shows (as Blender evaluates it: edits and modifiers included), in
-        the format the name gives, by the backend, which encodes every format."""
+        """Save what native splat object `obj` shows (as Blender evaluates it: edits, its crop box and other
+        modifiers included), in the format the name gives, by the backend, which encodes every format; in world
+        space, placed by its world matrix whatever it is (backend/placement.py's convention)."""
         placement = None
-        if self.world_space:
-            placement = splats.model_matrix(obj)
+        if self.world_space:  # any affine: moved, unevenly scaled, sheared, mirrored, parented
             try:
-                uniform_scale(placement, obj.name)
+                placement = any_affine(splats.model_matrix(obj), obj.name)
             except SplatwrightError as e:
                 self.report({"ERROR"}, str(e))
                 return {"CANCELLED"}
-        shown = from_attributes(native.read(obj.evaluated_get(context.evaluated_depsgraph_get()).data))
+        shown = from_attributes(shown_attributes(context, obj, self.cropped))
         return write_file(path, "convert_model", {"name": path.name, "placement": placement},
                           lambda: encode_ply_bytes(shown),
                           lambda reply: f"the {reply['gaussians']} Gaussians {obj.name} shows")
+
+
+def shown_attributes(context, obj, cropped: bool = True) -> dict:
+    """The attributes of what native splat object `obj` shows, as Blender evaluates it (edits and modifiers
+    included); without its crop box unless `cropped`."""
+    if cropped:
+        return native.read(obj.evaluated_get(context.evaluated_depsgraph_get()).data)
+    with native.uncropped(obj):
+        return native.read(obj.evaluated_get(context.evaluated_depsgraph_get()).data)
 
 
 def write_file(path: Path, request: str, fields: dict, payload, what) -> set:

@@ -40,7 +40,8 @@ class SPLATWRIGHT_OT_add_model(Guarded, Operator):
 
 class SPLATWRIGHT_OT_add_crop_box(Guarded, Operator):
     """Crop the active splat object's model to a box: only the splats whose centres lie inside it are drawn,
-    rendered and exported. Move, turn and scale the box (its axes may differ) to choose what is kept"""
+    rendered and exported (on Blender's own splats, by a Geometry Nodes modifier). Move, turn and scale the box
+    (its axes may differ) to choose what is kept"""
     bl_idname = "splatwright.add_crop_box"
     bl_label = "Add Crop Box"
 
@@ -49,8 +50,8 @@ class SPLATWRIGHT_OT_add_crop_box(Guarded, Operator):
         obj = active_model(context)
         if obj is None:
             return "Select a splat object"  # as Show Model says: the panel shows it once
-        if obj.type != "EMPTY":
-            return f"{obj.name} holds Blender's own splats: crop it with Blender's tools (Edit Mode, Geometry Nodes)"
+        if obj.type == "POINTCLOUD" and len(obj.data.points) == 0:
+            return f"{obj.name} has no splats to crop"
         box = crop_box(obj)
         return f"{obj.name} has a crop box, {box.name}: move or scale it" if box is not None else ""
 

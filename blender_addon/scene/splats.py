@@ -6,7 +6,9 @@ model at the object's origin. Each object shows its session's model (the open se
 session's as it was last saved), so a scene may hold several, of one session or more.
 
 Add Crop Box parents a cube-shaped Empty to the model object (marked by a custom property): only the splats
-whose centres lie inside it are drawn, rendered and exported. It may be moved, turned and scaled unevenly."""
+whose centres lie inside it are drawn, rendered and exported. It may be moved, turned and scaled unevenly. The
+backend crops an Empty's splats; a native object is cropped by a Geometry Nodes modifier (native.crop_to), so
+Blender draws, renders and exports what it keeps."""
 from __future__ import annotations
 
 import bpy
@@ -14,7 +16,7 @@ import numpy as np
 
 from ..core.cameras import Camera
 from ..logic.dataset import frame_time
-from ..logic.placement import camera_in_model, crop_matrix, model_to_world
+from ..logic.placement import camera_in_model, crop_matrix, model_bounds, model_to_world
 from . import native
 
 SESSION_KEY = "splatwright_session"  # the session whose model the object places
@@ -74,12 +76,18 @@ def active_model(context):
 
 
 def add_crop_box(view_layer, obj):
-    """A crop box around model object `obj`'s model (its cube at first), parented to it, selected and active."""
+    """A crop box around model object `obj`'s model (its cube at first; a native object's: the box around its
+    points, which its crop modifier keeps: native.crop_to), parented to it, selected and active."""
     box = bpy.data.objects.new(f"{obj.name} Crop Box", None)
     box.empty_display_type = "CUBE"
-    box.empty_display_size = obj.empty_display_size
     box[CROP_KEY] = True
     box.parent = obj  # at the object's origin, moving with it
+    if obj.type == "EMPTY":
+        box.empty_display_size = obj.empty_display_size
+    else:
+        centre, box.empty_display_size = model_bounds(native.positions(obj.data))
+        box.location = [float(c) for c in centre]
+        native.crop_to(obj, box)
     for collection in obj.users_collection:
         collection.objects.link(box)
     select_only(view_layer, box)

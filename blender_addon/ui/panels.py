@@ -192,6 +192,8 @@ class SPLATWRIGHT_PT_export(SplatsPanel, bpy.types.Panel):
 
 def problem(obj, scene) -> str:
     """Why `obj`'s splats are not drawn in `scene`, or ''."""
+    if obj.type != "EMPTY":  # Blender draws a native object's splats under any transform, with no backend
+        return ""
     try:
         uniform_scale(model_matrix(obj), obj.name)
         model_choice(obj, scene)

@@ -2,7 +2,8 @@
 zip, start a CPU backend that reopens a trained session, Add Model to Scene, which makes Blender's own splat
 object of the model; the object's attributes are kept for pytest beside those Blender's own PLY importer makes
 of its export. Export Splats writes what the object shows: moved, turned and scaled (in world space, as SPZ),
-and after points are taken away. The scene is rendered with Cycles with the object hidden and shown (no
+and after points are taken away; cropped by Add Crop Box (a Geometry Nodes modifier) with points deleted in Edit
+Mode, as the object shows itself; and in world space under a parent that makes its world matrix shear. The scene is rendered with Cycles with the object hidden and shown (no
 compositor set-up, no backend in the render). Training on, the object follows the model. Prints `RESULT <json>`.
 
     PYTHONPATH=tests python tests/blender/scenarios/native.py --zip Z --workdir SESSIONS --session NAME --out DIR \
@@ -15,12 +16,18 @@ from pathlib import Path
 
 import bpy
 import numpy as np
-from mathutils import Euler, Matrix
+from mathutils import Euler, Matrix, Vector
 
 from blender.kit import addon, blender_reports, op, placed_model, session_scenario, stop_and_disable, wait_for
 
 PLACEMENT = Matrix.Translation((0.4, -0.2, 0.3)) @ Euler((0.3, -0.2, 0.9)).to_matrix().to_4x4() @ Matrix.Scale(1.5, 4)
 KEPT = 200  # the points left after "deleting" the rest
+DELETED = 40  # the last points, deleted in Edit Mode under the crop box
+# the crop box moved, turned and scaled unevenly in its parent's (the object's) space
+BOX_LOCATION, BOX_ROTATION, BOX_SCALE = (0.1, -0.05, 0.05), (0.3, -0.2, 0.5), (0.7, 1.1, 0.5)
+# a parent scaled unevenly, and the object turned and scaled under it: a world matrix that shears
+PARENT = Matrix.Translation((0.5, 0.1, -0.2)) @ Euler((0.1, 0.2, 0.3)).to_matrix().to_4x4() @ Matrix.Diagonal((1.0, 1.8, 0.6, 1.0))
+CHILD = Matrix.Translation((0.2, -0.3, 0.1)) @ Euler((0.4, -0.5, 0.7)).to_matrix().to_4x4() @ Matrix.Diagonal((1.3, 0.8, 1.0, 1.0))
 TRAINED_STEPS = 30
 
 
@@ -47,6 +54,68 @@ def follow_training(scene, live, model) -> dict:
             "points": len(model.data.points)}
 
 
+def positions_file(obj, path: Path) -> str:
+    """The positions of the points `obj` shows (as Blender evaluates it), kept for pytest."""
+    np.save(path, addon().scene.native.positions(obj.evaluated_get(bpy.context.evaluated_depsgraph_get()).data))
+    return str(path)
+
+
+def delete_last_points(model, count: int) -> None:
+    """Delete `model`'s last `count` points in Edit Mode, as a user would."""
+    bpy.context.view_layer.objects.active = model
+    bpy.ops.object.mode_set(mode="EDIT")
+    cloud = model.data
+    selection = cloud.attributes.get(".selection") or cloud.attributes.new(".selection", "BOOLEAN", "POINT")
+    n = len(cloud.points)
+    selection.data.foreach_set("value", [i >= n - count for i in range(n)])
+    bpy.ops.pointcloud.delete()
+    bpy.ops.object.mode_set(mode="OBJECT")
+
+
+def crop(live, model, out: Path) -> dict:
+    """Add Crop Box on the native object, move, turn and scale the box, delete points in Edit Mode: what the
+    object shows and what Export Splats writes (cropped and not), then the box deleted."""
+    bpy.context.view_layer.objects.active = model
+    points = len(model.data.points)
+    op("add_crop_box")
+    box = bpy.context.view_layer.objects.active
+    box.location = box.location + Vector(BOX_LOCATION)
+    box.rotation_euler, box.scale = BOX_ROTATION, BOX_SCALE
+    delete_last_points(model, DELETED)
+    bpy.context.view_layer.update()
+    result = {"points": points, "deleted": DELETED, "box": box.name, "box_parent": box.parent.name, "box_size": box.empty_display_size,
+              "box_matrix": [list(row) for row in box.matrix_world],
+              "object_matrix": [list(row) for row in model.matrix_world],
+              "modifiers": [m.name for m in model.modifiers], "evaluated_type": model.evaluated_get(
+                  bpy.context.evaluated_depsgraph_get()).data.type,
+              "shown": positions_file(model, out / "cropped_shown.npy"),
+              "original_points": len(model.data.points)}
+    export(live, model, out / "cropped.ply")
+    export(live, model, out / "uncropped.ply", cropped=False)
+    result["shown_after_uncropped_export"] = len(np.load(positions_file(model, out / "again.npy")))
+    bpy.data.objects.remove(box)
+    bpy.context.view_layer.update()
+    result["shown_without_box"] = len(np.load(positions_file(model, out / "no_box.npy")))
+    return result
+
+
+def world_export(live, model, out: Path) -> dict:
+    """The object parented under an unevenly scaled parent, turned and scaled unevenly itself (its world matrix
+    shears), exported in world space."""
+    parent = bpy.data.objects.new("Holder", None)
+    bpy.context.scene.collection.objects.link(parent)
+    parent.matrix_world = PARENT
+    model.parent = parent
+    model.matrix_basis = CHILD
+    bpy.context.view_layer.update()
+    result = {"matrix_world": [list(row) for row in model.matrix_world],
+              "shown": positions_file(model, out / "affine_shown.npy")}
+    export(live, model, out / "affine_world.ply", world_space=True)
+    model.parent = None
+    bpy.data.objects.remove(parent)
+    return result
+
+
 def render(scene, path: Path) -> str:
     scene.render.filepath = str(path)
     bpy.ops.render.render(write_still=True)
@@ -63,10 +132,14 @@ def run(zip_path: Path, workdir: Path, session: str, out: Path, python: str) -> 
     bpy.context.view_layer.update()
     result["placement"] = [list(row) for row in model.matrix_world]
     export(live, model, out / "world.spz", world_space=True)
+    result["crop"] = crop(live, model, out)
+    result["affine"] = world_export(live, model, out)
+    model.matrix_world = PLACEMENT
     model.data.resize(KEPT)  # as deleting points in Blender would leave it
     model.data.update_tag()
     export(live, model, out / "kept.ply")
-    result["exports"] = {name: str(out / name) for name in ("export.ply", "world.spz", "kept.ply")}
+    result["exports"] = {name: str(out / name) for name in ("export.ply", "world.spz", "kept.ply", "cropped.ply",
+                                                             "uncropped.ply", "affine_world.ply")}
     model.matrix_world = Matrix.Identity(4)
     bpy.ops.wm.ply_import(filepath=str(out / "export.ply"))
     imported = bpy.context.selected_objects[0]
