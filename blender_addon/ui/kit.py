@@ -19,15 +19,16 @@ LABEL_MARGIN_PIXELS = 48  # the panel's margins and a label's icon
 DEFAULT_REGION_PIXELS = 300  # where there is no region to measure (a script drawing the panel)
 
 
-def buttons(layout, context, *ops, icons=(), texts=()) -> None:
+def buttons(layout, context, *ops, icons=(), texts=(), explain_first=None) -> None:
     """Operator buttons (disabled by their poll) one under the other, so their labels fit the sidebar's default
     width, then one line that says why the first disabled one cannot run; `texts`: shorter labels than the
-    operators' own where the panel's title says the rest."""
+    operators' own where the panel's title says the rest; `explain_first`: the operator whose reason the line
+gives before the others'."""
     col = layout.column(align=True)
     for i, op in enumerate(ops):
         text = {"text": texts[i]} if i < len(texts) else {}  # else the operator's own, translated
         col.operator(op.bl_idname, icon=icons[i] if i < len(icons) else "NONE", **text)
-    reason_line(layout, context, *ops)
+    reason_line(layout, context, *((explain_first,) if explain_first else ()), *ops)
 
 
 def reason_line(layout, context, *ops) -> None:

@@ -264,7 +264,8 @@ class SPLATWRIGHT_PT_model(SubPanel, bpy.types.Panel):
         buttons(layout, context, SPLATWRIGHT_OT_add_model, SPLATWRIGHT_OT_show_model, SPLATWRIGHT_OT_add_crop_box,
                 SPLATWRIGHT_OT_render_preview, SPLATWRIGHT_OT_import_splats, SPLATWRIGHT_OT_export_splats,
                 icons=("OUTLINER_OB_EMPTY", "HIDE_OFF", "MESH_CUBE", "IMAGE_DATA", "IMPORT", "EXPORT"),
-                texts=("Add to Scene", "Show Model", "Add Crop Box", "Preview", "Import", "Export"))
+                texts=("Add to Scene", "Show Model", "Add Crop Box", "Preview", "Import", "Export"),
+                explain_first=SPLATWRIGHT_OT_render_preview)  # why there is no model to act on, first
         for obj in splat_objects(context.scene):
             labels(layout, context, f"{obj.name}: session {obj[SESSION_KEY]}", icon="OUTLINER_OB_EMPTY")
             if (box := crop_box(obj)) is not None:
@@ -294,7 +295,7 @@ class SPLATWRIGHT_PT_backend(SubPanel, bpy.types.Panel):
                 views = status.get("views", 0)
                 imported = status.get("checkpoint") and not views  # a saved model, and no views to train on
                 labels(layout, context, f"Session {status['session']}: "
-                                        f"{'an imported model' if imported else str(views) + ' views'}")
+                                        f"{'an imported model; Add Model to Scene places it' if imported else str(views) + ' views'}")
         if b.last_error and b.last_error != b.detail:
             labels(layout, context, b.last_error, icon="ERROR")
         row = layout.row(align=True)
