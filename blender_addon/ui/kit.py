@@ -10,7 +10,7 @@ from . import properties
 PRIMARY_SCALE = 1.5  # the main button's height, in rows
 
 
-CHAR_PIXELS = 6.5  # the width of an average character of the UI font at scale 1
+CHAR_PIXELS = 7.0  # the width of a character of the UI font at scale 1, a little over the average
 
 
 LABEL_MARGIN_PIXELS = 48  # the panel's margins and a label's icon

@@ -216,7 +216,9 @@ class SPLATWRIGHT_PT_capture(SubPanel, bpy.types.Panel):
                 col.prop(s, "point_count")
             col.prop(s, "folder")
         if s.capture_folder:
-            labels(layout, context, f"Last: {Path(s.capture_folder).name}", icon="FILE_FOLDER")
+            col = layout.column(align=True)
+            col.label(text="Last capture:", icon="FILE_FOLDER")
+            col.label(text=Path(s.capture_folder).name)  # one word, too long for a line after an icon
 
 
 class SPLATWRIGHT_PT_train(SubPanel, bpy.types.Panel):
@@ -232,7 +234,8 @@ class SPLATWRIGHT_PT_train(SubPanel, bpy.types.Panel):
             col.prop(s, "preset")  # the preset sets the steps: with Custom Steps on it has nothing to set
         col.prop(s, "sh_degree")
         col.prop(s, "max_gaussians", text="Max Gaussians" if s.max_gaussians else "Max Gaussians: Auto")
-        col.prop(s, "background")
+        col.label(text="Background")
+        col.row().prop(s, "background", expand=True)
         if s.background == "CUSTOM":
             col.prop(s, "background_color")
         ops = (SPLATWRIGHT_OT_train_start, SPLATWRIGHT_OT_train_resume)

@@ -30,7 +30,7 @@ class SPLATWRIGHT_PG_settings(bpy.types.PropertyGroup):
                                description="Each view carries its frame's time, and the session trains a 4D model; "
                                            "off: the scene stands still and the animation only moves cameras")
     orbit_shape: EnumProperty(name="Shape", default="HEMISPHERE", items=[
-        ("SPHERE", "Sphere", "Cameras all around"), ("HEMISPHERE", "Upper Hemisphere", "Cameras above the horizon")])
+        ("SPHERE", "Sphere", "Cameras all around"), ("HEMISPHERE", "Hemisphere", "Cameras above the horizon")])
     orbit_target: EnumProperty(name="Around", default="SELECTION", items=[
         ("SELECTION", "Selection", "The selected objects' bounds (the scene's when nothing is selected)"),
         ("SCENE", "Scene", "The bounds of all visible geometry")])
