@@ -20,12 +20,12 @@ def _modules():
     """The modules that register classes, handlers or timers with Blender, in registration order. Imported
     here, not at the top, so that the package and its bpy-free layers (logic/, core/) import without Blender,
     as the backend and the tests import them."""
-    from .ops import backend, capture, colmap, formats, splats, training, view
+    from .ops import backend, capture, colmap, flow, formats, splats, training, view
     from .render import composite, engine, overlay
-    from .scene import following, live
-    from .ui import panels, preferences, properties
-    return (live, following, preferences, properties, backend, capture, training, view, formats, colmap, splats,
-            panels, engine, overlay, composite)
+    from .scene import folders, following, live
+    from .ui import panels, preferences, properties, statusbar
+    return (live, following, folders, preferences, properties, backend, capture, training, view, formats, colmap,
+            splats, flow, panels, statusbar, engine, overlay, composite)
 
 
 def register():

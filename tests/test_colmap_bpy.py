@@ -1,4 +1,4 @@
-"""Import COLMAP, the splat formats in File > Import / Export, and Send Photos in real Blender:
+"""Import COLMAP, the splat formats in File > Import / Export, and sending its photos (Send to Backend, From: Photos) in real Blender:
 tests/blender/scenarios/colmap.py in the bpy module of each Blender version tested, with a CPU backend, checked
 against tests/data/colmap_skull, COLMAP's model of 65 real photos (see its README.md)."""
 from __future__ import annotations
@@ -167,7 +167,7 @@ def test_the_empty_turns_the_cameras_up_scales_and_centres(scenario, model):
 
 
 def test_panels_show_the_import(scenario):
-    assert scenario["drawn"] == ["COLMAP colmap_skull: 56 training, 9 held-out photos"]
+    assert scenario["drawn"] == ["COLMAP colmap_skull", "56 training photos, 9 held out"]
 
 
 def test_every_splat_format_imports_and_exports(scenario):

@@ -26,6 +26,7 @@ from typing import Callable
 from ..core import client as wire, protocol
 from ..core.errors import SplatwrightError
 from .environment import LogTail, child_env, spawn
+from .eta import StepClock
 from .frames import FrameStream
 from .messages import at_step, last_error_line, one_line
 
@@ -128,6 +129,7 @@ class Backend:
         self.capabilities: dict = {}
         self.status: dict = {}  # session, state, views, step, iterations, gaussians, checkpoint
         self.progress: dict = {}  # the latest progress event
+        self.clock = StepClock()  # training's steps over time: the time it has left
         self.in_flight: Counter = Counter()  # job label -> count
         self.errors: dict[str, str] = {}  # what failed -> why, oldest first; cleared once it works again
         self.revision = 0  # counts what may change the model shown: connections, progress and state events
@@ -264,11 +266,15 @@ class Backend:
             self.revision += 1
         if kind == "progress":
             self.progress = event
+            if "step" in event and event.get("iterations"):
+                self.clock.observe(event["step"], event["iterations"], time.monotonic())
             self.status.update({k: event[k] for k in ("state", "step", "iterations", "gaussians", "views")
                                 if k in event})
         elif kind == "state":
             was = self.status.get("state")
             self.status = {k: v for k, v in event.items() if k != "event"}
+            if self.status.get("state") != "training":
+                self.clock.pause()  # paused, stopped or finished: no step time until it trains again
             if self.status.get("state") == "training":
                 self.errors.pop("backend", None)  # training runs again
             elif self.status.get("state") == "finished" and was in protocol.RUNNING:

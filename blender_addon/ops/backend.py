@@ -11,7 +11,7 @@ from ..core.errors import SplatwrightError
 from ..logic.environment import Setup, blender_python
 from ..scene import live
 from ..scene.addon import data_folder, prefs, sources
-from .base import Guarded, button
+from .base import Guarded, button, connect
 
 
 class SPLATWRIGHT_OT_report(Operator):
@@ -72,11 +72,6 @@ SPLATWRIGHT_OT_setup_cancel = button(
     "setup_cancel", "Cancel", "Stop the running set-up (what it installed stays; Set Up Backend goes on from there)",
     blocked=lambda context: "" if setup_running() else "No set-up is running",
     run=lambda context: live.setup.cancel())
-
-
-def connect(context) -> None:
-    """Start or reach the backend; one that has no session open reopens the scene's (after a crash, say)."""
-    live.backend.connect(prefs(context).connect_settings(), reopen=context.scene.splatwright.session)
 
 
 SPLATWRIGHT_OT_backend_start = button(

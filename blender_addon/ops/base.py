@@ -1,18 +1,32 @@
 """What every operator module shares: an operator's poll() explains itself through blocked(), whose reason the
 panels show as the button's hint; button() makes the common one-action operator; add_model_to_scene() puts a
-session's model in the scene (Add Model to Scene, and Import Splats where Blender draws splats)."""
+session's model in the scene (Add Model to Scene, and Import Splats where Blender draws splats); connect() starts
+or reaches the backend and start_training() starts training (the Backend and Training operators, and Capture &
+Train, which does both by itself)."""
 from __future__ import annotations
 
 from typing import Callable
 
 from bpy.types import Context, Operator
 
+from pathlib import Path
+
+from ..core.errors import SplatwrightError
+from ..core.points import POINTS_FILE
 from ..core.splats import read_ply_bytes
+from ..logic.dataset import training_views
+from ..logic.defaults import training_seconds
 from ..logic.native import to_attributes
 from ..logic.placement import model_bounds
+from ..logic.training import training_fields
 from ..render import composite
 from ..scene import live, native
+from ..scene.addon import prefs
+from ..scene.colmap import imported_model, session_name, training_photos, world_points
+from ..scene.reading import capture_size
+from ..scene.session import cannot_send, send_to_session, set_status
 from ..scene.splats import SESSION_KEY, add_model_object, add_native_object, splat_objects
+
 
 class Guarded:
     @classmethod
@@ -66,3 +80,62 @@ def add_model_to_scene(context, session: str, done: str = "") -> None:
         return (f"{done}added {obj.name}, the model of session {session}{again}; final renders composite it "
                 "through the scene's compositor")
     live.backend.call("add_model", fetch, add)
+
+
+def connect(context) -> None:
+    """Start or reach the backend; one that has no session open reopens the scene's (after a crash, say)."""
+    live.backend.connect(prefs(context).connect_settings(), reopen=context.scene.splatwright.session)
+
+
+def start_training(context, fresh: bool) -> None:
+    """Train the open session with the scene's settings: from scratch (`fresh`) or on from its model. The time
+    left starts at the device's estimate per step and follows the measured steps from there."""
+    scene = context.scene
+    fields = training_fields(scene.splatwright, fresh=fresh, native_splats=native.available())
+    width, height = capture_size(scene)
+    live.backend.clock.reset(training_seconds(live.backend.capabilities.get("device"), 1, width, height))
+    live.backend.progress = {}
+    live.backend.call("start_training", lambda c: c.call("start_training", **fields), training_started)
+
+
+def training_started(reply: dict) -> str:
+    status = {k: v for k, v in reply.items() if k != "continued"}
+    set_status(status)
+    how = f"continues from step {status['step']}" if reply["continued"] else "starts from scratch"
+    return f"training {how} in session {status['session']}"
+
+
+PHOTOS = "PHOTOS"  # the Views choice that sends a COLMAP import's photos instead of capturing
+
+
+def cannot_send_views(context) -> str:
+    """Why Send to Backend cannot send now, or ''."""
+    if reason := cannot_send():
+        return reason
+    if context.scene.splatwright.source == PHOTOS:
+        return "" if imported_model(context) is not None else "Import COLMAP photos, then select their Empty"
+    return "" if context.scene.splatwright.capture_folder else "Capture views first"
+
+
+def send_views(context) -> str:
+    """Send what the scene trains on to the backend: the selected COLMAP import's training photos (every 8th by
+    name held out, at most Longest Side pixels) with their points where Views is Photos, else the last
+    capture's training views and its initial points; what the backend has already is not sent again. The
+    session opened; '' where it is sent, else why not."""
+    s = context.scene.splatwright
+    try:
+        if s.source == PHOTOS:
+            empty = imported_model(context)
+            photos, points = training_photos(empty, s.max_side), world_points(empty)
+            if not photos:
+                return f"{empty.name} has no training photos left; import the model again"
+            send_to_session(context, "send_photos", session_name(empty), photos, points, f"photos of {empty.name}")
+            return ""
+        folder = Path(s.capture_folder)
+        views = training_views(folder)
+    except SplatwrightError as e:
+        return str(e)
+    points = folder / POINTS_FILE
+    send_to_session(context, "send_views", folder.name,  # a capture's session is named after its folder
+                    views, points if points.is_file() else None, "views")
+    return ""

@@ -1,17 +1,14 @@
-"""Capture: render the views into a dataset and send them to the backend as they finish; send a capture made
-while no backend ran."""
-from pathlib import Path
-
+"""Capture: render the views into a dataset and send them to the backend as they finish; Send to Backend: send a
+capture made while no backend ran, or a COLMAP import's photos."""
 import bpy
 from bpy.types import Operator
 
 from ..core.errors import SplatwrightError
-from ..core.points import POINTS_FILE
-from ..logic.dataset import training_views
 from ..scene import live
 from ..scene.capture import Capture
-from ..scene.session import cannot_send, send_to_session, training_runs
-from .base import Guarded, button
+from ..scene.folders import move_capture, movable_capture
+from ..scene.session import training_runs
+from .base import PHOTOS, Guarded, button, cannot_send_views, send_views
 
 
 class SPLATWRIGHT_OT_capture(Guarded, Operator):
@@ -24,6 +21,8 @@ class SPLATWRIGHT_OT_capture(Guarded, Operator):
     def blocked(cls, context):
         if live.capture is not None:
             return "A capture is running (Esc or Cancel Capture stops it)"
+        if context.scene.splatwright.source == PHOTOS:
+            return "Photos are sent as they are, not captured"
         return training_runs()
 
     def begin(self, context) -> Capture | None:
@@ -37,6 +36,7 @@ class SPLATWRIGHT_OT_capture(Guarded, Operator):
     def end(self, job: Capture, level: str = "INFO", reason: str = "") -> None:
         """Restore the scene and report the capture in one line."""
         job.finish()
+        live.last_capture = job
         self.report({level}, f"{reason}; {job.summary()}" if reason else job.summary())
 
     def execute(self, context):
@@ -103,29 +103,45 @@ SPLATWRIGHT_OT_capture_cancel = button(
 
 
 class SPLATWRIGHT_OT_send_views(Guarded, Operator):
-    """Send the last capture's training views (and its initial points) to the backend, e.g. after capturing
-    while no backend ran; views the backend already has are not sent again"""
+    """Send what the scene trains on to the backend: the last capture's training views and initial points, or
+    with Views set to Photos the selected COLMAP import's training photos and points. Capture & Train sends by
+    itself; views the backend already has are not sent again"""
     bl_idname = "splatwright.send_views"
-    bl_label = "Send Views"
+    bl_label = "Send to Backend"
 
     @classmethod
     def blocked(cls, context):
-        return cannot_send() or ("" if context.scene.splatwright.capture_folder else "Capture views first")
+        return cannot_send_views(context)
 
     def execute(self, context):
-        s = context.scene.splatwright
-        folder = Path(s.capture_folder)
-        try:
-            views = training_views(folder)
-        except SplatwrightError as e:
-            self.report({"ERROR"}, str(e))
+        if reason := send_views(context):
+            self.report({"ERROR"}, reason)
             return {"CANCELLED"}
-        points = folder / POINTS_FILE
-        send_to_session(context, "send_views", folder.name,  # a capture's session is named after its folder
-                        views, points if points.is_file() else None, "views")
         return {"FINISHED"}
 
 
+class SPLATWRIGHT_OT_move_captures(Guarded, Operator):
+    """Move the capture made while the file was unsaved (in the add-on's data folder) into the Folder beside the
+    saved .blend"""
+    bl_idname = "splatwright.move_captures"
+    bl_label = "Move Captures Beside .blend"
 
-CLASSES = (SPLATWRIGHT_OT_capture, SPLATWRIGHT_OT_capture_cancel, SPLATWRIGHT_OT_send_views)
+    @classmethod
+    def blocked(cls, context):
+        if live.capture is not None:
+            return "Wait for the capture to end"
+        return "" if movable_capture(context.scene) is not None else "No capture of an unsaved file to move"
+
+    def execute(self, context):
+        try:
+            target = move_capture(context.scene)
+        except OSError as e:
+            self.report({"ERROR"}, f"the capture stays where it is: {e}")
+            return {"CANCELLED"}
+        self.report({"INFO"}, f"moved the capture to {target}")
+        return {"FINISHED"}
+
+
+CLASSES = (SPLATWRIGHT_OT_capture, SPLATWRIGHT_OT_capture_cancel, SPLATWRIGHT_OT_send_views,
+           SPLATWRIGHT_OT_move_captures)
 register, unregister = bpy.utils.register_classes_factory(CLASSES)

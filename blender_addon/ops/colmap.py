@@ -1,5 +1,5 @@
-"""Import COLMAP (a model's cameras, photos and points into the scene) and Send Photos (its training photos to
-the backend)."""
+"""Import COLMAP: a model's cameras, photos and points into the scene (Send to Backend and Capture & Train send
+its training photos to the backend, with Views set to Photos)."""
 from __future__ import annotations
 
 import bpy
@@ -8,8 +8,7 @@ from bpy.types import Operator
 
 from ..core import colmap
 from ..core.errors import SplatwrightError
-from ..scene.colmap import import_model, imported_model, session_name, training_photos, world_points
-from ..scene.session import cannot_send, send_to_session
+from ..scene.colmap import import_model
 from .base import Guarded
 
 UP_AXIS_ITEMS = [
@@ -54,37 +53,11 @@ class SPLATWRIGHT_OT_import_colmap(Guarded, Operator):
         return {"FINISHED"}
 
 
-class SPLATWRIGHT_OT_send_photos(Guarded, Operator):
-    """Send the photos of the selected COLMAP import's training images (every 8th by name is held out, as the
-    command line's train does) with their cameras, at most Longest Side pixels, and its point cloud as initial
-    points to the backend; photos the backend already has are not sent again"""
-    bl_idname = "splatwright.send_photos"
-    bl_label = "Send Photos"
-
-    @classmethod
-    def blocked(cls, context):
-        return cannot_send() or ("" if imported_model(context) is not None else "Import COLMAP, then select its Empty")
-
-    def execute(self, context):
-        s, empty = context.scene.splatwright, imported_model(context)
-        try:
-            photos = training_photos(empty, s.max_side)
-            points = world_points(empty)
-        except SplatwrightError as e:
-            self.report({"ERROR"}, str(e))
-            return {"CANCELLED"}
-        if not photos:
-            self.report({"ERROR"}, f"{empty.name} has no training photos left; import the model again")
-            return {"CANCELLED"}
-        send_to_session(context, "send_photos", session_name(empty), photos, points, f"photos of {empty.name}")
-        return {"FINISHED"}
-
-
 def import_menu(self, context):
     self.layout.operator(SPLATWRIGHT_OT_import_colmap.bl_idname, text="COLMAP Model (cameras, photos, points)")
 
 
-CLASSES = (SPLATWRIGHT_OT_import_colmap, SPLATWRIGHT_OT_send_photos)
+CLASSES = (SPLATWRIGHT_OT_import_colmap,)
 _register_classes, _unregister_classes = bpy.utils.register_classes_factory(CLASSES)
 
 

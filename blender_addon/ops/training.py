@@ -3,10 +3,9 @@ import bpy
 from bpy.props import EnumProperty
 from bpy.types import Operator
 
-from ..logic.training import training_fields
-from ..scene import live, native
+from ..scene import live
 from ..scene.session import has_model, not_connected, set_status, training_runs, training_state
-from .base import Guarded, button
+from .base import Guarded, button, start_training
 
 
 class SPLATWRIGHT_OT_train_start(Guarded, Operator):
@@ -40,18 +39,8 @@ class SPLATWRIGHT_OT_train_start(Guarded, Operator):
         layout.prop(self, "start", expand=True)
 
     def execute(self, context):
-        fields = training_fields(context.scene.splatwright, fresh=self.start == "OVER",
-                                 native_splats=native.available())
-        live.backend.progress = {}
-        live.backend.call("start_training", lambda c: c.call("start_training", **fields), started)
+        start_training(context, fresh=self.start == "OVER")
         return {"FINISHED"}
-
-
-def started(reply: dict) -> str:
-    status = {k: v for k, v in reply.items() if k != "continued"}
-    set_status(status)
-    how = f"continues from step {status['step']}" if reply["continued"] else "starts from scratch"
-    return f"training {how} in session {status['session']}"
 
 
 def training_control(name: str, label: str, description: str, request: str, states: tuple, hint: str) -> type:

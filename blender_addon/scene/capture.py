@@ -6,7 +6,6 @@ ended), so the window stays live and Cancel stops a render midway; without a win
 module) step() renders one view and returns when it is done."""
 from __future__ import annotations
 
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from ..core.errors import SplatwrightError
 from ..core.points import POINTS_FILE, write_points
 from ..logic.dataset import DatasetWriter, capture_percentage, fitting_distance, frame_time, orbit_poses, split_of
 from ..logic.runtime import Backend
+from .folders import dataset_root
 from .reading import (GEOMETRY, animation_frames, bounds, camera_of, capture_cameras, surface_points,
                       visible_geometry)
 
@@ -53,7 +53,7 @@ class Capture:
         self._keep_render_window = render_window(context) is not None  # the user's own, open before
         self.stop_reason = ""  # why the capture was cancelled, once it was
         self.without_denoising = False  # Cycles was asked to denoise, and this one cannot
-        self.session, self.folder = _new_session(_dataset_root(s.folder))
+        self.session, self.folder = _new_session(dataset_root(s.folder))
         self.writer = DatasetWriter(self.folder)
         self.done = 0
         self.started = time.monotonic()
@@ -382,10 +382,3 @@ def _new_session(root: Path) -> tuple[str, Path]:
         n += 1
         name = f"{base}-{n}"
     return name, root / name
-
-
-def _dataset_root(folder: str) -> Path:
-    """The dataset folder; a blend-relative one falls back to the temp folder while the file is unsaved."""
-    if folder.startswith("//") and not bpy.data.filepath:
-        return Path(tempfile.gettempdir()) / "splatwright"
-    return Path(bpy.path.abspath(folder))

@@ -14,6 +14,7 @@ from ..logic.runtime import Backend
 backend: Backend | None = None
 setup: Setup | None = None
 capture = None  # the capture.Capture a modal operator is running, if any
+last_capture = None  # the capture.Capture that ended last (Capture & Train goes on from it)
 
 BUSY_INTERVAL = 0.1  # seconds between polls while something is happening
 IDLE_INTERVAL = 0.5
@@ -73,9 +74,9 @@ def register():
 
 
 def unregister():
-    global backend, setup, capture
+    global backend, setup, capture, last_capture
     if bpy.app.timers.is_registered(poll):
         bpy.app.timers.unregister(poll)
     atexit.unregister(_shutdown)
     _shutdown()
-    backend = setup = capture = None
+    backend = setup = capture = last_capture = None

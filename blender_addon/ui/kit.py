@@ -1,5 +1,5 @@
-"""The panels' kit: the sidebar's tab, operator buttons that explain why they are disabled, wrapped labels,
-progress bars and durations."""
+"""The panels' kit: the sidebar's tab, the main button, operator buttons whose panel says in one line why they
+are disabled, wrapped labels, progress bars and durations."""
 from __future__ import annotations
 
 import bpy
@@ -7,10 +7,10 @@ import bpy
 from ..logic.messages import wrap
 from . import properties
 
-BUTTONS_PER_ROW = 2  # what the sidebar's default width shows uncut
+PRIMARY_SCALE = 1.5  # the main button's height, in rows
 
 
-CHAR_PIXELS = 6.5  # the width of an average character of the UI font at scale 1
+CHAR_PIXELS = 7.0  # the width of a character of the UI font at scale 1, a little over the average
 
 
 LABEL_MARGIN_PIXELS = 48  # the panel's margins and a label's icon
@@ -19,20 +19,31 @@ LABEL_MARGIN_PIXELS = 48  # the panel's margins and a label's icon
 DEFAULT_REGION_PIXELS = 300  # where there is no region to measure (a script drawing the panel)
 
 
-def buttons(layout, context, *ops, icons=(), texts=()) -> None:
-    """Operator buttons (disabled by their poll), a few to a row, then why the disabled ones cannot run;
-    `texts`: shorter labels than the operators' own where the panel's title says the rest."""
-    grid = layout.grid_flow(row_major=True, columns=BUTTONS_PER_ROW, even_columns=True, align=True)
+def buttons(layout, context, *ops, icons=(), texts=(), explain_first=None) -> None:
+    """Operator buttons (disabled by their poll) one under the other, so their labels fit the sidebar's default
+    width, then one line that says why the first disabled one cannot run; `texts`: shorter labels than the
+    operators' own where the panel's title says the rest; `explain_first`: the operator whose reason the line
+gives before the others'."""
+    col = layout.column(align=True)
     for i, op in enumerate(ops):
         text = {"text": texts[i]} if i < len(texts) else {}  # else the operator's own, translated
-        grid.operator(op.bl_idname, icon=icons[i] if i < len(icons) else "NONE", **text)
-    reasons = []
-    for op in ops:
-        reason = op.blocked(context)
-        if reason and reason not in reasons:
-            reasons.append(reason)
-    for reason in reasons:
+        col.operator(op.bl_idname, icon=icons[i] if i < len(icons) else "NONE", **text)
+    reason_line(layout, context, *((explain_first,) if explain_first else ()), *ops)
+
+
+def reason_line(layout, context, *ops) -> None:
+    """The panel's one line saying why a button cannot run: the first of `ops` that is blocked (each button's
+    tooltip says its own)."""
+    reason = next((r for op in ops if (r := op.blocked(context))), "")
+    if reason:
         labels(layout, context, reason, icon="INFO")
+
+
+def primary(layout, op, icon: str = "NONE", text: str | None = None) -> None:
+    """The panel's main button: full width and taller than the rest."""
+    row = layout.row()
+    row.scale_y = PRIMARY_SCALE
+    row.operator(op.bl_idname, icon=icon, **({"text": text} if text is not None else {}))
 
 
 def labels(layout, context, text: str, icon: str = "NONE") -> None:
@@ -56,7 +67,7 @@ def progress(layout, factor: float, text: str) -> None:
 
 
 def duration(seconds: float) -> str:
-    seconds = int(seconds)
+    seconds = int(round(seconds))
     return f"{seconds // 3600}h {seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m {seconds % 60:02d}s"
 
 

@@ -16,24 +16,26 @@ progress_shown = [0.0]  # percent: what the next progress bar on Blender 3.x sho
 
 class SPLATWRIGHT_PG_settings(bpy.types.PropertyGroup):
     # Capture
-    source: EnumProperty(name="Views", default="ORBIT", items=[
+    source: EnumProperty(name="From", default="ORBIT", items=[
+        ("ORBIT", "Orbit", "Generated cameras around the selection or the scene"),
         ("CAMERAS", "Scene Cameras", "One view from each camera object of the scene"),
         ("ANIMATION", "Animation", "The active camera over the animation range, each view at its frame's time"),
-        ("RIG_ANIMATION", "Animation from the Rig", "The scene's camera objects (the orbit's cameras where it has "
-                                                    "none) at every captured frame: multi-view video for a 4D model"),
-        ("ORBIT", "Orbit", "Generated cameras around the selection or the scene"),
-    ])
+        ("RIG_ANIMATION", "Animated Rig", "The scene's camera objects (the orbit's cameras where it has "
+                                          "none) at every captured frame: multi-view video for a 4D model"),
+        ("PHOTOS", "Photos", "The photos of a COLMAP import (Import COLMAP), with their cameras and points"),
+    ], description="Where the splats come from: the views a capture renders, or real photos")
     only_selected: BoolProperty(name="Only Selected", description="Only the selected camera objects")
     frame_step: IntProperty(name="Every N Frames", default=10, min=1)
-    moving_scene: BoolProperty(name="Moving Scene (4D)", default=True,
+    moving_scene: BoolProperty(name="Moving (4D)", default=True,
                                description="Each view carries its frame's time, and the session trains a 4D model; "
                                            "off: the scene stands still and the animation only moves cameras")
     orbit_shape: EnumProperty(name="Shape", default="HEMISPHERE", items=[
-        ("SPHERE", "Sphere", "Cameras all around"), ("HEMISPHERE", "Upper Hemisphere", "Cameras above the horizon")])
+        ("SPHERE", "Sphere", "Cameras all around"), ("HEMISPHERE", "Hemisphere", "Cameras above the horizon")])
     orbit_target: EnumProperty(name="Around", default="SELECTION", items=[
         ("SELECTION", "Selection", "The selected objects' bounds (the scene's when nothing is selected)"),
         ("SCENE", "Scene", "The bounds of all visible geometry")])
-    orbit_count: IntProperty(name="Count", default=START["orbit_count"], min=1, max=2000)
+    orbit_count: IntProperty(name="Views", default=START["orbit_count"], min=1, max=2000,
+                             description="How many cameras the orbit places")
     orbit_radius: FloatProperty(name="Radius", default=0.0, min=0.0, unit="LENGTH",
                                 description="Distance from the centre (0: fit the bounds in view)")
     orbit_lens: FloatProperty(name="Focal Length", default=50.0, min=1.0, unit="CAMERA")
@@ -52,11 +54,12 @@ class SPLATWRIGHT_PG_settings(bpy.types.PropertyGroup):
                          description="Samples per pixel of the views' Cycles or Eevee renders (0: the scene's own)")
     test_every: IntProperty(name="Test Every", default=8, min=0,
                             description="Hold out every N-th view for testing (0: train on all views)")
-    folder: StringProperty(name="Dataset Folder", subtype="DIR_PATH", default="//splatwright",
-                           description="Each capture writes a NeRF-synthetic dataset into a new subfolder here")
-    transparent: BoolProperty(name="Transparent Background", default=True,
+    folder: StringProperty(name="Folder", subtype="DIR_PATH", default="//splatwright",
+                           description="Each capture writes a NeRF-synthetic dataset into a new subfolder here (a "
+                                       "folder beside the .blend: the add-on's data folder while it is unsaved)")
+    transparent: BoolProperty(name="Transparent", default=True,
                               description="Render RGBA with a transparent world; training composites the background")
-    initial_points: BoolProperty(name="Initial Points from Meshes", default=True,
+    initial_points: BoolProperty(name="Points from Meshes", default=True,
                                  description="Start the Gaussians on the surfaces of the visible meshes, in their colours")
     point_count: IntProperty(name="Points", default=START["point_count"], min=100, max=5_000_000)
     session: StringProperty(name="Session", default="",
@@ -77,7 +80,7 @@ class SPLATWRIGHT_PG_settings(bpy.types.PropertyGroup):
     iterations: IntProperty(name="Steps", default=START["iterations"], min=1)
     sh_degree: IntProperty(name="SH Degree", default=default("sh_degree"), min=0, max=3,
                            description=TRAINING.fields["sh_degree"].help.capitalize())
-    max_gaussians: IntProperty(name="Gaussian Cap", default=0, min=0,
+    max_gaussians: IntProperty(name="Max Gaussians", default=0, min=0,
                                description="Most Gaussians densification may make (0: the schedule's default)")
     background: EnumProperty(name="Background", default="WHITE", items=[
         ("WHITE", "White", ""), ("BLACK", "Black", ""), ("CUSTOM", "Color", "")])

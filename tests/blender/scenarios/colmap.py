@@ -122,7 +122,8 @@ def photos(live, empty, out: Path) -> dict:
     edit.free()
     start = len(blender_reports.lines)
     began = time.perf_counter()
-    op("send_photos")
+    s.source = "PHOTOS"  # Send to Backend sends the selected import's photos
+    op("send_views")
     wait_for(lambda: not live.backend.in_flight, "send photos")
     result = {"sent": reports_since(start), "status": dict(live.backend.status), "session": s.session,
               "send_seconds": time.perf_counter() - began, "points": addon().scene.colmap.world_points(empty)[0].tolist()}
@@ -153,7 +154,9 @@ def run(zip_path: Path, out: Path, colmap: Path, distorted: Path, python: str, s
     empty = bpy.context.view_layer.objects.active
     lap("import")
     result["model"] = imported(empty)
-    result["drawn"] = [t for t in draw_panels() if "photos" in t]
+    bpy.context.scene.splatwright.source = "PHOTOS"  # the main panel shows the import it takes photos from
+    result["drawn"] = [t for t in draw_panels() if "photos" in t or t.startswith("COLMAP")]
+    bpy.context.scene.splatwright.source = "ORBIT"
     lap("cameras")
     live = addon().scene.live
     prefs = bpy.context.preferences.addons["splatwright"].preferences

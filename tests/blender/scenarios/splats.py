@@ -77,7 +77,7 @@ def several_models_and_a_crop_box(scene, session: str, second: str, out: Path) -
     box.location, box.scale = CROP_LOCATION, CROP_SCALE
     bpy.context.view_layer.update()
     panel = []
-    addon().ui.panels.SPLATWRIGHT_PT_scene_splats.draw(WithLayout(None, panel), bpy.context)
+    addon().ui.panels.SPLATWRIGHT_PT_model.draw(WithLayout(None, panel), bpy.context)
     cropped = render(scene, out / "cropped.png")
     bpy.context.view_layer.objects.active = box  # the export takes the model of the box's object
     exports = {"cropped": export(out / "cropped.ply", cropped=True),
@@ -93,7 +93,7 @@ def run(zip_path: Path, workdir: Path, session: str, out: Path, python: str, sec
     model.matrix_world = MOVE @ model.matrix_world
     bpy.context.view_layer.update()
     panel = []
-    addon().ui.panels.SPLATWRIGHT_PT_scene_splats.draw(WithLayout(None, panel), bpy.context)
+    addon().ui.panels.SPLATWRIGHT_PT_model.draw(WithLayout(None, panel), bpy.context)
 
     add_depth_output(scene, out / "depth")
     model.hide_render = True

@@ -84,12 +84,12 @@ def cancelled_capture(addon, out: Path, result: dict):
 
 
 class CapturePanelForScreenshot(bpy.types.Panel):
-    """The add-on's Capture panel drawn in the sidebar's first tab, so a screenshot shows it mid-capture."""
+    """The add-on's main panel drawn in the sidebar's first tab, so a screenshot shows it mid-capture."""
     bl_space_type, bl_region_type, bl_category, bl_label = "VIEW_3D", "UI", "Item", "Splatwright Capture"
     bl_idname = "VIEW3D_PT_splatwright_capture_shot"
 
     def draw(self, context):
-        sys.modules["splatwright"].ui.panels.SPLATWRIGHT_PT_capture.draw(self, context)
+        sys.modules["splatwright"].ui.panels.SPLATWRIGHT_PT_main.draw(self, context)
 
 
 def capture_during_render(addon, out: Path, result: dict):
