@@ -22,9 +22,9 @@ def _modules():
     as the backend and the tests import them."""
     from .ops import backend, capture, colmap, formats, splats, training, view
     from .render import composite, engine, overlay
-    from .scene import following, live
+    from .scene import following, live, native
     from .ui import panels, preferences, properties
-    return (live, following, preferences, properties, backend, capture, training, view, formats, colmap, splats,
+    return (live, following, native, preferences, properties, backend, capture, training, view, formats, colmap, splats,
             panels, engine, overlay, composite)
 
 

@@ -89,6 +89,11 @@ def motion_attributes(model: SplatArrays, motion: dict[str, np.ndarray], origin=
     return attributes
 
 
+def native_attributes(model: SplatArrays, motion: dict[str, np.ndarray] | None, origin=(0.0, 0.0, 0.0)):
+    """The attributes of a static model (`motion` None) or of a 4D one (core/splats.read_motion_ply_bytes)."""
+    return to_attributes(model, origin) if motion is None else motion_attributes(model, motion, origin)
+
+
 def opacity_at(time: float, opacity, time_centers, time_precisions) -> np.ndarray:
     """Opacities at `time` of Gaussians of opacity `opacity` at their time centres: sigmoid of
     dynamic.scaled_logits(logit, -precision dt^2 / 2), which is opacity * exp(-precision dt^2 / 2) exactly."""
