@@ -57,3 +57,32 @@ def test_a_native_objects_attributes_give_the_model_back():
     np.testing.assert_allclose(back.log_scales, model.log_scales, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(back.opacity_logits, model.opacity_logits, rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(back.sh_rest, model.sh_rest)
+
+
+def dynamic_model():
+    from helpers import moving_model
+    model = moving_model(60, seed=3)
+    model.time_centers = torch.rand(len(model), generator=torch.Generator().manual_seed(9))
+    model.angular_velocities[:4] = 0.0  # exactly no turn
+    return model
+
+
+def test_a_4d_models_attributes_are_the_model_at_each_time():
+    """The backend's motion PLY (its parameters at the time centres and its motion) read by the add-on, as point
+    attributes evaluated at a time (logic/native.motion_at, what the Geometry Nodes modifier and the opacity
+    handler compute), are DynamicGaussians.at(t) in Blender's conventions."""
+    from backend.service.exports import motion_ply_bytes
+    from blender_addon.core.splats import read_motion_ply_bytes
+    from blender_addon.logic.native import motion_at, native_attributes
+    model = dynamic_model()
+    static, motion = read_motion_ply_bytes(motion_ply_bytes(model, "standard"))
+    attributes = native_attributes(static, motion)
+    for time in (0.0, 0.35, 1.0):
+        shown, expected = motion_at(attributes, time), to_attributes(read_ply_bytes(encode_ply(model.at(time))))
+        np.testing.assert_allclose(shown[POSITION], expected[POSITION], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(shown[ROTATION], expected[ROTATION], rtol=0, atol=1e-6)
+        np.testing.assert_allclose(shown[BASE], expected[BASE], rtol=1e-6, atol=1e-7)
+        np.testing.assert_array_equal(shown[SCALE], expected[SCALE])
+    with pytest.raises(SplatwrightError, match="4D model"):
+        read_ply_bytes(motion_ply_bytes(model, "standard"))
+    assert read_motion_ply_bytes(encode_ply(model.at(0.0)))[1] is None

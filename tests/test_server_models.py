@@ -318,6 +318,14 @@ def test_a_loaded_4d_model_file_is_drawn_and_exported_at_each_requests_time(view
             assert_same_model(read_ply(tmp_path / "at.ply"), model.at(time).detached(), atol=1e-6)
         assert not np.array_equal(frames[0.2], frames[0.9])
 
+        from blender_addon.core.splats import read_motion_ply_bytes
+        moving = client.request("export_ply", {"motion": True, "time": 0.3, "name": "any.spz"})
+        static, motion = read_motion_ply_bytes(moving.payload)  # the parameters at the time centres, and the motion
+        assert moving.fields["dynamic"] and moving.fields["format"] == "ply" and moving.fields["path"] == ""
+        np.testing.assert_array_equal(static.means, model.means.numpy())
+        np.testing.assert_array_equal(motion["angular_velocities"], model.angular_velocities.numpy())
+        np.testing.assert_array_equal(motion["time_precisions"], model.time_precisions.numpy())
+
         own = client.request("export_ply", {"name": "copy.pt"})
         assert (own.fields["format"], own.fields["gaussians"], own.fields["note"]) == ("4d", len(model), "")
         assert_same_model(read_dynamic(bytes(own.payload)), model)

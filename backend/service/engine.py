@@ -156,8 +156,9 @@ class Engine:
         return self.renderer.queue.drop(owner)
 
     def export_ply(self, name: str = "splats.ply", model: str | None = None, crop: np.ndarray | None = None,
-                   time: float | None = None, placement: np.ndarray | None = None) -> tuple[dict, bytes]:
-        return self.exports.export(name, model, crop, time, placement)
+                   time: float | None = None, placement: np.ndarray | None = None,
+                   motion: bool = False) -> tuple[dict, bytes]:
+        return self.exports.export(name, model, crop, time, placement, motion)
 
     def close(self, render_wait: float = 0.2) -> bool:
         """Stop training (with a checkpoint) and the render thread; returns whether the render thread ended

@@ -9,10 +9,12 @@ from pathlib import Path
 import numpy as np
 
 from blender_addon.core.errors import SplatwrightError
+from blender_addon.core.splats import MOTION_FIELDS, encode_ply_bytes, read_ply_bytes
 from ..dynamic import DYNAMIC_FILE, DynamicGaussians, write_dynamic
 from ..formats import encode_any, format_for_path, notes
 from ..formats.budget import Budget
-from ..formats.ply import encode_ply, read_ply
+from ..formats.ply import FORMATION_COMMENT, STANDARD, encode_ply, read_ply
+from ..gaussians import Gaussians
 from ..placement import chosen, kept, placed, placement_notes
 from .saved_models import DYNAMIC_SUFFIX, SavedModels
 from .shown import Shown
@@ -28,11 +30,15 @@ class Exports:
         self.shown, self.saved = shown, saved
 
     def export(self, name: str = "splats.ply", model: str | None = None, crop: np.ndarray | None = None,
-               time: float | None = None, placement: np.ndarray | None = None) -> tuple[dict, bytes]:
+               time: float | None = None, placement: np.ndarray | None = None,
+               motion: bool = False) -> tuple[dict, bytes]:
         """Session `model`'s model (None: the shown one; protocol.MODEL_CHOICE), at `time` if it is 4D, cropped
         and placed, in the format the file `name` is for; a *.pt name asks for a 4D model's own file (the one
-        training writes), its motion placed with it and cropped to the Gaussians inside the box at `time`."""
-        dynamic_file = Path(name).suffix.lower() == DYNAMIC_SUFFIX
+        training writes), its motion placed with it and cropped to the Gaussians inside the box at `time`. With
+        `motion`, a 4D model is a PLY of its parameters with its motion (motion_ply_bytes), placed and cropped
+        so, and a static model its PLY."""
+        dynamic_file = Path(name).suffix.lower() == DYNAMIC_SUFFIX and not motion
+        name = "splats.ply" if motion else name
         fmt = DYNAMIC_FORMAT if dynamic_file else format_for_path(name)
         with self.shown.lock:  # a snapshot only: encoding a large model must not hold up training or rendering
             source = self.shown.live_model(model)
@@ -49,13 +55,16 @@ class Exports:
             g = placed(kept(source.g, crop, time), placement)
             data = dynamic_file_bytes(g)
             said = [] if crop is None else [f"the crop box kept the Gaussians inside it at time {time or 0.0:g}"]
+        elif motion and dynamic:
+            g = placed(kept(source.g, crop, time), placement)
+            fmt, data, said = "ply", motion_ply_bytes(g, source.formation), []
         else:
             g = placed(chosen(source.g, crop, time), placement)
             data = encode_any(g, fmt, source.formation)
             said = notes(g, fmt, source.formation)
         path = ""
         whole = crop is None and placement is None and (time is None or not dynamic)  # a static one at any time
-        if source.trained and whole and not dynamic_file:
+        if source.trained and whole and not dynamic_file and not (motion and dynamic):
             # the session's whole trained model is also kept beside its checkpoint, as a PLY; a viewed one is not
             ply = data if fmt == "ply" else encode_ply(g, source.formation)
             path = self.shown.session.write_file("splats.ply", ply)
@@ -77,6 +86,16 @@ def convert(data: bytes, name: str, placement: np.ndarray | None = None,
     g = placed(sent, placement)
     said = placement_notes(sent, placement) + notes(g, fmt)
     return {"gaussians": len(g), "format": fmt, "note": "; ".join(said)}, encode_any(g, fmt)
+
+
+def motion_ply_bytes(g: DynamicGaussians, formation: str) -> bytes:
+    """4D model `g` as a PLY in the official layout of its parameters at each Gaussian's time centre, with its
+    motion in the columns after them (blender_addon/core/splats.MOTION_COLUMNS), which Blender's own splats show
+    it from at each time (blender_addon/logic/native.motion_attributes)."""
+    model = read_ply_bytes(encode_ply(Gaussians(**{k: getattr(g, k) for k in Gaussians.names()}), formation))
+    motion = {field: getattr(g, field).detach().cpu().float().numpy() for field in MOTION_FIELDS}
+    comments = () if formation == STANDARD else (f"{FORMATION_COMMENT} {formation}",)
+    return encode_ply_bytes(model, comments, motion)
 
 
 def dynamic_file_bytes(g: DynamicGaussians) -> bytes:

@@ -28,7 +28,7 @@ from .schema import (MAX_TEXT_CHARS, AnyObject, Bool, Fields, Float, Int, Kind, 
                      optional)
 from .settings import BACKGROUND, TRAINING, default
 
-# 14: convert_model's placement may be any invertible affine map; 13: status's `rendered` (the frames the server has rendered and answered); 12: convert_model (a model the client
+# 15: export_ply's `motion` (a 4D model's parameters and motion, for Blender's own splats); 14: convert_model's placement may be any invertible affine map; 13: status's `rendered` (the frames the server has rendered and answered); 12: convert_model (a model the client
 # holds, as a file of another format); 11: start_training's image_formation (a training setting, so status's
 # settings hold it too); 10: load_ply keeps the file in a new session, which opens (its reply names it); status's
 # `checkpoint`: the session has a saved model (a checkpoint or the file it was imported from); 9: the "rgba32f"
@@ -37,7 +37,7 @@ from .settings import BACKGROUND, TRAINING, default
 # writes one (*.pt); status, render and export_ply say whether the model is 4D; 6: render streams; 5: render and
 # export_ply name a session's saved model and a crop box, export_ply a placement; 4: load_ply and export_ply name
 # their files (the splat format); 3: warning events; 2: replies and events declared and checked by the client
-PROTOCOL_VERSION = 14
+PROTOCOL_VERSION = 15
 DEFAULT_PORT = 7380  # where `serve` listens and the add-on looks for a remote backend, unless told otherwise
 MAGIC = b"SPW\x00"
 PREFIX = struct.Struct(">4sI")  # magic, header length
@@ -204,7 +204,12 @@ REQUESTS: dict[str, MessageSpec] = {
     # `placement`: model space into the space the file holds (e.g. the world
     # of a Blender scene), applied to the means, rotations and scales after the crop; null: model space.
     "export_ply": MessageSpec(MODEL_CHOICE.extended(name=optional(Str(255), "splats.ply"),
-                                                    placement=optional(Maybe(Matrix(placement=True)), None))),
+                                                    placement=optional(Maybe(Matrix(placement=True)), None),
+                                                    motion=optional(Bool(), False, "a 4D model as a PLY of its "
+                                                                    "parameters at each Gaussian's time centre with "
+                                                                    "its motion (core/splats.MOTION_COLUMNS), "
+                                                                    "whatever `name` and `time` say; a static model "
+                                                                    "as its PLY"))),
     # Payload: a model the client holds (a 3DGS PLY of the official layout, core/splats.py), such as what a
     # native splat object shows; the reply's payload is it in the format `name` gives, placed by `placement`,
     # which may be any invertible affine map (a static model's: backend/placement.py), and the reply's note says

@@ -1,7 +1,11 @@
 """Blender's native Gaussian splats (5.3 and later: a point cloud of type GAUSSIAN_SPLAT, drawn by EEVEE and
 Cycles) as a splat model's parameters, in the conventions of Blender's own PLY importer (checked against it):
 `position`; `scale` = exp(log-scale); `rotation` the unit quaternion (w, x, y, z); `radiance:base` the raw DC
-coefficients and sigmoid(opacity); `radiance:sh_k` the k-th coefficient after DC, as RGB."""
+coefficients and sigmoid(opacity); `radiance:sh_k` the k-th coefficient after DC, as RGB.
+
+A 4D model (backend/dynamic.py) is shown at the scene's time: its points hold its parameters at each Gaussian's
+time centre in those attributes, and its motion in MOTION_ATTRIBUTES, which scene/native.py evaluates at each
+frame exactly as DynamicGaussians.at does (motion_at here is that evaluation in numpy, the one its tests check)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,6 +20,16 @@ SH_PREFIX = "radiance:sh_"
 OPACITY_LIMIT = 1e-7  # opacities are kept this far inside (0, 1) so their logits stay finite
 
 
+# a 4D model's motion, per point: what DynamicGaussians adds to the static parameters, and the opacity at the time
+# centre (radiance:base's fourth value is the opacity at the scene's time)
+VELOCITY, ACCELERATION, ANGULAR_VELOCITY = "splatwright:velocity", "splatwright:acceleration", "splatwright:angular_velocity"
+TIME_CENTER, TIME_PRECISION, CENTRE_OPACITY = "splatwright:time_center", "splatwright:time_precision", "splatwright:opacity"
+MOTION_VECTORS = (VELOCITY, ACCELERATION, ANGULAR_VELOCITY)
+MOTION_ATTRIBUTES = (*MOTION_VECTORS, TIME_CENTER, TIME_PRECISION, CENTRE_OPACITY)
+MOTION_FIELDS = {VELOCITY: "velocities", ACCELERATION: "accelerations", ANGULAR_VELOCITY: "angular_velocities",
+                 TIME_CENTER: "time_centers", TIME_PRECISION: "time_precisions"}  # DynamicGaussians' names
+
+
 @dataclass(frozen=True)
 class AttributeKind:
     data_type: str  # Blender's attribute data type
@@ -23,7 +37,7 @@ class AttributeKind:
     width: int
 
 
-KINDS = {"FLOAT_VECTOR": AttributeKind("FLOAT_VECTOR", "vector", 3),
+KINDS = {"FLOAT_VECTOR": AttributeKind("FLOAT_VECTOR", "vector", 3), "FLOAT": AttributeKind("FLOAT", "value", 1),
          "QUATERNION": AttributeKind("QUATERNION", "value", 4),
          "FLOAT4": AttributeKind("FLOAT4", "vector", 4)}
 
@@ -33,7 +47,8 @@ def sh_attribute(k: int) -> str:
 
 
 def attribute_kind(name: str) -> AttributeKind:
-    return KINDS["QUATERNION" if name == ROTATION else "FLOAT4" if name == BASE else "FLOAT_VECTOR"]
+    return KINDS["QUATERNION" if name == ROTATION else "FLOAT4" if name == BASE else
+                 "FLOAT" if name in (TIME_CENTER, TIME_PRECISION, CENTRE_OPACITY) else "FLOAT_VECTOR"]
 
 
 def to_attributes(model: SplatArrays, origin=(0.0, 0.0, 0.0)) -> dict[str, np.ndarray]:
@@ -62,3 +77,45 @@ def from_attributes(attributes: dict[str, np.ndarray], origin=(0.0, 0.0, 0.0)) -
         opacity_logits=np.log(opacity / (1 - opacity)).astype(np.float32),
         sh_dc=attributes[BASE][:, :3].astype(np.float32),
         sh_rest=(np.stack(rest, axis=1) if rest else np.zeros((count, 0, 3))).astype(np.float32))
+
+
+def motion_attributes(model: SplatArrays, motion: dict[str, np.ndarray], origin=(0.0, 0.0, 0.0)) -> dict[str, np.ndarray]:
+    """The point attributes of a 4D model: `model` its parameters at each Gaussian's time centre (to_attributes'),
+    `motion` its motion by DynamicGaussians' names (MOTION_FIELDS), and the opacity at the centre, which
+    radiance:base's fourth value is scaled from at each time (opacity_at)."""
+    attributes = to_attributes(model, origin)
+    attributes.update({name: np.ascontiguousarray(motion[field], np.float32) for name, field in MOTION_FIELDS.items()})
+    attributes[CENTRE_OPACITY] = attributes[BASE][:, 3].copy()
+    return attributes
+
+
+def native_attributes(model: SplatArrays, motion: dict[str, np.ndarray] | None, origin=(0.0, 0.0, 0.0)):
+    """The attributes of a static model (`motion` None) or of a 4D one (core/splats.read_motion_ply_bytes)."""
+    return to_attributes(model, origin) if motion is None else motion_attributes(model, motion, origin)
+
+
+def opacity_at(time: float, opacity, time_centers, time_precisions) -> np.ndarray:
+    """Opacities at `time` of Gaussians of opacity `opacity` at their time centres: sigmoid of
+    dynamic.scaled_logits(logit, -precision dt^2 / 2), which is opacity * exp(-precision dt^2 / 2) exactly."""
+    dt = np.float32(time) - time_centers
+    return (opacity * np.exp(np.float32(-0.5) * time_precisions * dt * dt)).astype(np.float32)
+
+
+def motion_at(attributes: dict[str, np.ndarray], time: float) -> dict[str, np.ndarray]:
+    """A 4D object's model attributes at `time` (motion_attributes'), in numpy: positions by velocity and
+    acceleration, rotations turned by the rotation vector angular velocity * dt in world space (left-multiplied,
+    as dynamic.reference_motion), opacities by the time window."""
+    dt = (np.float32(time) - attributes[TIME_CENTER])[:, None]
+    position = attributes[POSITION] + attributes[VELOCITY] * dt + np.float32(0.5) * attributes[ACCELERATION] * (dt * dt)
+    rotvec = attributes[ANGULAR_VELOCITY] * dt
+    angle = np.linalg.norm(rotvec, axis=1, keepdims=True)
+    half = 0.5 * angle
+    axis = np.divide(rotvec, angle, out=np.zeros_like(rotvec), where=angle > 0)
+    turn = np.concatenate([np.cos(half), axis * np.sin(half)], axis=1)
+    q = attributes[ROTATION]
+    w = turn[:, :1] * q[:, :1] - (turn[:, 1:] * q[:, 1:]).sum(1, keepdims=True)
+    v = turn[:, :1] * q[:, 1:] + q[:, :1] * turn[:, 1:] + np.cross(turn[:, 1:], q[:, 1:])
+    base = attributes[BASE].copy()
+    base[:, 3] = opacity_at(time, attributes[CENTRE_OPACITY], attributes[TIME_CENTER], attributes[TIME_PRECISION])
+    return {**attributes, POSITION: position.astype(np.float32), ROTATION: np.concatenate([w, v], 1).astype(np.float32),
+            BASE: base}

@@ -13,10 +13,10 @@ from pathlib import Path
 
 from ..core.errors import SplatwrightError
 from ..core.points import POINTS_FILE
-from ..core.splats import read_ply_bytes
+from ..core.splats import read_motion_ply_bytes, read_ply_bytes
 from ..logic.dataset import training_views
 from ..logic.defaults import training_seconds
-from ..logic.native import to_attributes
+from ..logic.native import native_attributes
 from ..logic.placement import model_bounds
 from ..logic.training import training_fields
 from ..render import composite
@@ -58,25 +58,32 @@ def add_model_to_scene(context, session: str, done: str = "") -> None:
     draws them (5.3 and later), else as an Empty whose splats final renders composite; `done` starts the report."""
     scene, view_layer, collection, natively = context.scene, context.view_layer, context.collection, native.available()
 
-    def fetch(client):  # on the worker: the model, its box, and its attributes where Blender draws splats
-        reply = client.request("export_ply")
-        model = read_ply_bytes(reply.payload, f"the model of session {session}")
-        centre, half_size = model_bounds(model.means)
-        return centre, half_size, to_attributes(model) if natively else None, reply.fields["step"]
+    def fetch(client):  # on the worker: the model, its box, and its attributes where Blender draws splats (a 4D
+        # model's with its motion)
+        if not natively:
+            reply = client.request("export_ply")
+            model = read_ply_bytes(reply.payload, f"the model of session {session}")
+            return (*model_bounds(model.means), None, reply.fields["step"])
+        reply = client.request("export_ply", {"motion": True})
+        model, motion = read_motion_ply_bytes(reply.payload, f"the model of session {session}")
+        return (*model_bounds(model.means), native_attributes(model, motion), reply.fields["step"])
 
     def add(result) -> str:
         centre, half_size, attributes, step = result
         placed = [o.name for o in splat_objects(scene) if o[SESSION_KEY] == session]
         if natively:
             obj = add_native_object(view_layer, collection, session, attributes, step)
+            if native.moving(obj.data):
+                native.animate(obj, scene)
         else:
             obj = add_model_object(view_layer, collection, session, centre, half_size)
             composite.prepare(scene)
         again = (f", which the scene already held as {', '.join(placed)} (delete {obj.name} if one copy is "
                  "enough)") if placed else ""
         if natively:
+            moves = " at each frame's time, its frame range spanning the 4D model's times" if native.moving(obj.data) else ""
             return (f"{done}added {obj.name}, the model of session {session}{again}, as Blender's own splats: EEVEE "
-                    "and Cycles draw it with the scene")
+                    f"and Cycles draw it with the scene{moves}")
         return (f"{done}added {obj.name}, the model of session {session}{again}; final renders composite it "
                 "through the scene's compositor")
     live.backend.call("add_model", fetch, add)

@@ -9,8 +9,8 @@ import bpy
 
 from ..core.client import RemoteError
 from ..core.errors import SplatwrightError
-from ..core.splats import read_ply_bytes
-from ..logic.native import to_attributes
+from ..core.splats import read_motion_ply_bytes
+from ..logic.native import native_attributes
 from . import live, native
 from .session import nothing_to_show
 from .splats import CENTRE_KEY, SESSION_KEY, STEP_KEY
@@ -54,11 +54,11 @@ def follow() -> float:
 
     def fetch(client):  # on the worker: the model, and each object's attributes of it
         try:
-            reply = client.request("export_ply")
-            model = read_ply_bytes(reply.payload, f"the model of session {session}")
+            reply = client.request("export_ply", {"motion": True})
+            model, motion = read_motion_ply_bytes(reply.payload, f"the model of session {session}")
         except (RemoteError, SplatwrightError) as e:
             return e
-        return reply.fields["step"], {name: to_attributes(model, centre) for name, centre in centres.items()}
+        return reply.fields["step"], {name: native_attributes(model, motion, centre) for name, centre in centres.items()}
 
     def fetched(result) -> str:
         if isinstance(result, Exception):  # said once; the objects keep the model they hold
@@ -69,10 +69,21 @@ def follow() -> float:
         for name, values in attributes.items():
             obj = bpy.data.objects.get(name)
             if obj is not None:
-                _writes.append((name, native.writing(obj.data, values), fetched_step))
+                _writes.append((name, written(obj, values), fetched_step))
         return ""
     b.call(REFRESH, fetch, fetched)
     return IDLE_SECONDS
+
+
+def written(obj, attributes):
+    """native.writing's steps, then one that makes a 4D model's object move at the scene's time (or a model that
+    became static stand still)."""
+    yield from native.writing(obj.data, attributes)
+    yield
+    if native.moving(obj.data):
+        native.animate(obj, next(iter(obj.users_scene), bpy.context.scene))
+    elif native.motion_modifier(obj) is not None:
+        obj.modifiers.remove(native.motion_modifier(obj))
 
 
 def register():

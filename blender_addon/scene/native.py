@@ -5,7 +5,10 @@ from __future__ import annotations
 import bpy
 import numpy as np
 
-from ..logic.native import BASE, NATIVE_TYPE, POSITION, ROTATION, SCALE, SH_PREFIX, attribute_kind
+from ..logic.dataset import frame_time
+from ..logic.native import (ACCELERATION, ANGULAR_VELOCITY, BASE, CENTRE_OPACITY, MOTION_ATTRIBUTES, NATIVE_TYPE,
+                            POSITION, ROTATION, SCALE, SH_PREFIX, TIME_CENTER, TIME_PRECISION, VELOCITY,
+                            attribute_kind, opacity_at)
 
 MODEL_ATTRIBUTES = (POSITION, SCALE, ROTATION, BASE)
 
@@ -30,7 +33,8 @@ def writing(cloud, attributes: dict[str, np.ndarray]):
     cloud.type = NATIVE_TYPE
     if len(cloud.points) != count:
         cloud.resize(count)
-    for attribute in [a for a in cloud.attributes if a.name.startswith(SH_PREFIX) and a.name not in attributes]:
+    for attribute in [a for a in cloud.attributes if (a.name.startswith(SH_PREFIX) or a.name in MOTION_ATTRIBUTES)
+                      and a.name not in attributes]:
         cloud.attributes.remove(attribute)
     for name, values in attributes.items():
         yield
@@ -150,14 +154,15 @@ def crop_modifier(obj):
 
 def crop_to(obj, box) -> None:
     """Crop native splat object `obj` to cube-shaped Empty `box`: a Geometry Nodes modifier (first in the stack,
-    so later modifiers see the cropped points) keeps the points inside it, the box's display size followed by a
-    driver. Blender's viewport, EEVEE and Cycles draw the points kept, and Export Splats writes them."""
+    or after a 4D model's motion, so later modifiers see the cropped points) keeps the points inside it, the box's
+    display size followed by a driver. Blender's viewport, EEVEE and Cycles draw the points kept, and Export Splats writes them."""
     modifier = crop_modifier(obj)
     if modifier is None:
         modifier = obj.modifiers.new(CROP_MODIFIER, "NODES")
-        if len(obj.modifiers) > 1:
-            obj.modifiers.move(len(obj.modifiers) - 1, 0)
-            modifier = obj.modifiers[0]
+        first = 1 if motion_modifier(obj) is not None else 0  # after a 4D model's motion: its points at the time
+        if len(obj.modifiers) > first + 1:
+            obj.modifiers.move(len(obj.modifiers) - 1, first)
+            modifier = obj.modifiers[first]
     modifier.node_group = crop_group()
     _input(modifier, BOX_INPUT).value = box
     size = _input(modifier, SIZE_INPUT)
@@ -186,3 +191,181 @@ class uncropped:
     def __exit__(self, *exc):
         if self.shown:
             self.modifier.show_viewport = True
+
+
+# ---- 4D models: a Geometry Nodes modifier moves and turns the points at the scene's time; opacities by a handler ----
+
+MOTION_MODIFIER = "Splatwright Motion"  # the modifier's name, and its node group's
+MOTION_GROUP_KEY = "splatwright_motion"  # on the node group: the version of the tree it holds (made again if older)
+MOTION_GROUP_VERSION = 1
+START_INPUT, END_INPUT = "Start", "End"
+
+
+def moving(cloud) -> bool:
+    """Whether point cloud `cloud` holds a 4D model (logic/native.motion_attributes)."""
+    return cloud.attributes.get(TIME_CENTER) is not None
+
+
+def motion_group():
+    """The node group that shows a 4D model's points at the scene's time t: the scene's frame (with its subframe,
+    Scene Time) in the frame range [Start, End] as logic/dataset.frame_time maps it (clamped to [0, 1], 0 for a
+    range of one frame), and with dt = t - time centre, as backend/dynamic.reference_motion: position + velocity dt
+    + acceleration dt^2 / 2, and the rotation turned in world space by the quaternion of the rotation vector
+    angular velocity * dt (cos(|v|/2), sin(|v|/2) v/|v|). The opacity (radiance:base's fourth value) is not here:
+    Geometry Nodes reads and writes four-value attributes only as their first three (Blender 5.3), so a frame
+    handler (update_opacities) sets it."""
+    group = next((g for g in bpy.data.node_groups
+                  if g.get(MOTION_GROUP_KEY) == MOTION_GROUP_VERSION and g.bl_idname == "GeometryNodeTree"), None)
+    if group is not None:
+        return group
+    group = bpy.data.node_groups.new(MOTION_MODIFIER, "GeometryNodeTree")
+    group[MOTION_GROUP_KEY] = MOTION_GROUP_VERSION
+    face = group.interface
+    face.new_socket("Geometry", in_out="INPUT", socket_type="NodeSocketGeometry")
+    face.new_socket(START_INPUT, in_out="INPUT", socket_type="NodeSocketFloat")
+    face.new_socket(END_INPUT, in_out="INPUT", socket_type="NodeSocketFloat")
+    face.new_socket("Geometry", in_out="OUTPUT", socket_type="NodeSocketGeometry")
+    nodes, link = group.nodes, group.links.new
+    column = [0]
+
+    def node(kind: str, **settings):
+        n = nodes.new(kind)
+        column[0] += 1
+        n.location = (200.0 * (column[0] // 4), -200.0 * (column[0] % 4))
+        for name, value in settings.items():
+            setattr(n, name, value)
+        return n
+
+    def math(operation: str, a, b=None, **settings):
+        n = node("ShaderNodeMath", operation=operation, **settings)
+        for i, value in enumerate((a, b)):
+            if value is None:
+                continue
+            if isinstance(value, (int, float)):
+                n.inputs[i].default_value = value
+            else:
+                link(value, n.inputs[i])
+        return n.outputs[0]
+
+    def vector(operation: str, a, b=None, scale=None):
+        n = node("ShaderNodeVectorMath", operation=operation)
+        link(a, n.inputs[0])
+        if b is not None:
+            link(b, n.inputs[1])
+        if scale is not None:
+            link(scale, n.inputs["Scale"])
+        return n.outputs["Value" if operation == "LENGTH" else "Vector"]
+
+    def named(name: str, data_type: str):
+        n = node("GeometryNodeInputNamedAttribute", data_type=data_type)
+        n.inputs["Name"].default_value = name
+        return n.outputs["Attribute"]
+
+    given, out = node("NodeGroupInput"), node("NodeGroupOutput")
+    frame = node("GeometryNodeInputSceneTime").outputs["Frame"]
+    span = math("SUBTRACT", given.outputs[END_INPUT], given.outputs[START_INPUT])
+    time = math("DIVIDE", math("SUBTRACT", frame, given.outputs[START_INPUT]), span, use_clamp=True)  # x/0 is 0
+    dt = math("SUBTRACT", time, named(TIME_CENTER, "FLOAT"))
+    half_dt2 = math("MULTIPLY", math("MULTIPLY", dt, dt), 0.5)
+    moved = vector("ADD", vector("ADD", node("GeometryNodeInputPosition").outputs["Position"],
+                                 vector("SCALE", named(VELOCITY, "FLOAT_VECTOR"), scale=dt)),
+                   vector("SCALE", named(ACCELERATION, "FLOAT_VECTOR"), scale=half_dt2))
+    rotvec = vector("SCALE", named(ANGULAR_VELOCITY, "FLOAT_VECTOR"), scale=dt)
+    half = math("MULTIPLY", vector("LENGTH", rotvec), 0.5)
+    axis = vector("SCALE", vector("NORMALIZE", rotvec), scale=math("SINE", half))  # a zero vector stays zero
+    xyz = node("ShaderNodeSeparateXYZ")
+    link(axis, xyz.inputs[0])
+    turn = node("FunctionNodeQuaternionToRotation")
+    link(math("COSINE", half), turn.inputs["W"])
+    for k in "XYZ":
+        link(xyz.outputs[k], turn.inputs[k])
+    turned = node("FunctionNodeRotateRotation", rotation_space="GLOBAL")  # Rotate By times Rotation
+    link(named(ROTATION, "QUATERNION"), turned.inputs["Rotation"])
+    link(turn.outputs[0], turned.inputs["Rotate By"])
+    place = node("GeometryNodeSetPosition")
+    store = node("GeometryNodeStoreNamedAttribute", data_type="QUATERNION", domain="POINT")
+    store.inputs["Name"].default_value = ROTATION
+    link(given.outputs["Geometry"], place.inputs["Geometry"])
+    link(moved, place.inputs["Position"])
+    link(place.outputs["Geometry"], store.inputs["Geometry"])
+    link(turned.outputs[0], store.inputs["Value"])
+    link(store.outputs["Geometry"], out.inputs["Geometry"])
+    return group
+
+
+def motion_modifier(obj):
+    """The motion modifier of native splat object `obj`, or None."""
+    modifier = obj.modifiers.get(MOTION_MODIFIER)
+    return modifier if modifier is not None and modifier.type == "NODES" else None
+
+
+def animate(obj, scene) -> None:
+    """Make native splat object `obj`, holding a 4D model, show it at `scene`'s time: the motion modifier first in
+    its stack (a crop box then crops the points where they are at that time), its frame range followed by drivers,
+    and its opacities set now (update_opacities sets them at each frame change)."""
+    modifier = motion_modifier(obj)
+    if modifier is None:
+        modifier = obj.modifiers.new(MOTION_MODIFIER, "NODES")
+        if len(obj.modifiers) > 1:
+            obj.modifiers.move(len(obj.modifiers) - 1, 0)
+            modifier = obj.modifiers[0]
+    modifier.node_group = motion_group()
+    for name, path in ((START_INPUT, "frame_start"), (END_INPUT, "frame_end")):
+        value = _input(modifier, name)
+        value.driver_remove("value")
+        driver = value.driver_add("value").driver
+        driver.type = "SUM"
+        variable = driver.variables.new()
+        variable.type = "SINGLE_PROP"
+        variable.targets[0].id_type = "SCENE"
+        variable.targets[0].id = scene
+        variable.targets[0].data_path = path
+    set_opacities(obj.data, scene_time(scene))
+    obj.update_tag()
+
+
+def scene_time(scene) -> float:
+    """The time a 4D model is shown at in `scene`: its frame (with the subframe) in its frame range (dataset.frame_time,
+    which the motion node group computes too)."""
+    return frame_time(scene.frame_current + scene.frame_subframe, scene.frame_start, scene.frame_end)
+
+
+def _values(cloud, name: str) -> np.ndarray:
+    kind = attribute_kind(name)
+    values = np.empty(len(cloud.points) * kind.width, np.float32)
+    cloud.attributes[name].data.foreach_get(kind.field, values)
+    return values.reshape(-1, kind.width) if kind.width > 1 else values
+
+
+def set_opacities(cloud, time: float) -> None:
+    """Set 4D point cloud `cloud`'s opacities (radiance:base's fourth value) to those at `time`."""
+    if not len(cloud.points):
+        return
+    base = _values(cloud, BASE)
+    base[:, 3] = opacity_at(time, _values(cloud, CENTRE_OPACITY), _values(cloud, TIME_CENTER),
+                            _values(cloud, TIME_PRECISION))
+    cloud.attributes[BASE].data.foreach_set("vector", base.ravel())
+    cloud.update_tag()
+
+
+@bpy.app.handlers.persistent
+def update_opacities(scene, depsgraph=None) -> None:
+    """Before each frame change (scrubbing, playback, renders): the opacities of the scene's 4D splat objects at
+    its time. Objects that share a cloud are set once."""
+    time, done = scene_time(scene), set()
+    for obj in scene.objects:
+        cloud = obj.data
+        if obj.type == "POINTCLOUD" and cloud.session_uid not in done and motion_modifier(obj) is not None \
+                and moving(cloud):
+            done.add(cloud.session_uid)
+            set_opacities(cloud, time)
+
+
+def register():
+    if update_opacities not in bpy.app.handlers.frame_change_pre:
+        bpy.app.handlers.frame_change_pre.append(update_opacities)
+
+
+def unregister():
+    if update_opacities in bpy.app.handlers.frame_change_pre:
+        bpy.app.handlers.frame_change_pre.remove(update_opacities)
