@@ -371,7 +371,7 @@ def test_an_imported_models_session_is_described_as_one_also_while_show_model_lo
     for drawn in ("drawn", "drawn_loading", "drawn_loaded"):
         texts = " ".join(imported[drawn])  # the panels' labels, a long one wrapped over several
         assert said in texts and "Train or load a PLY first" not in texts, (drawn, imported[drawn])
-    assert "Wait for Show Model to load the model" in imported["drawn_loading"]
+    assert "Wait for Show Model to load the model" in " ".join(imported["drawn_loading"])  # wrapped at 36 characters
 
 
 def test_add_model_to_scene_again_adds_another_copy_and_says_the_scene_held_one(f12):
