@@ -187,7 +187,7 @@ def test_capture_from_scene_cameras_and_animation(scenario):
 
 def test_an_offline_capture_is_sent_later_once(scenario):
     """Views captured while no backend ran (the animation's, with their times), and the capture's surface
-    points, reach the backend by Send Views; sending again adds nothing."""
+    points, reach the backend by Send to Backend; sending again adds nothing."""
     assert scenario["offline_points"]
     session = Path(scenario["dataset_ANIMATION"]).name
     assert scenario["offline_frames"] == 3 and scenario["offline_times"] == [0.0, 0.5, 1.0]
