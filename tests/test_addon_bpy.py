@@ -187,7 +187,7 @@ def test_capture_from_scene_cameras_and_animation(scenario):
 
 def test_an_offline_capture_is_sent_later_once(scenario):
     """Views captured while no backend ran (the animation's, with their times), and the capture's surface
-    points, reach the backend by Send Views; sending again adds nothing."""
+    points, reach the backend by Send to Backend; sending again adds nothing."""
     assert scenario["offline_points"]
     session = Path(scenario["dataset_ANIMATION"]).name
     assert scenario["offline_frames"] == 3 and scenario["offline_times"] == [0.0, 0.5, 1.0]
@@ -371,7 +371,7 @@ def test_an_imported_models_session_is_described_as_one_also_while_show_model_lo
     for drawn in ("drawn", "drawn_loading", "drawn_loaded"):
         texts = " ".join(imported[drawn])  # the panels' labels, a long one wrapped over several
         assert said in texts and "Train or load a PLY first" not in texts, (drawn, imported[drawn])
-    assert "Wait for Show Model to load the model" in imported["drawn_loading"]
+    assert "Wait for Show Model to load the model" in " ".join(imported["drawn_loading"])  # wrapped at 36 characters
 
 
 def test_add_model_to_scene_again_adds_another_copy_and_says_the_scene_held_one(f12):

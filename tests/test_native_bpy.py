@@ -123,6 +123,19 @@ def test_the_crop_box_crops_what_the_object_shows_and_what_it_exports(native):
     assert c["shown_without_box"] == len(left)
 
 
+def test_the_sidebar_offers_each_action_on_the_object_once_crop_and_export_in_the_model_panel(native):
+    """With the native object active and its model in the backend, no button is in two panels of the sidebar
+    (folded ones too), and Add Crop Box and Export are in the Model panel."""
+    drawn = native["crop"]["buttons"]
+    where: dict[str, list[str]] = {}
+    for panel, operators in drawn.items():
+        for idname in operators:
+            where.setdefault(idname, []).append(panel)
+    assert {idname: panels for idname, panels in where.items() if len(panels) > 1} == {}, drawn
+    for idname in ("splatwright.add_crop_box", "splatwright.export_splats"):
+        assert where.get(idname) == ["SPLATWRIGHT_PT_model"], (idname, drawn)
+
+
 def test_world_space_export_of_a_sheared_parented_object(native):
     """Under a parent scaled unevenly, turned and scaled unevenly itself, the object's world matrix shears: the
     world-space export's means are the world matrix times its points, and it renders as the model seen through

@@ -126,7 +126,7 @@ def cannot_send_views(context) -> str:
 
 def send_views(context) -> str:
     """Send what the scene trains on to the backend: the selected COLMAP import's training photos (every 8th by
-    name held out, at most Longest Side pixels) with their points where Views is Photos, else the last
+    name held out, at most Longest Side pixels) with their points where From is Photos, else the last
     capture's training views and its initial points; what the backend has already is not sent again. The
     session opened; '' where it is sent, else why not."""
     s = context.scene.splatwright

@@ -104,7 +104,7 @@ SPLATWRIGHT_OT_capture_cancel = button(
 
 class SPLATWRIGHT_OT_send_views(Guarded, Operator):
     """Send what the scene trains on to the backend: the last capture's training views and initial points, or
-    with Views set to Photos the selected COLMAP import's training photos and points. Capture & Train sends by
+    with From set to Photos the selected COLMAP import's training photos and points. Capture & Train sends by
     itself; views the backend already has are not sent again"""
     bl_idname = "splatwright.send_views"
     bl_label = "Send to Backend"

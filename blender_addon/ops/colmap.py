@@ -1,5 +1,5 @@
 """Import COLMAP: a model's cameras, photos and points into the scene (Send to Backend and Capture & Train send
-its training photos to the backend, with Views set to Photos)."""
+its training photos to the backend, with From set to Photos)."""
 from __future__ import annotations
 
 import bpy

@@ -64,7 +64,7 @@ class Capture:
                 raise SplatwrightError("no views to capture with these settings")
             for camera in {view.camera for view in self.views}:
                 _check_camera(camera, scene)
-            if s.initial_points:  # kept with the dataset, for Send Views and the command line's train
+            if s.initial_points:  # kept with the dataset, for Send to Backend and the command line's train
                 self._points = surface_points(context, s.point_count, s.orbit_seed)
                 self.folder.mkdir(parents=True, exist_ok=True)
                 write_points(self.folder / POINTS_FILE, *self._points)
@@ -127,7 +127,7 @@ class Capture:
 
     def finish(self) -> None:
         """Restore the scene and write the transforms of what was rendered; safe to call more than once. A
-        capture with training views becomes the one Send Views sends."""
+        capture with training views becomes the one Send to Backend sends."""
         if self._render is not None:
             self.cancel()
         if not self._keep_render_window:

@@ -1,6 +1,7 @@
 """The 'Splats' tab of the 3D viewport's sidebar: one main panel that reads top to bottom as the work goes (where
-the splats come from, the one button for the next step, the live state under it, the result's actions), and
-folded sub-panels for the rest: Capture Settings, Training Settings, Model, Backend."""
+the splats come from, the one button for the next step, the live state under it), and folded sub-panels for the
+rest: Capture Settings, Training Settings, Model (everything done with a model: each action's button there alone),
+Backend."""
 from __future__ import annotations
 
 import time
@@ -53,7 +54,6 @@ class SPLATWRIGHT_PT_main(SplatsPanel, bpy.types.Panel):
             draw_estimate(layout, context.scene)
         draw_next_step(layout, context)
         draw_state(layout, context)
-        draw_results(layout, context)
         draw_folder(layout, context)
 
 
@@ -133,15 +133,6 @@ def draw_training_stats(layout, b) -> None:
     if b.status.get("state") == "training":
         left = b.clock.remaining(time.monotonic())
         col.label(text=f"{duration(left)} left" if left is not None else "Measuring speed", icon="TIME")
-
-
-def draw_results(layout, context) -> None:
-    """The trained model's actions: a preview image and the export."""
-    if not live.backend.status.get("gaussians") or live.capture is not None:
-        return
-    row = layout.row(align=True)
-    row.operator(SPLATWRIGHT_OT_render_preview.bl_idname, text="Preview", icon="IMAGE_DATA")
-    row.operator(SPLATWRIGHT_OT_export_splats.bl_idname, text="Export", icon="EXPORT")
 
 
 def draw_folder(layout, context) -> None:

@@ -67,7 +67,7 @@ class SPLATWRIGHT_PG_settings(bpy.types.PropertyGroup):
                                         "file's, in a scene without one); final renders reopen it when the "
                                         "backend shows nothing yet")
     capture_folder: StringProperty(name="Last Capture", default="", subtype="DIR_PATH",
-                                   description="The dataset folder of the last capture, which Send Views sends")
+                                   description="The dataset folder of the last capture, which Send to Backend sends")
     defaults_device: StringProperty(default=GPU, options={"HIDDEN"},
                                     description="The backend device whose defaults these settings started at")
 

@@ -107,12 +107,13 @@ class RecordingLayout:
     """Stands in for UILayout (bpy as a module draws nothing): checks each prop and operator exists and
     records the texts shown."""
 
-    def __init__(self, texts: list[str]):
+    def __init__(self, texts: list[str], operators: list[str] | None = None):
         self.texts = texts
+        self.operators = operators if operators is not None else []  # the buttons' operators, in order
         self.scale_y = 1.0
 
     def _nested(self, *args, **kwargs):
-        return RecordingLayout(self.texts)
+        return RecordingLayout(self.texts, self.operators)
 
     row = column = box = grid_flow = _nested
 
@@ -122,6 +123,7 @@ class RecordingLayout:
     def operator(self, idname, **kwargs):
         group, name = idname.split(".")
         assert hasattr(getattr(bpy.ops, group), name), f"no operator {idname}"
+        self.operators.append(idname)
 
     def label(self, text="", **kwargs):
         self.texts.append(text)
@@ -132,8 +134,8 @@ class RecordingLayout:
 
 
 class WithLayout:
-    def __init__(self, target, texts):
-        self._target, self.layout = target, RecordingLayout(texts)
+    def __init__(self, target, texts, operators=None):
+        self._target, self.layout = target, RecordingLayout(texts, operators)
 
     def __getattr__(self, name):
         return getattr(self._target, name)
@@ -148,6 +150,16 @@ def draw_everything() -> list[str]:
     prefs = bpy.context.preferences.addons[addon().__name__].preferences
     timed("draw:preferences", lambda: type(prefs).draw(WithLayout(prefs, texts), bpy.context))
     return texts
+
+
+def drawn_buttons() -> dict[str, list[str]]:
+    """Each sidebar panel (folded ones too) as it would be drawn now: the operators of its buttons."""
+    drawn: dict[str, list[str]] = {}
+    for panel in addon().ui.panels.CLASSES:
+        operators: list[str] = []
+        panel.draw(WithLayout(None, [], operators), bpy.context)
+        drawn[panel.__name__] = operators
+    return drawn
 
 
 def stop_and_disable() -> None:

@@ -18,7 +18,8 @@ import bpy
 import numpy as np
 from mathutils import Euler, Matrix, Vector
 
-from blender.kit import addon, blender_reports, op, placed_model, session_scenario, stop_and_disable, wait_for
+from blender.kit import (addon, blender_reports, drawn_buttons, op, placed_model, session_scenario, stop_and_disable,
+                         wait_for)
 
 PLACEMENT = Matrix.Translation((0.4, -0.2, 0.3)) @ Euler((0.3, -0.2, 0.9)).to_matrix().to_4x4() @ Matrix.Scale(1.5, 4)
 KEPT = 200  # the points left after "deleting" the rest
@@ -77,13 +78,14 @@ def crop(live, model, out: Path) -> dict:
     object shows and what Export Splats writes (cropped and not), then the box deleted."""
     bpy.context.view_layer.objects.active = model
     points = len(model.data.points)
+    buttons = drawn_buttons()  # the sidebar's buttons with the object active and its model in the backend
     op("add_crop_box")
     box = bpy.context.view_layer.objects.active
     box.location = box.location + Vector(BOX_LOCATION)
     box.rotation_euler, box.scale = BOX_ROTATION, BOX_SCALE
     delete_last_points(model, DELETED)
     bpy.context.view_layer.update()
-    result = {"points": points, "deleted": DELETED, "box": box.name, "box_parent": box.parent.name, "box_size": box.empty_display_size,
+    result = {"buttons": buttons, "points": points, "deleted": DELETED, "box": box.name, "box_parent": box.parent.name, "box_size": box.empty_display_size,
               "box_matrix": [list(row) for row in box.matrix_world],
               "object_matrix": [list(row) for row in model.matrix_world],
               "modifiers": [m.name for m in model.modifiers], "evaluated_type": model.evaluated_get(
