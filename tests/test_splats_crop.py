@@ -40,7 +40,8 @@ def test_matrices_travel_as_arrays_and_bad_ones_are_refused():
     m = roundtrip(protocol.encode_message(REQUESTS, "render", 1, {"camera": CAMERA, "model": "a", "crop": crop}))
     assert m.fields["model"] == "a" and np.array_equal(m.fields["crop"], crop)
     m = roundtrip(protocol.encode_message(REQUESTS, "export_ply", 2))
-    assert m.fields == {"model": None, "crop": None, "time": None, "name": "splats.ply", "placement": None}
+    assert m.fields == {"model": None, "crop": None, "time": None, "name": "splats.ply", "placement": None,
+                        "motion": False}
     placement = turned(0.3) @ np.diag([2.0, 2.0, 2.0, 1.0])
     m = roundtrip(protocol.encode_message(REQUESTS, "export_ply", 3, {"placement": placement}))
     np.testing.assert_array_equal(m.fields["placement"], placement)
