@@ -11,6 +11,7 @@ from ..logic.native import (ACCELERATION, ANGULAR_VELOCITY, BASE, CENTRE_OPACITY
                             attribute_kind, opacity_at)
 
 MODEL_ATTRIBUTES = (POSITION, SCALE, ROTATION, BASE)
+WRITTEN_KEY = "_splatwright_written"  # on a native cloud: how many attribute writes write() made (hidden in the UI)
 
 
 def available() -> bool:
@@ -46,6 +47,7 @@ def writing(cloud, attributes: dict[str, np.ndarray]):
         if attribute is None:
             attribute = cloud.attributes.new(name, kind.data_type, "POINT")
         attribute.data.foreach_set(kind.field, values.ravel())
+        cloud[WRITTEN_KEY] = cloud.get(WRITTEN_KEY, 0) + 1  # set_opacities' copy of the cloud is stale
         cloud.update_tag()
 
 
@@ -197,7 +199,7 @@ class uncropped:
 
 MOTION_MODIFIER = "Splatwright Motion"  # the modifier's name, and its node group's
 MOTION_GROUP_KEY = "splatwright_motion"  # on the node group: the version of the tree it holds (made again if older)
-MOTION_GROUP_VERSION = 1
+MOTION_GROUP_VERSION = 2
 START_INPUT, END_INPUT = "Start", "End"
 
 
@@ -210,10 +212,11 @@ def motion_group():
     """The node group that shows a 4D model's points at the scene's time t: the scene's frame (with its subframe,
     Scene Time) in the frame range [Start, End] as logic/dataset.frame_time maps it (clamped to [0, 1], 0 for a
     range of one frame), and with dt = t - time centre, as backend/dynamic.reference_motion: position + velocity dt
-    + acceleration dt^2 / 2, and the rotation turned in world space by the quaternion of the rotation vector
-    angular velocity * dt (cos(|v|/2), sin(|v|/2) v/|v|). The opacity (radiance:base's fourth value) is not here:
-    Geometry Nodes reads and writes four-value attributes only as their first three (Blender 5.3), so a frame
-    handler (update_opacities) sets it."""
+    + acceleration dt^2 / 2, and the rotation turned in world space by the rotation vector angular velocity * dt
+    (about the axis of the angular velocity by |angular velocity| dt; building that quaternion from sine and
+    cosine nodes cost the evaluation 2 ms more at 500k points). The opacity (radiance:base's fourth value) is not
+    here: Geometry Nodes reads and writes four-value attributes only as their first three (Blender 5.3), so a
+    frame handler (update_opacities) sets it."""
     group = next((g for g in bpy.data.node_groups
                   if g.get(MOTION_GROUP_KEY) == MOTION_GROUP_VERSION and g.bl_idname == "GeometryNodeTree"), None)
     if group is not None:
@@ -270,15 +273,10 @@ def motion_group():
     moved = vector("ADD", vector("ADD", node("GeometryNodeInputPosition").outputs["Position"],
                                  vector("SCALE", named(VELOCITY, "FLOAT_VECTOR"), scale=dt)),
                    vector("SCALE", named(ACCELERATION, "FLOAT_VECTOR"), scale=half_dt2))
-    rotvec = vector("SCALE", named(ANGULAR_VELOCITY, "FLOAT_VECTOR"), scale=dt)
-    half = math("MULTIPLY", vector("LENGTH", rotvec), 0.5)
-    axis = vector("SCALE", vector("NORMALIZE", rotvec), scale=math("SINE", half))  # a zero vector stays zero
-    xyz = node("ShaderNodeSeparateXYZ")
-    link(axis, xyz.inputs[0])
-    turn = node("FunctionNodeQuaternionToRotation")
-    link(math("COSINE", half), turn.inputs["W"])
-    for k in "XYZ":
-        link(xyz.outputs[k], turn.inputs[k])
+    angular = named(ANGULAR_VELOCITY, "FLOAT_VECTOR")
+    turn = node("FunctionNodeAxisAngleToRotation")  # a zero axis turns by an angle of 0: not at all
+    link(angular, turn.inputs["Axis"])
+    link(math("MULTIPLY", vector("LENGTH", angular), dt), turn.inputs["Angle"])
     turned = node("FunctionNodeRotateRotation", rotation_space="GLOBAL")  # Rotate By times Rotation
     link(named(ROTATION, "QUATERNION"), turned.inputs["Rotation"])
     link(turn.outputs[0], turned.inputs["Rotate By"])
@@ -337,14 +335,36 @@ def _values(cloud, name: str) -> np.ndarray:
     return values.reshape(-1, kind.width) if kind.width > 1 else values
 
 
+class _Kept:
+    """What set_opacities keeps of a 4D cloud between frames, so that a frame change reads nothing back from
+    Blender (a read after the depsgraph evaluated the cloud can cost more than the write): radiance:base as last
+    written, and the opacities' time windows. Good while the cloud holds as many points and its WRITTEN_KEY."""
+    __slots__ = ("count", "written", "base", "centre", "time_centers", "precisions")
+
+    def __init__(self, cloud):
+        self.count, self.written = len(cloud.points), cloud.get(WRITTEN_KEY)
+        self.base = _values(cloud, BASE)
+        self.centre, self.time_centers, self.precisions = (_values(cloud, name) for name in
+                                                           (CENTRE_OPACITY, TIME_CENTER, TIME_PRECISION))
+
+
+_kept: dict[int, _Kept] = {}  # by the cloud's session_uid
+
+
 def set_opacities(cloud, time: float) -> None:
-    """Set 4D point cloud `cloud`'s opacities (radiance:base's fourth value) to those at `time`."""
+    """Set 4D point cloud `cloud`'s opacities (radiance:base's fourth value) to those at `time`: radiance:base
+    written whole from the copy kept of it, and not at all where no opacity changes (the same time again, or
+    Gaussians without a time window)."""
     if not len(cloud.points):
         return
-    base = _values(cloud, BASE)
-    base[:, 3] = opacity_at(time, _values(cloud, CENTRE_OPACITY), _values(cloud, TIME_CENTER),
-                            _values(cloud, TIME_PRECISION))
-    cloud.attributes[BASE].data.foreach_set("vector", base.ravel())
+    kept = _kept.get(cloud.session_uid)
+    if kept is None or kept.count != len(cloud.points) or kept.written != cloud.get(WRITTEN_KEY):
+        kept = _kept[cloud.session_uid] = _Kept(cloud)
+    opacities = opacity_at(time, kept.centre, kept.time_centers, kept.precisions)
+    if np.array_equal(opacities, kept.base[:, 3]):
+        return
+    kept.base[:, 3] = opacities
+    cloud.attributes[BASE].data.foreach_set("vector", kept.base.ravel())
     cloud.update_tag()
 
 
@@ -359,6 +379,10 @@ def update_opacities(scene, depsgraph=None) -> None:
                 and moving(cloud):
             done.add(cloud.session_uid)
             set_opacities(cloud, time)
+    if len(_kept) > len(done):  # forget the clouds that went away
+        present = {cloud.session_uid for cloud in bpy.data.pointclouds}
+        for uid in [uid for uid in _kept if uid not in present]:
+            del _kept[uid]
 
 
 def register():
@@ -369,3 +393,4 @@ def register():
 def unregister():
     if update_opacities in bpy.app.handlers.frame_change_pre:
         bpy.app.handlers.frame_change_pre.remove(update_opacities)
+    _kept.clear()

@@ -1,7 +1,8 @@
 """The Blender side of `python -m backend bench native4d` (native4d.py), in a bpy 5.3 process with the checkout on
 PYTHONPATH: a native splat object of the 4D model's attributes in NPZ, set up as the add-on sets one up
 (blender_addon/scene/native.py: write, animate, the opacity handler), and `scene.frame_set` timed over FRAMES
-frames of a 1-250 range; then its parts and the numpy-handler alternative. Prints `RESULT <json>`.
+frames of a 1-250 range, the opacity handler timed inside it; then its parts and the numpy-handler alternative.
+Prints `RESULT <json>`.
 
     PYTHONPATH=. python backend/tools/bench/blender_native4d.py MODEL.npz FRAMES
 """
@@ -25,6 +26,10 @@ def timed(fn, count: int) -> dict:
         start = time.perf_counter()
         fn(i)
         seconds.append(time.perf_counter() - start)
+    return summary(seconds)
+
+
+def summary(seconds: list[float]) -> dict:
     ms = 1000 * np.array(seconds)
     return {"median_ms": float(np.median(ms)), "p95_ms": float(np.percentile(ms, 95)), "max_ms": float(ms.max())}
 
@@ -42,8 +47,17 @@ def main(path: str, frames: int) -> None:
     native.register()
     native.animate(obj, scene)
     step = max(1, 240 // (frames + 1))
+    handler = []  # the opacity handler's seconds in each frame_set, timed where Blender calls it
+
+    def update_opacities(scene, depsgraph=None):
+        start = time.perf_counter()
+        native.update_opacities(scene, depsgraph)
+        handler.append(time.perf_counter() - start)
+    handlers = bpy.app.handlers.frame_change_pre
+    handlers[handlers.index(native.update_opacities)] = update_opacities
     timings = {"frame_set": timed(lambda i: scene.frame_set(2 + step * i), frames)}
-    timings["opacity handler alone"] = timed(lambda i: native.set_opacities(cloud, i / frames), frames)
+    timings["opacity handler, in frame_set"] = summary(handler[-frames:])
+    handlers[handlers.index(update_opacities)] = native.update_opacities
     native.unregister()
     timings["frame_set, motion modifier alone"] = timed(lambda i: scene.frame_set(2 + step * i), frames)
     obj.modifiers.clear()
