@@ -79,30 +79,46 @@ CROP_GROUP_VERSION = 1
 BOX_INPUT, SIZE_INPUT = "Box", "Size"
 
 
+def geometry_group(name: str, key: str, version: int, inputs: dict[str, str]):
+    """The Geometry Nodes group marked `key` = `version` (the add-on's, of this version), and False; or a new one
+    with a geometry input, `inputs` (name: socket type) and a geometry output, and True: its nodes are the
+    caller's to add."""
+    group = next((g for g in bpy.data.node_groups if g.get(key) == version and g.bl_idname == "GeometryNodeTree"),
+                 None)
+    if group is not None:
+        return group, False
+    group = bpy.data.node_groups.new(name, "GeometryNodeTree")
+    group[key] = version
+    face = group.interface
+    face.new_socket("Geometry", in_out="INPUT", socket_type="NodeSocketGeometry")
+    for socket, kind in inputs.items():
+        face.new_socket(socket, in_out="INPUT", socket_type=kind)
+    face.new_socket("Geometry", in_out="OUTPUT", socket_type="NodeSocketGeometry")
+    return group, True
+
+
+def add_node(group, kind: str, location: tuple[float, float], settings: dict):
+    """A new node of `kind` in `group` at `location`, its properties set from `settings`."""
+    n = group.nodes.new(kind)
+    n.location = location
+    for name, value in settings.items():
+        setattr(n, name, value)
+    return n
+
+
 def crop_group():
     """The node group that keeps a point cloud's points whose positions lie in a cube-shaped Empty (input `Box`,
     its display size `Size` half its side) and deletes the others; a missing box or one of no size keeps them
     all. Inside means every axis of the point in the box's own space within [-Size, Size]: the backend's crop
     (backend/placement.py, logic/placement.crop_matrix) in the box's units."""
-    group = next((g for g in bpy.data.node_groups
-                  if g.get(CROP_GROUP_KEY) == CROP_GROUP_VERSION and g.bl_idname == "GeometryNodeTree"), None)
-    if group is not None:
+    group, made = geometry_group(CROP_MODIFIER, CROP_GROUP_KEY, CROP_GROUP_VERSION,
+                                 {BOX_INPUT: "NodeSocketObject", SIZE_INPUT: "NodeSocketFloat"})
+    if not made:
         return group
-    group = bpy.data.node_groups.new(CROP_MODIFIER, "GeometryNodeTree")
-    group[CROP_GROUP_KEY] = CROP_GROUP_VERSION
-    face = group.interface
-    face.new_socket("Geometry", in_out="INPUT", socket_type="NodeSocketGeometry")
-    face.new_socket(BOX_INPUT, in_out="INPUT", socket_type="NodeSocketObject")
-    face.new_socket(SIZE_INPUT, in_out="INPUT", socket_type="NodeSocketFloat")
-    face.new_socket("Geometry", in_out="OUTPUT", socket_type="NodeSocketGeometry")
-    nodes, link = group.nodes, group.links.new
+    link = group.links.new
 
     def node(kind: str, x: float, **settings):
-        n = nodes.new(kind)
-        n.location = (x, 0.0)
-        for name, value in settings.items():
-            setattr(n, name, value)
-        return n
+        return add_node(group, kind, (x, 0.0), settings)
     given, out = node("NodeGroupInput", -1200), node("NodeGroupOutput", 600)
     box = node("GeometryNodeObjectInfo", -1000, transform_space="RELATIVE")  # the box in the object's space
     invert = node("FunctionNodeInvertMatrix", -800)
@@ -217,27 +233,16 @@ def motion_group():
     cosine nodes cost the evaluation 2 ms more at 500k points). The opacity (radiance:base's fourth value) is not
     here: Geometry Nodes reads and writes four-value attributes only as their first three (Blender 5.3), so a
     frame handler (update_opacities) sets it."""
-    group = next((g for g in bpy.data.node_groups
-                  if g.get(MOTION_GROUP_KEY) == MOTION_GROUP_VERSION and g.bl_idname == "GeometryNodeTree"), None)
-    if group is not None:
+    group, made = geometry_group(MOTION_MODIFIER, MOTION_GROUP_KEY, MOTION_GROUP_VERSION,
+                                 {START_INPUT: "NodeSocketFloat", END_INPUT: "NodeSocketFloat"})
+    if not made:
         return group
-    group = bpy.data.node_groups.new(MOTION_MODIFIER, "GeometryNodeTree")
-    group[MOTION_GROUP_KEY] = MOTION_GROUP_VERSION
-    face = group.interface
-    face.new_socket("Geometry", in_out="INPUT", socket_type="NodeSocketGeometry")
-    face.new_socket(START_INPUT, in_out="INPUT", socket_type="NodeSocketFloat")
-    face.new_socket(END_INPUT, in_out="INPUT", socket_type="NodeSocketFloat")
-    face.new_socket("Geometry", in_out="OUTPUT", socket_type="NodeSocketGeometry")
-    nodes, link = group.nodes, group.links.new
+    link = group.links.new
     column = [0]
 
     def node(kind: str, **settings):
-        n = nodes.new(kind)
         column[0] += 1
-        n.location = (200.0 * (column[0] // 4), -200.0 * (column[0] % 4))
-        for name, value in settings.items():
-            setattr(n, name, value)
-        return n
+        return add_node(group, kind, (200.0 * (column[0] // 4), -200.0 * (column[0] % 4)), settings)
 
     def math(operation: str, a, b=None, **settings):
         n = node("ShaderNodeMath", operation=operation, **settings)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import bpy
 
-from blender.kit import addon, blender_reports, pump, report, wait_for
+from blender.kit import addon, blender_reports, pump, report, stop_and_disable, wait_for
 
 MAX_CLICKS = 6  # the scenario gives up past this
 
@@ -117,9 +117,7 @@ def run(zip_path: Path, out: Path, python: str) -> dict:
     result.update(clicks=clicks, session=session, status=dict(live.backend.status), shown=shown_in_viewport(session),
                   eta=eta, reports=blender_reports.lines, last_error=live.backend.last_error,
                   capture_folder=s.capture_folder)
-    live.backend.stop()
-    wait_for(lambda: live.backend.connection == "disconnected" and not live.backend.in_flight, "stop")
-    bpy.ops.preferences.addon_disable(module="splatwright")
+    stop_and_disable()
     return result
 
 
