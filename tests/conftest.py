@@ -2,9 +2,6 @@
 splat_helpers.py, cuda_helpers.py and the Blender harness (blender/)."""
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +11,7 @@ import torch
 import build_addon
 from backend.render import render
 from blender.runner import SCREEN
-from helpers import orbit_cameras, random_gaussians, write_scene
+from helpers import orbit_cameras, random_gaussians, write_scene, x_display
 from server_helpers import SIZE, ServerProcess
 
 
@@ -78,18 +75,4 @@ def addon_zip(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def xvfb():
-    if not (shutil.which("blender") and shutil.which("Xvfb")):
-        pytest.skip("Debian's blender or Xvfb is not installed (apt-get install blender xvfb python3-numpy); "
-                    "the windowed viewport test needs both")
-    read, write = os.pipe()
-    server = subprocess.Popen(["Xvfb", "-displayfd", str(write), "-screen", "0", f"{SCREEN[0]}x{SCREEN[1]}x24",
-                               "-nolisten", "tcp"], pass_fds=(write,), stderr=subprocess.DEVNULL)
-    os.close(write)
-    with os.fdopen(read) as pipe:
-        display = pipe.readline().strip()  # Xvfb picks a free display and names it here once it listens
-    if not display:
-        server.kill()
-        pytest.skip("Xvfb did not start")
-    yield f":{display}"
-    server.terminate()
-    server.wait(10)
+    yield from x_display(*SCREEN)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -13,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from PIL import Image
 
@@ -232,6 +235,26 @@ def formation_config(iterations: int, formation: str):
     return replace(cfg, init_points=300, sh_interval=40, log_every=10, image_formation=formation,
                    densify=replace(cfg.densify, start=10, every=10, stop=iterations, reset_opacity_every=0,
                                    max_gaussians=800))
+
+
+def x_display(width: int, height: int):
+    """A generator for a fixture: an Xvfb display of width x height (its name, ":N"), ended after; skips where
+    Debian's blender or Xvfb is missing, or Xvfb does not start."""
+    if not (shutil.which("blender") and shutil.which("Xvfb")):
+        pytest.skip("Debian's blender or Xvfb is not installed (apt-get install blender xvfb python3-numpy); "
+                    "the windowed tests need both")
+    read, write = os.pipe()
+    server = subprocess.Popen(["Xvfb", "-displayfd", str(write), "-screen", "0", f"{width}x{height}x24",
+                               "-nolisten", "tcp"], pass_fds=(write,), stderr=subprocess.DEVNULL)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        display = pipe.readline().strip()  # Xvfb picks a free display and names it here once it listens
+    if not display:
+        server.kill()
+        pytest.skip("Xvfb did not start")
+    yield f":{display}"
+    server.terminate()
+    server.wait(10)
 
 
 _CLI_MEMORY = """

@@ -5,14 +5,13 @@ bar are within the first screen of the tab; the status bar shows the capture's a
 Screenshots go to test-artifacts/."""
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 import sys
 
 import pytest
 
 import build_addon
+from helpers import x_display
 from blender.runner import ARTIFACTS, SCENARIOS, run_window_scenario
 
 pytestmark = pytest.mark.blender
@@ -25,20 +24,7 @@ STAGES = ("idle", "capture", "training")
 @pytest.fixture(scope="module")
 def display():
     """An X display of 1920x1080 (the shared one is smaller)."""
-    if not (shutil.which("blender") and shutil.which("Xvfb")):
-        pytest.skip("Debian's blender or Xvfb is not installed (apt-get install blender xvfb python3-numpy)")
-    read, write = os.pipe()
-    server = subprocess.Popen(["Xvfb", "-displayfd", str(write), "-screen", "0", f"{WINDOW[0]}x{WINDOW[1]}x24",
-                               "-nolisten", "tcp"], pass_fds=(write,), stderr=subprocess.DEVNULL)
-    os.close(write)
-    with os.fdopen(read) as pipe:
-        number = pipe.readline().strip()
-    if not number:
-        server.kill()
-        pytest.skip("Xvfb did not start")
-    yield f":{number}"
-    server.terminate()
-    server.wait(10)
+    yield from x_display(*WINDOW)
 
 
 @pytest.fixture(scope="module")
