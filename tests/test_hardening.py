@@ -982,21 +982,20 @@ def test_a_closed_connections_waiting_renders_are_dropped_and_the_next_clients_f
 
 def test_a_connection_may_have_so_many_renders_waiting_and_a_stream_one(tmp_path, start_server):
     """Over the cap, a render on another stream is refused naming its flag; one on a stream that has a render
-    waiting replaces that one. (A 2048x2048 CPU render takes seconds: one at most runs meanwhile, and the refusal
-    may come after it.)"""
+    waiting replaces that one. (A 4096x4096 CPU render takes over half a minute: one at most runs meanwhile.)"""
     server = start_server(tmp_path / "work", "--max-queued-renders", "3")
-    huge = orbit_cameras(1, 2048, 2048)[0]
+    huge = orbit_cameras(1, 4096, 4096)[0]
     with server.client() as client:
         show_a_small_model(client)
         pending = [client.submit_render(huge, stream=stream) for stream in range(6)]
         with pytest.raises(RemoteError) as refused:
-            pending[5].result(120)  # behind one running and three waiting, or three waiting
+            pending[5].result(30)  # behind one running and three waiting, or three waiting
         assert refused.value.code == protocol.REJECTED
         assert "over the cap of 3 renders one connection may have waiting" in refused.value.message
         assert "serve --max-queued-renders N" in refused.value.message
         replacing = client.submit_render(huge, stream=2)
         with pytest.raises(RemoteError) as replaced:
-            pending[2].result(120)
+            pending[2].result(30)
         assert replaced.value.code == protocol.SUPERSEDED and not replacing.done()
 
 
