@@ -110,6 +110,7 @@ def run(zip_path: Path, out: Path, foreign_ply: Path, python: str) -> dict:
     kit.training_window = False
     result["final_progress"] = live.backend.progress
     result["trained_session"] = s.session
+    result["sessions"] = str(out / "sessions")
     result["status"] = live.backend.status
 
     ply = out / "trained.ply"
