@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from blender.runner import SCENARIOS, run_scenario
+from blender_addon.logic.eta import error_at_a_tenth
 
 pytestmark = pytest.mark.blender
 
@@ -25,15 +26,6 @@ def first_run(addon_zip, tmp_path_factory) -> dict:
     home = tmp_path_factory.mktemp("blender-first-run")
     return run_scenario(SCENARIO, home, "--zip", str(addon_zip), "--out", str(home / "out"), "--python",
                         sys.executable, timeout=1200, blender="4.5")
-
-
-def eta_error(samples: list) -> tuple[float, float, float]:
-    """(the time left shown once a tenth of the steps were done, the time training took from there, the
-    error as a share of the latter)."""
-    end = samples[-1][0]
-    at, step, total, shown = next(s for s in samples if s[1] >= s[2] / 10 and s[3] is not None)
-    actual = end - at
-    return shown, actual, abs(shown - actual) / actual
 
 
 def test_three_presses_of_the_main_button_make_a_model_in_the_viewport(first_run):
@@ -56,6 +48,6 @@ def test_an_unsaved_files_captures_go_to_the_data_folder(first_run):
 
 
 def test_the_time_left_after_a_tenth_of_the_steps_follows_the_measured_rate(first_run):
-    shown, actual, error = eta_error(first_run["eta"])
+    shown, actual, error = error_at_a_tenth(first_run["eta"])
     print(f"time left at 10%: shown {shown:.1f} s, took {actual:.1f} s, error {100 * error:.0f}%")
     assert actual / ETA_FACTOR <= shown <= actual * ETA_FACTOR, (shown, actual)

@@ -76,3 +76,13 @@ class StepClock:
         if self._samples:
             left -= min(now - self._samples[-1][0], per_step)  # within the step running now
         return max(0.0, left)
+
+
+def error_at_a_tenth(samples: list[tuple[float, int, int, float | None]]) -> tuple[float, float, float]:
+    """How good the time left was during a run, from (time, step, total, seconds left shown) samples taken up to
+    its end: (the time left shown once a tenth of the steps were done, the time the run took from there, the
+    error as a share of the latter)."""
+    end = samples[-1][0]
+    at, _, _, shown = next(s for s in samples if s[1] >= s[2] / 10 and s[3] is not None)
+    actual = end - at
+    return shown, actual, abs(shown - actual) / actual

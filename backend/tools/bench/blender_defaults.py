@@ -17,6 +17,7 @@ import bpy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the checkout, when run as a script
 from backend.tools.demo_blender import build_scene, wait  # noqa: E402
+from blender_addon.logic.eta import error_at_a_tenth  # noqa: E402
 
 DEMO_SIDE = 1080  # the demo scene's square resolution, before the capture's scaling
 TIMEOUT = 900.0
@@ -42,8 +43,17 @@ def capture_and_train(addon, out: Path) -> dict:
     result["capture_seconds"] = time.monotonic() - start
     start = time.monotonic()
     bpy.ops.splatwright.train_start()
-    wait(lambda: live.backend.status.get("state") == "finished", "training", TIMEOUT)
+    eta = []  # (time, step, total, seconds left the panel shows)
+
+    def finished() -> bool:
+        b = live.backend
+        eta.append((time.monotonic(), b.status.get("step", 0), b.status.get("iterations", 0),
+                    b.clock.remaining(time.monotonic())))
+        return b.status.get("state") == "finished"
+    wait(finished, "training", TIMEOUT)
     result["train_seconds"] = time.monotonic() - start
+    shown, actual, error = error_at_a_tenth(eta)
+    result["eta_at_a_tenth"] = {"shown": shown, "actual": actual, "error": error}
     result["total_seconds"] = result["capture_seconds"] + result["train_seconds"]
     p = live.backend.progress
     result.update(steps=live.backend.status.get("step"), views=live.backend.status.get("views"),

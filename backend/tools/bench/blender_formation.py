@@ -1,20 +1,25 @@
 """Blender's own renders of a splat file, for `python -m backend bench formation` (formation.py): the file through
 Blender's PLY importer (a native GAUSSIAN_SPLAT point cloud, bpy 5.3 or later), rendered by Cycles on the CPU or
-EEVEE through each camera of a job file, over a world of one colour, under the Standard view transform. Each render
-is kept as its linear RGBA (no view transform: the caller applies it), rows top-down, as OUT_<job>_<view>.npy.
+EEVEE through each camera of a job file, over a world of one colour. Each render is kept as its linear RGBA, rows
+top-down, as OUT_<render>_<view>.npy, and as its display values (RGB) under each view transform the job names, as
+OUT_<render>_<view>_<transform>.npy. Linear RGB(A) arrays the job lists under "display" get their display values
+the same way, beside them as <array>_<transform>.npy.
 
     python backend/tools/bench/blender_formation.py JOB.json
 
 JOB.json: {"ply": PATH, "background": [r, g, b] (linear), "out": PREFIX,
            "cameras": [{"c2w": Blender camera-to-world 4x4, "lens", "sensor_width", "sensor_height", "sensor_fit",
                         "shift_x", "shift_y", "width", "height", "pixel_aspect_x", "pixel_aspect_y"}, ...],
-           "renders": [{"name", "engine": CYCLES|BLENDER_EEVEE, "samples", "filter_width", "seed"}, ...]}
+           "renders": [{"name", "engine": CYCLES|BLENDER_EEVEE, "samples", "filter_width", "seed"}, ...],
+           "view_transforms": ["Standard", "AgX", ...], "display": [NPY, ...]}
 Prints `RESULT <json>` with Blender's version and each render's seconds.
 """
 from __future__ import annotations
 
 import json
+import os
 import sys
+import tempfile
 import time
 
 import bpy
@@ -37,10 +42,7 @@ def set_up(job: dict):
     node = next(n for n in world.node_tree.nodes if n.type == "BACKGROUND")
     node.inputs["Color"].default_value = (*job["background"], 1.0)
     node.inputs["Strength"].default_value = 1.0
-    scene.view_settings.view_transform = "Standard"
     scene.view_settings.look = "None"
-    scene.render.image_settings.file_format = "OPEN_EXR"
-    scene.render.image_settings.color_depth = "32"
     scene.render.resolution_percentage = 100
     camera = bpy.data.objects.new("camera", bpy.data.cameras.new("camera"))
     scene.collection.objects.link(camera)
@@ -72,14 +74,48 @@ def configure(scene, r: dict) -> None:
         scene.render.filter_size = r["filter_width"]
 
 
+def display_values(scene, linear: np.ndarray, view_transform: str) -> np.ndarray:
+    """Blender's display values (H, W, 3) of a linear (H, W, 3 or 4) image, rows top-down, under `view_transform`
+    (look None, exposure 0): Image.save_render to a 16-bit PNG through the scene's colour management."""
+    height, width = linear.shape[:2]
+    rgba = np.ones((height, width, 4), np.float32)
+    rgba[..., :3] = linear[..., :3]
+    scene.view_settings.view_transform = view_transform
+    out = scene.render.image_settings
+    out.file_format, out.color_mode, out.color_depth, out.compression = "PNG", "RGB", "16", 0
+    scene.render.dither_intensity = 0.0
+    handle, path = tempfile.mkstemp(suffix=".png")
+    os.close(handle)
+    image = bpy.data.images.new("linear", width, height, alpha=True, float_buffer=True)
+    image.pixels.foreach_set(rgba[::-1].reshape(-1))
+    image.save_render(path, scene=scene)
+    shown = bpy.data.images.load(path)
+    shown.colorspace_settings.name = "Non-Color"  # the file's values as they are
+    values = np.empty(width * height * 4, np.float32)
+    shown.pixels.foreach_get(values)
+    for made in (image, shown):
+        bpy.data.images.remove(made)
+    os.remove(path)
+    return values.reshape(height, width, 4)[::-1, :, :3]
+
+
+def save_display(scene, linear: np.ndarray, prefix: str, view_transforms: list[str]) -> None:
+    for view_transform in view_transforms:
+        np.save(f"{prefix}_{view_transform}.npy", display_values(scene, linear, view_transform))
+
+
 def main(job_path: str) -> None:
     job = json.loads(open(job_path).read())
     scene, camera, count = set_up(job)
+    view_transforms = job.get("view_transforms", [])
     seconds = {}
     for r in job["renders"]:
         configure(scene, r)
         for i, c in enumerate(job["cameras"]):
             place(scene, camera, c)
+            scene.view_settings.view_transform = "Standard"
+            scene.render.image_settings.file_format = "OPEN_EXR"
+            scene.render.image_settings.color_depth = "32"
             path = f"{job['out']}_{r['name']}_{i}.exr"
             scene.render.filepath = path
             start = time.perf_counter()
@@ -89,6 +125,9 @@ def main(job_path: str) -> None:
             pixels = np.array(image.pixels[:], dtype=np.float32).reshape(c["height"], c["width"], 4)[::-1]
             np.save(f"{job['out']}_{r['name']}_{i}.npy", pixels)
             bpy.data.images.remove(image)
+            save_display(scene, pixels, f"{job['out']}_{r['name']}_{i}", view_transforms)
+    for array in job.get("display", []):
+        save_display(scene, np.load(array), array.removesuffix(".npy"), view_transforms)
     print("RESULT " + json.dumps({"blender": bpy.app.version_string, "splats": count, "seconds": seconds}))
 
 

@@ -49,15 +49,18 @@ def main(argv: list[str]) -> int:
                   budget_seconds=BUDGET_SECONDS, load_average=[load_before, os.getloadavg()[0]])
     scenes = args.scenes.split(",")
     rows = [f"| {name} | {r['size'][0]}x{r['size'][1]} | {r['views']} | {r['steps']} | {r['capture_seconds']:.0f} | "
-            f"{r['train_seconds']:.0f} | {r['total_seconds']:.0f} | {r['steps'] / r['train_seconds']:.2f} | {r['psnr'] or 0:.2f} |"
+            f"{r['train_seconds']:.0f} | {r['total_seconds']:.0f} | {r['steps'] / r['train_seconds']:.2f} | {r['psnr'] or 0:.2f} | "
+            f"{r['eta_at_a_tenth']['shown']:.0f} / {r['eta_at_a_tenth']['actual']:.0f} "
+            f"({100 * r['eta_at_a_tenth']['error']:.0f}%) |"
             for name in scenes for r in [result[name]]]
     report = "\n".join([
         f"Panel defaults on the {result['device']} backend, Blender {result['blender']}, commit {result['commit']}, "
         f"{result['date']} (backend start {result['backend_start_seconds']:.0f} s; 1-minute load average "
         f"{result['load_average'][0]:.1f} before, {result['load_average'][1]:.1f} after)", "",
-        "| scene | view size | views sent | steps | capture s | train s | total s | it/s | train PSNR |",
-        "|---|---|---|---|---|---|---|---|---|", *rows, "",
-        f"Budget: {BUDGET_SECONDS:.0f} s per scene for capture and training."])
+        "| scene | view size | views sent | steps | capture s | train s | total s | it/s | train PSNR | time left at 10% |",
+        "|---|---|---|---|---|---|---|---|---|---|", *rows, "",
+        f"Budget: {BUDGET_SECONDS:.0f} s per scene for capture and training. Time left at 10%: what the panel showed "
+        "once a tenth of the steps were done / the seconds training took from there (the error)."])
     write_results(args.out, f"defaults-{now.strftime('%Y%m%d-%H%M')}-{result['device']}", result, report)
     within = all(result[name]["total_seconds"] <= BUDGET_SECONDS for name in scenes)
     return 0 if within or result["device"] != "cpu" else 1

@@ -9,7 +9,8 @@ capture: our render of it, and Blender's own (Cycles) render of it as a native s
 Blender 5.3 shows it.
 
     python -m backend bench formation [--model PLY] [--views 4] [--size 128] [--samples 256]
-        [--filter-widths 1.5,0.01] [--eevee] [--train STEPS [--train-views 16] [--train-size 64]]
+        [--filter-widths 1.5,0.01] [--eevee] [--train STEPS [--train-views 16] [--train-size 64]
+        [--native-samples 1024] [--view-transforms Standard,AgX]]
         [--python BPY53_PYTHON] [--out DIR]
 
 --python names a Python whose `bpy` is 5.3 or later (default $SPLATWRIGHT_BPY53, else python3.13). Writes
@@ -70,11 +71,14 @@ def blender_camera(cam: Camera) -> dict:
 
 
 def blender_renders(python: str, ply: Path, cameras: list[Camera], renders: list[dict], background,
-                    work: Path) -> tuple[dict[str, list[np.ndarray]], dict]:
+                    work: Path, view_transforms: tuple[str, ...] = (), linear_arrays: tuple[Path, ...] = ()
+                    ) -> tuple[dict[str, list[np.ndarray]], dict]:
     """Blender's renders of `ply` through `cameras`, in display values (H, W, 3) per render name and view, and
-    what blender_formation.py reported."""
+    what blender_formation.py reported. With `view_transforms`, also each render's display values under each, as
+    "<name> <transform>"; the .npy files of `linear_arrays` get theirs beside them (blender_formation.py)."""
     job = {"ply": str(ply), "background": [float(c) for c in srgb_to_linear(torch.tensor(background))],
-           "out": str(work / "blender"), "cameras": [blender_camera(c) for c in cameras], "renders": renders}
+           "out": str(work / "blender"), "cameras": [blender_camera(c) for c in cameras], "renders": renders,
+           "view_transforms": list(view_transforms), "display": [str(a) for a in linear_arrays]}
     (work / "job.json").write_text(json.dumps(job))
     run = subprocess.run([python, str(SCENARIO), str(work / "job.json")], capture_output=True, text=True,
                          timeout=7200)
@@ -83,6 +87,10 @@ def blender_renders(python: str, ply: Path, cameras: list[Camera], renders: list
         raise SystemExit(f"{python} {SCENARIO.name} failed:\n{run.stdout[-2000:]}\n{run.stderr[-3000:]}")
     images = {r["name"]: [display(np.load(work / f"blender_{r['name']}_{i}.npy")) for i in range(len(cameras))]
               for r in renders}
+    for r in renders:
+        for t in view_transforms:
+            images[f"{r['name']} {t}"] = [np.load(work / f"blender_{r['name']}_{i}_{t}.npy")
+                                          for i in range(len(cameras))]
     return images, json.loads(lines[-1][len("RESULT "):])
 
 
@@ -121,20 +129,26 @@ def pixel_sizes(g: Gaussians, cameras: list[Camera]) -> np.ndarray:
 
 
 def train_round_trip(args, g: Gaussians, centre, radius: float, background, work: Path) -> dict:
-    """Train a model in each formation on Cycles' renders of `g` (the capture), then score it on held-out views
-    against Cycles' renders: our render of it, and Cycles' render of it as a native object."""
+    """Train a model in each formation on Cycles' renders of `g` (the capture, Standard view transform as the
+    add-on captures), then score it on held-out views against Cycles' renders under each of --view-transforms:
+    our render of it (its display values taken as sRGB-encoded scene-linear light, through the transform), and
+    Blender's own renders of it as a native object (Cycles, and EEVEE with --eevee)."""
     half = args.train_views // 2
     train_cams = (orbit(centre, radius, half, args.train_size, elevation=0.35)
                   + orbit(centre, radius, args.train_views - half, args.train_size, elevation=0.9, phase=0.5))
     test_cams = orbit(centre, radius, 4, args.train_size, elevation=0.6, phase=0.3 + math.pi / 4)
+    transforms = tuple(args.view_transforms.split(","))
     cycles = {"name": "cycles", "engine": "CYCLES", "samples": args.samples, "filter_width": 1.5, "seed": 0}
+    native = [{**cycles, "samples": args.native_samples, "seed": 2}]
+    if args.eevee:
+        native.append({"name": "eevee", "engine": "BLENDER_EEVEE", "samples": 64, "filter_width": 1.5})
     ply = work / "capture.ply"
     write_ply(ply, g)
-    truth, _ = blender_renders(args.python, ply, train_cams + test_cams, [cycles], background, work)
-    truth = truth["cycles"]
-    data = Dataset(train_cams, torch.stack([quantise(torch.from_numpy(t).float()) for t in truth[:len(train_cams)]]),
+    truth, _ = blender_renders(args.python, ply, train_cams + test_cams, [cycles], background, work, transforms)
+    data = Dataset(train_cams, torch.stack([quantise(torch.from_numpy(t).float())
+                                            for t in truth["cycles"][:len(train_cams)]]),
                    [f"{i:03d}" for i in range(len(train_cams))])
-    held_out = truth[len(train_cams):]
+    held_out = {t: truth[f"cycles {t}"][len(train_cams):] for t in transforms}
     result = {}
     for formation in FORMATIONS:
         settings = training_settings(iterations=args.train, image_formation=formation, background=list(background),
@@ -143,17 +157,25 @@ def train_round_trip(args, g: Gaussians, centre, radius: float, background, work
         while trainer.step < trainer.cfg.iterations:
             trainer.train_step()
         model = trainer.g.detached()
-        ours = [our_render(model, c, background, formation) for c in test_cams]
+        ours_linear = []
+        for i, c in enumerate(test_cams):
+            ours_linear.append(work / f"ours_{formation}_{i}.npy")
+            np.save(ours_linear[-1], srgb_to_linear(torch.from_numpy(our_render(model, c, background, formation)))
+                    .float().numpy())
         write_ply(work / f"trained_{formation}.ply", model)
-        native, _ = blender_renders(args.python, work / f"trained_{formation}.ply", test_cams, [cycles], background,
-                                    work)
-        native = native["cycles"]
+        renders, _ = blender_renders(args.python, work / f"trained_{formation}.ply", test_cams, native, background,
+                                     work, transforms, tuple(ours_linear))
         sizes = pixel_sizes(model, train_cams)
+        scores = {}
+        for t in transforms:
+            ours = [np.load(a.with_name(f"{a.stem}_{t}.npy")) for a in ours_linear]
+            scores[t] = {"ours_vs_truth": mean_psnr(ours, held_out[t])}
+            for r in native:
+                scores[t][f"{r['name']}_vs_truth"] = mean_psnr(renders[f"{r['name']} {t}"], held_out[t])
+                scores[t][f"{r['name']}_vs_ours"] = mean_psnr(renders[f"{r['name']} {t}"], ours)
         result[formation] = {"gaussians": len(model), "train_seconds": trainer.train_seconds,
                              "sub_pixel": float(np.mean(sizes < 0.5)), "median_pixels": float(np.median(sizes)),
-                             "ours_vs_truth": mean_psnr(ours, held_out),
-                             "cycles_vs_truth": mean_psnr(native, held_out),
-                             "cycles_vs_ours": mean_psnr(native, ours)}
+                             "psnr": scores}
     return result
 
 
@@ -170,6 +192,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--background", default="0,0,0", help="the world's colour, display r,g,b")
     p.add_argument("--train", type=int, default=0, metavar="STEPS",
                    help="also train in each formation on Cycles' renders of the model, this many steps (CPU)")
+    p.add_argument("--native-samples", type=int, default=1024,
+                   help="Cycles' samples per pixel in its renders of the trained models (their noise is not the "
+                   "model's error)")
+    p.add_argument("--view-transforms", default="Standard,AgX",
+                   help="the trained models are scored in the display values of each of these view transforms")
     p.add_argument("--train-views", type=int, default=16)
     p.add_argument("--train-size", type=int, default=64)
     p.add_argument("--init-points", type=int, default=5000)
@@ -219,17 +246,26 @@ def main(argv: list[str]) -> int:
         report += (f" EEVEE (64 samples, filter size 1.5; its splats quantised, with the 0.3 px dilation) against "
                    f"Cycles ({renders[0]['name']}): {eevee:.2f} dB.")
     if trained:
+        engines = ["cycles"] + (["eevee"] if args.eevee else [])
+        rows = []
+        for f, r in trained.items():
+            for t, scores in r["psnr"].items():
+                rows.append(f"| {f} | {t} | {r['gaussians']} | {100 * r['sub_pixel']:.0f}% | {r['median_pixels']:.2f} "
+                            f"| {scores['ours_vs_truth']:.2f} | "
+                            + " | ".join(f"{scores[e + '_vs_truth']:.2f} | {scores[e + '_vs_ours']:.2f}"
+                                         for e in engines) + " |")
         report += "\n".join([
             "", "", f"Trained in each formation for {args.train} steps (CPU schedule, {args.init_points} random "
             f"initial Gaussians, at most {args.max_gaussians}) on Cycles' renders of the model ({args.train_views} "
-            f"views of {args.train_size}x{args.train_size}, filter width 1.5), scored on 4 held-out views (mean "
-            "PSNR, dB):", "",
-            "| trained in | Gaussians | under 0.5 px | median px | ours vs truth | Cycles' render vs truth | "
-            "Cycles' render vs ours |", "|---|---|---|---|---|---|---|",
-            *(f"| {f} | {r['gaussians']} | {100 * r['sub_pixel']:.0f}% | {r['median_pixels']:.2f} | "
-              f"{r['ours_vs_truth']:.2f} | {r['cycles_vs_truth']:.2f} | {r['cycles_vs_ours']:.2f} |"
-              for f, r in trained.items()), "",
-            "Under 0.5 px: the Gaussians whose largest deviation is under half a pixel in the training view that "
-            "sees them largest; median px: that size's median."])
+            f"views of {args.train_size}x{args.train_size}, {args.samples} samples, filter width 1.5, Standard view "
+            "transform), scored on 4 held-out views against Cycles' renders of them (the truth) in the display values "
+            f"of each view transform (mean PSNR, dB). Blender's renders of the trained models: Cycles at "
+            f"{args.native_samples} samples" + (", EEVEE at 64" if args.eevee else "") + ".", "",
+            "| trained in | view transform | Gaussians | under 0.5 px | median px | ours vs truth | "
+            + " | ".join(f"{e} vs truth | {e} vs ours" for e in engines) + " |",
+            "|---|---|---|---|---|---|" + "---|---|" * len(engines), *rows, "",
+            "Ours: our render's display values taken as sRGB-encoded scene-linear light, through the view transform "
+            "(under Standard, our render as it is). Under 0.5 px: the Gaussians whose largest deviation is under half "
+            "a pixel in the training view that sees them largest; median px: that size's median."])
     write_results(args.out, f"formation-{now.strftime('%Y%m%d-%H%M')}", result, report)
     return 0
