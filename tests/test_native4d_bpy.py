@@ -17,6 +17,7 @@ from blender_addon.logic.dataset import frame_time
 from blender_addon.logic.native import BASE, POSITION, ROTATION, SCALE, native_attributes, to_attributes
 from backend.formats.ply import encode_ply
 from backend.service.exports import motion_ply_bytes
+from backend.render.formation import linear_to_srgb, srgb_to_linear
 from backend.tools.bench.formation import blender_camera, display, our_render, psnr
 from blender.runner import BLENDERS, NATIVE_SPLATS, SCENARIOS, run_scenario
 from helpers import moving_model
@@ -90,3 +91,26 @@ def test_cycles_renders_it_as_close_to_ours_as_a_static_object(shown):
     alike = psnr(display(np.load(shown["renders"]["start"])), display(np.load(shown["renders"]["static"])))
     print(f"the 4D object at its first frame against the static object: {alike:.2f} dB (the same splats)")
     assert score["start"] > static - 0.5 and score["end"] > static - 1.5 and static > 25
+
+
+def test_cycles_blurs_its_motion(shown):
+    """The middle of three frames, its shutter a whole frame: t from 0.25 to 0.75. Cycles' blurred render is
+    nearer our renders averaged over the shutter (in linear light, as the film accumulates) than our render at
+    t = 0.5, and the sharp render the other way round. The frame handler sets the opacities once per frame, so the
+    average is over positions and rotations only (opacities at t = 0.5)."""
+    model, camera = shown["model"], shown["camera"]
+    middle = model.at(0.5).detached()
+    sharp_ours = our_render(middle, camera, (0.0, 0.0, 0.0), "blender")
+    linear = []
+    for t in np.linspace(0.25, 0.75, 9):
+        moved = model.at(float(t)).detached()
+        moved.opacity_logits = middle.opacity_logits
+        linear.append(srgb_to_linear(torch.from_numpy(our_render(moved, camera, (0.0, 0.0, 0.0), "blender"))))
+    blurred_ours = linear_to_srgb(torch.stack(linear).mean(0)).numpy()
+    sharp, blurred = (display(np.load(shown["renders"][name])) for name in ("sharp", "blurred"))
+    scores = {"sharp": (psnr(sharp, sharp_ours), psnr(sharp, blurred_ours)),
+              "blurred": (psnr(blurred, sharp_ours), psnr(blurred, blurred_ours))}
+    print("Cycles against ours at t = 0.5 / ours averaged over the shutter: "
+          + ", ".join(f"{name} {a:.2f} / {b:.2f} dB" for name, (a, b) in scores.items()))
+    assert scores["blurred"][1] > scores["blurred"][0] + 1.0
+    assert scores["sharp"][0] > scores["sharp"][1] + 1.0

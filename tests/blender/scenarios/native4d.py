@@ -3,7 +3,7 @@ install the built zip, make a native splat object of a 4D model's attributes (lo
 Add Model to Scene does (scene/native.write and animate), and at the first, a middle and the last frame of the
 scene's range keep what Blender evaluates (the motion modifier's positions and rotations, the frame handler's
 opacities) and render it with Cycles; a static object of the model at the first frame's time is rendered beside
-it. No backend runs. Prints `RESULT <json>`.
+it; then, in a range of three frames, the middle frame sharp and with Cycles' motion blur. No backend runs. Prints `RESULT <json>`.
 
     PYTHONPATH=tests python tests/blender/scenarios/native4d.py --zip Z --job JOB.json --out DIR
 
@@ -90,6 +90,14 @@ def run(zip_path: Path, job: dict, out: Path) -> dict:
     scene.frame_set(job["frames"][0])
     objects["model"].hide_render, objects["static"].hide_render = True, False
     result["renders"]["static"] = render(scene, out / "static_start.npy")
+    # Cycles' motion blur over a shutter of a whole frame in a range of three frames: the middle frame's shutter
+    # spans half the clip, as the drivers follow the range.
+    objects["model"].hide_render, objects["static"].hide_render = False, True
+    scene.frame_start, scene.frame_end = 1, 3
+    scene.frame_set(2)
+    result["renders"]["sharp"] = render(scene, out / "model_sharp.npy")
+    scene.render.use_motion_blur, scene.render.motion_blur_shutter = True, 1.0
+    result["renders"]["blurred"] = render(scene, out / "model_blurred.npy")
     return result
 
 
