@@ -15,13 +15,18 @@ import bpy
 import numpy as np
 
 from ..core.cameras import Camera
+from ..core.errors import SplatwrightError
 from ..logic.dataset import frame_time
+from ..logic.native import POSITION, fingerprint
 from ..logic.placement import camera_in_model, crop_matrix, model_bounds, model_to_world
 from . import native
 
 SESSION_KEY = "splatwright_session"  # the session whose model the object places
 CENTRE_KEY = "splatwright_centre"  # the model-space point at the object's origin
 STEP_KEY = "splatwright_step"  # on a native splat object: the training step of the model it holds
+# On a native splat object: logic/native.fingerprint of the points last written into it (or sent from it to train
+# on), which its points as Blender evaluates them differ from once they are edited (hidden in the UI: a leading _).
+FINGERPRINT_KEY = "_splatwright_fingerprint"
 CROP_KEY = "splatwright_crop_box"  # on a cube-shaped Empty parented to a model object: the box it is cropped to
 
 
@@ -75,6 +80,25 @@ def active_model(context):
     return obj if obj is not None and SESSION_KEY in obj else None
 
 
+def edited_native_object(context, session: str):
+    """The static native splat object of session `session` in the scene whose points, as Blender evaluates them,
+    differ from the model last written into it (FINGERPRINT_KEY): points deleted or moved in Edit Mode, cropped by
+    its crop box, changed by a modifier. None where none does; where several do, the active one, and without one
+    of them active SplatwrightError saying to choose."""
+    depsgraph = context.evaluated_depsgraph_get()
+    edited = [o for o in splat_objects(context.scene)
+              if o.type == "POINTCLOUD" and o[SESSION_KEY] == session and FINGERPRINT_KEY in o
+              and not native.moving(o.data)
+              and fingerprint(native.positions(o.evaluated_get(depsgraph).data)) != o[FINGERPRINT_KEY]]
+    if len(edited) > 1:
+        active = active_model(context)
+        if active not in edited:
+            raise SplatwrightError(f"{', '.join(o.name for o in edited)} all hold edits of session {session}'s "
+                                   "model; select the one to continue training from")
+        return active
+    return edited[0] if edited else None
+
+
 def add_crop_box(view_layer, obj):
     """A crop box around model object `obj`'s model (its cube at first; a native object's: the box around its
     points, which its crop modifier keeps: native.crop_to), parented to it, selected and active."""
@@ -121,7 +145,7 @@ def add_native_object(view_layer, collection, session: str, attributes: dict, st
     cloud = bpy.data.pointclouds.new(session)
     native.write(cloud, attributes)
     obj = bpy.data.objects.new(session, cloud)
-    obj[STEP_KEY] = step
+    obj[STEP_KEY], obj[FINGERPRINT_KEY] = step, fingerprint(attributes[POSITION])
     return placed_at_centre(view_layer, collection, obj, session, (0.0, 0.0, 0.0))
 
 

@@ -1,0 +1,51 @@
+"""Training continues from an edited native splat object, in real Blender 5.3 or later (the bpy module;
+test_native_continue_bpy.py runs it): install the built zip, start a CPU backend that reopens a session trained
+part of its schedule, Add Model to Scene, delete points of the object in Edit Mode, and Start Training (Continue
+From It): the object's model is what training continues from, and the object then follows the model trained on
+from it. Prints `RESULT <json>`.
+
+    PYTHONPATH=tests python tests/blender/scenarios/native_continue.py --zip Z --workdir SESSIONS --session NAME \
+        --out DIR [--python PY]
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import bpy
+
+from blender.kit import addon, blender_reports, delete_last_points, op, placed_model, session_scenario, \
+    stop_and_disable, wait_for
+
+DELETED = 60  # the last points, deleted in Edit Mode
+
+
+def run(zip_path: Path, workdir: Path, session: str, out: Path, python: str) -> dict:
+    scene, live, model = placed_model(zip_path, workdir, session, python)
+    splats = addon().scene.splats
+    result = {"points": len(model.data.points), "step": live.backend.status["step"],
+              "edited_as_added": splats.edited_native_object(bpy.context, session) is not None}
+    delete_last_points(model, DELETED)
+    edited = splats.edited_native_object(bpy.context, session)
+    result.update(edited=edited.name if edited is not None else None, edited_points=len(model.data.points))
+    seen = []  # (state, step, Gaussians) of the backend's status while it trains
+
+    def finished() -> bool:
+        status = live.backend.status
+        seen.append((status.get("state"), status.get("step"), status.get("gaussians")))
+        return status.get("state") == "finished" and not live.backend.in_flight
+
+    op("train_start", start="CONTINUE")
+    wait_for(finished, "training", 120)
+    status = live.backend.status
+    wait_for(lambda: model.get("splatwright_step") == status["step"], "the object to follow the model", 30)
+    result.update(seen=seen, finished=dict(status), followed_points=len(model.data.points),
+                  edited_after_following=splats.edited_native_object(bpy.context, session) is not None,
+                  errors=live.backend.last_error)
+    stop_and_disable()
+    result.update(reports=blender_reports.lines)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(session_scenario(run))
