@@ -1,8 +1,8 @@
 """Training continues from an edited native splat object, in real Blender 5.3 or later (the bpy module;
 test_native_continue_bpy.py runs it): install the built zip, start a CPU backend that reopens a session trained
-part of its schedule, Add Model to Scene, delete points of the object in Edit Mode, and Start Training (Continue
-From It): the object's model is what training continues from, and the object then follows the model trained on
-from it. Prints `RESULT <json>`.
+part of its schedule, Add Model to Scene, delete points of the object in Edit Mode, move some, place the object
+elsewhere, and Start Training (Continue From It): the object's model is what training continues from, and the
+object then follows the model trained on from it. Prints `RESULT <json>`.
 
     PYTHONPATH=tests python tests/blender/scenarios/native_continue.py --zip Z --workdir SESSIONS --session NAME \
         --out DIR [--python PY]
@@ -13,11 +13,15 @@ import sys
 from pathlib import Path
 
 import bpy
+import numpy as np
+from mathutils import Euler, Matrix
 
-from blender.kit import addon, blender_reports, delete_last_points, op, placed_model, session_scenario, \
-    stop_and_disable, wait_for
+from blender.kit import (addon, blender_reports, delete_last_points, op, placed_model, session_scenario,
+                         stop_and_disable, wait_for)
 
 DELETED = 60  # the last points, deleted in Edit Mode
+MOVED, SHIFT = 5, (0.3, 0.0, -0.2)  # the first points, moved in the object's space
+PLACEMENT = Matrix.Translation((0.5, -0.3, 0.2)) @ Euler((0.2, 0.1, 0.7)).to_matrix().to_4x4()  # the object's
 
 
 def run(zip_path: Path, workdir: Path, session: str, out: Path, python: str) -> dict:
@@ -26,6 +30,12 @@ def run(zip_path: Path, workdir: Path, session: str, out: Path, python: str) -> 
     result = {"points": len(model.data.points), "step": live.backend.status["step"],
               "edited_as_added": splats.edited_native_object(bpy.context, session) is not None}
     delete_last_points(model, DELETED)
+    positions = addon().scene.native.positions(model.data)
+    positions[:MOVED] += np.array(SHIFT, np.float32)
+    model.data.attributes["position"].data.foreach_set("vector", positions.ravel())
+    model.data.update_tag()
+    model.matrix_world = PLACEMENT  # moves the model in the scene, not within it
+    bpy.context.view_layer.update()
     edited = splats.edited_native_object(bpy.context, session)
     result.update(edited=edited.name if edited is not None else None, edited_points=len(model.data.points))
     seen = []  # (state, step, Gaussians) of the backend's status while it trains
