@@ -1,8 +1,8 @@
 """Training continues from an edited native splat object, in real Blender 5.3 or later (the bpy module;
 test_native_continue_bpy.py runs it): install the built zip, start a CPU backend that reopens a session trained
 part of its schedule, Add Model to Scene, delete points of the object in Edit Mode, move some, place the object
-elsewhere, and Start Training (Continue From It): the object's model is what training continues from, and the
-object then follows the model trained on from it. Prints `RESULT <json>`.
+elsewhere, crop it with Add Crop Box, and Start Training (Continue From It): what the object shows is what training
+continues from, and the object then follows the model trained on from it. Prints `RESULT <json>`.
 
     PYTHONPATH=tests python tests/blender/scenarios/native_continue.py --zip Z --workdir SESSIONS --session NAME \
         --out DIR [--python PY]
@@ -35,9 +35,15 @@ def run(zip_path: Path, workdir: Path, session: str, out: Path, python: str) -> 
     model.data.attributes["position"].data.foreach_set("vector", positions.ravel())
     model.data.update_tag()
     model.matrix_world = PLACEMENT  # moves the model in the scene, not within it
+    bpy.context.view_layer.objects.active = model
+    op("add_crop_box")  # around the points, which it crops (as the object's crop modifier shows them)
+    box = bpy.context.view_layer.objects.active
     bpy.context.view_layer.update()
+    shown = addon().scene.native.positions(model.evaluated_get(bpy.context.evaluated_depsgraph_get()).data)
+    np.save(out / "shown.npy", shown)
     edited = splats.edited_native_object(bpy.context, session)
-    result.update(edited=edited.name if edited is not None else None, edited_points=len(model.data.points))
+    result.update(edited=edited.name if edited is not None else None, edited_points=len(model.data.points),
+                  shown=str(out / "shown.npy"))
     seen = []  # (state, step, Gaussians) of the backend's status while it trains
 
     def finished() -> bool:
@@ -49,6 +55,8 @@ def run(zip_path: Path, workdir: Path, session: str, out: Path, python: str) -> 
     wait_for(finished, "training", 120)
     status = live.backend.status
     wait_for(lambda: model.get("splatwright_step") == status["step"], "the object to follow the model", 30)
+    bpy.data.objects.remove(box)  # its crop modifier then keeps every point
+    bpy.context.view_layer.update()
     result.update(seen=seen, finished=dict(status), followed_points=len(model.data.points),
                   edited_after_following=splats.edited_native_object(bpy.context, session) is not None,
                   errors=live.backend.last_error)
