@@ -26,8 +26,8 @@ from ..scene.addon import prefs
 from ..scene.colmap import imported_model, session_name, training_photos, world_points
 from ..scene.reading import capture_size
 from ..scene.session import cannot_send, has_model, send_to_session, set_status
-from ..scene.splats import (CENTRE_KEY, FINGERPRINT_KEY, SESSION_KEY, add_model_object, add_native_object,
-                            edited_native_object, splat_objects)
+from ..scene.following import edited_object
+from ..scene.splats import CENTRE_KEY, FINGERPRINT_KEY, SESSION_KEY, add_model_object, add_native_object, splat_objects
 
 
 class Guarded:
@@ -99,14 +99,14 @@ def connect(context) -> None:
 def start_training(context, fresh: bool) -> None:
     """Train the open session with the scene's settings: from scratch (`fresh`) or on from its model, which is what
     the session's native splat object shows where it was edited in Blender (points deleted, moved or cropped:
-    splats.edited_native_object), sent in the session's model space. The time left starts at the device's
+    following.edited_object), sent in the session's model space. The time left starts at the device's
     estimate per step and follows the measured steps from there. SplatwrightError where the edited object cannot
     be trained from."""
     scene = context.scene
     fields = training_fields(scene.splatwright, fresh=fresh, native_splats=native.available())
     edited = None
     if not fresh and native.available() and has_model():
-        edited = edited_native_object(context, live.backend.status["session"])
+        edited = edited_object(context, live.backend.status["session"])
     if edited is not None:
         attributes = native.shown_attributes(context, edited)  # on the main thread: only bpy reads them
         if not len(attributes[POSITION]):

@@ -1,6 +1,7 @@
 """Native splat objects follow their session's model: while the session is open, a timer asks the backend for
 the model whenever its training step moved on (at most once every REFRESH_SECONDS), and writes it into each
-object of that session, one attribute a timer tick, so that no tick holds Blender's main thread long."""
+object of that session, one attribute a timer tick, so that no tick holds Blender's main thread long. Each object
+keeps a fingerprint of the points written into it, which tells where a user edited it since (edited_object)."""
 from __future__ import annotations
 
 import time
@@ -13,7 +14,7 @@ from ..core.splats import read_motion_ply_bytes
 from ..logic.native import POSITION, fingerprint, native_attributes
 from . import live, native
 from .session import nothing_to_show
-from .splats import CENTRE_KEY, FINGERPRINT_KEY, SESSION_KEY, STEP_KEY
+from .splats import CENTRE_KEY, FINGERPRINT_KEY, SESSION_KEY, STEP_KEY, active_model, splat_objects
 
 REFRESH = "native_refresh"  # the worker job that fetches the model
 REFRESH_SECONDS = 1.0  # the least time from one refresh's start to the next
@@ -75,6 +76,26 @@ def follow() -> float:
         return ""
     b.call(REFRESH, fetch, fetched)
     return IDLE_SECONDS
+
+
+def edited_object(context, session: str):
+    """The static native splat object of session `session` in the scene whose points, as Blender evaluates them,
+    differ from the model last written into it (FINGERPRINT_KEY): points deleted or moved in Edit Mode, cropped by
+    its crop box, changed by a modifier. An object that a refresh is writing is not edited, only half written.
+    None where none is; where several are, the active one, and without one of them active SplatwrightError saying
+    to choose."""
+    depsgraph, writing = context.evaluated_depsgraph_get(), {name for name, *_ in _writes}
+    edited = [o for o in splat_objects(context.scene)
+              if o.type == "POINTCLOUD" and o[SESSION_KEY] == session and FINGERPRINT_KEY in o
+              and o.name not in writing and not native.moving(o.data)
+              and fingerprint(native.positions(o.evaluated_get(depsgraph).data)) != o[FINGERPRINT_KEY]]
+    if len(edited) > 1:
+        active = active_model(context)
+        if active not in edited:
+            raise SplatwrightError(f"{', '.join(o.name for o in edited)} all hold edits of session {session}'s "
+                                   "model; select the one to continue training from")
+        return active
+    return edited[0] if edited else None
 
 
 def written(obj, attributes):

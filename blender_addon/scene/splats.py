@@ -15,7 +15,6 @@ import bpy
 import numpy as np
 
 from ..core.cameras import Camera
-from ..core.errors import SplatwrightError
 from ..logic.dataset import frame_time
 from ..logic.native import POSITION, fingerprint
 from ..logic.placement import camera_in_model, crop_matrix, model_bounds, model_to_world
@@ -78,25 +77,6 @@ def active_model(context):
     if obj is not None and CROP_KEY in obj and obj.parent is not None:
         obj = obj.parent
     return obj if obj is not None and SESSION_KEY in obj else None
-
-
-def edited_native_object(context, session: str):
-    """The static native splat object of session `session` in the scene whose points, as Blender evaluates them,
-    differ from the model last written into it (FINGERPRINT_KEY): points deleted or moved in Edit Mode, cropped by
-    its crop box, changed by a modifier. None where none does; where several do, the active one, and without one
-    of them active SplatwrightError saying to choose."""
-    depsgraph = context.evaluated_depsgraph_get()
-    edited = [o for o in splat_objects(context.scene)
-              if o.type == "POINTCLOUD" and o[SESSION_KEY] == session and FINGERPRINT_KEY in o
-              and not native.moving(o.data)
-              and fingerprint(native.positions(o.evaluated_get(depsgraph).data)) != o[FINGERPRINT_KEY]]
-    if len(edited) > 1:
-        active = active_model(context)
-        if active not in edited:
-            raise SplatwrightError(f"{', '.join(o.name for o in edited)} all hold edits of session {session}'s "
-                                   "model; select the one to continue training from")
-        return active
-    return edited[0] if edited else None
 
 
 def add_crop_box(view_layer, obj):

@@ -26,9 +26,9 @@ PLACEMENT = Matrix.Translation((0.5, -0.3, 0.2)) @ Euler((0.2, 0.1, 0.7)).to_mat
 
 def run(zip_path: Path, workdir: Path, session: str, out: Path, python: str) -> dict:
     scene, live, model = placed_model(zip_path, workdir, session, python)
-    splats = addon().scene.splats
+    following = addon().scene.following
     result = {"points": len(model.data.points), "step": live.backend.status["step"],
-              "edited_as_added": splats.edited_native_object(bpy.context, session) is not None}
+              "edited_as_added": following.edited_object(bpy.context, session) is not None}
     delete_last_points(model, DELETED)
     positions = addon().scene.native.positions(model.data)
     positions[:MOVED] += np.array(SHIFT, np.float32)
@@ -41,7 +41,7 @@ def run(zip_path: Path, workdir: Path, session: str, out: Path, python: str) -> 
     bpy.context.view_layer.update()
     shown = addon().scene.native.positions(model.evaluated_get(bpy.context.evaluated_depsgraph_get()).data)
     np.save(out / "shown.npy", shown)
-    edited = splats.edited_native_object(bpy.context, session)
+    edited = following.edited_object(bpy.context, session)
     result.update(edited=edited.name if edited is not None else None, edited_points=len(model.data.points),
                   shown=str(out / "shown.npy"))
     seen = []  # (state, step, Gaussians) of the backend's status while it trains
@@ -58,7 +58,7 @@ def run(zip_path: Path, workdir: Path, session: str, out: Path, python: str) -> 
     bpy.data.objects.remove(box)  # its crop modifier then keeps every point
     bpy.context.view_layer.update()
     result.update(seen=seen, finished=dict(status), followed_points=len(model.data.points),
-                  edited_after_following=splats.edited_native_object(bpy.context, session) is not None,
+                  edited_after_following=following.edited_object(bpy.context, session) is not None,
                   errors=live.backend.last_error)
     stop_and_disable()
     result.update(reports=blender_reports.lines)
