@@ -22,6 +22,7 @@ from blender_addon.core.client import Client, PendingReply, RemoteError
 from blender_addon.core.protocol import REQUESTS, SERVER_MESSAGES, Message
 from backend.render import render
 from backend.service.engine import Engine
+from backend.service.limits import Limits
 from backend.service.server import Server
 from helpers import ROOT
 
@@ -62,9 +63,9 @@ class ServerProcess:
 
 
 @contextlib.contextmanager
-def serving(workdir: Path, device: str = "cpu", rasterizer: str = "reference"):
+def serving(workdir: Path, device: str = "cpu", rasterizer: str = "reference", limits: Limits = Limits()):
     """A client of a server in this process (where a test can patch what it runs), stopped on leaving."""
-    server = Server(Engine(workdir, device, rasterizer))
+    server = Server(Engine(workdir, device, rasterizer, limits))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

@@ -41,8 +41,9 @@ def second_model() -> Gaussians:
     return g
 
 
-def trained_session(workdir: Path, model: Gaussians, name: str = SESSION) -> str:
-    """A backend session in `workdir` whose checkpoint holds `model`, as training leaves one (two small views)."""
+def trained_session(workdir: Path, model: Gaussians, name: str = SESSION, iterations: int = 1) -> str:
+    """A backend session in `workdir` whose checkpoint holds `model` at step 1 of `iterations`, as training leaves
+    one (two small views): finished, or with steps left to continue."""
     from backend.service.session import Session
     from backend.train import TrainConfig, Trainer
     workdir.mkdir(parents=True, exist_ok=True)
@@ -51,7 +52,7 @@ def trained_session(workdir: Path, model: Gaussians, name: str = SESSION) -> str
         with torch.no_grad():
             image = render(model, cam, model.max_sh_degree, BACKGROUND).image.clamp(0, 1)
         session.add_view(cam, (image.numpy() * 255 + 0.5).astype(np.uint8), f"view_{i}")
-    cfg = TrainConfig(iterations=1, sh_degree=model.max_sh_degree, sh_interval=1, background=BACKGROUND,
+    cfg = TrainConfig(iterations=iterations, sh_degree=model.max_sh_degree, sh_interval=1, background=BACKGROUND,
                       dynamic=isinstance(model, DynamicGaussians))
     trainer = Trainer(session.dataset(BACKGROUND), cfg, "cpu", model.detached())
     trainer.step = 1  # past the SH schedule: the full degree shows

@@ -9,7 +9,8 @@ import torch
 
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.splats import read_ply_bytes
-from blender_addon.logic.native import BASE, POSITION, ROTATION, SCALE, from_attributes, sh_attribute, to_attributes
+from blender_addon.logic.native import (BASE, POSITION, ROTATION, SCALE, fingerprint, from_attributes, sh_attribute,
+                                        to_attributes)
 from backend.formats.ply import encode_ply
 from helpers import random_gaussians
 
@@ -57,6 +58,16 @@ def test_a_native_objects_attributes_give_the_model_back():
     np.testing.assert_allclose(back.log_scales, model.log_scales, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(back.opacity_logits, model.opacity_logits, rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(back.sh_rest, model.sh_rest)
+
+
+def test_a_native_objects_fingerprint_tells_its_edits_from_what_was_written():
+    """Points read back as they were written match; deleting, moving or cropping one does not."""
+    written = to_attributes(read_ply_bytes(encode_ply(random_gaussians(40, seed=7, sh_degree=1))))[POSITION]
+    moved = written.copy()
+    moved[3, 0] += 1e-6
+    assert fingerprint(written.copy()) == fingerprint(written)
+    assert len({fingerprint(written), fingerprint(written[:-1]), fingerprint(written[1:]), fingerprint(moved),
+                fingerprint(written[::-1])}) == 5
 
 
 def dynamic_model():

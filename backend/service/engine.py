@@ -12,6 +12,7 @@ import numpy as np
 from blender_addon.core import protocol
 from blender_addon.core.cameras import Camera
 from blender_addon.core.errors import SplatwrightError
+from ..formats.ply import read_ply
 from ..policy import system_report
 from .exports import Exports
 from .frames import view_rgb
@@ -128,8 +129,11 @@ class Engine:
 
     # ---- training (training.py) ----
 
-    def start_training(self, fields: dict) -> dict:
-        return self.training.start(fields)
+    def start_training(self, fields: dict, model: bytes = b"") -> dict:
+        """Start or continue training; `model`, a 3DGS PLY (read against the budget of every upload), replaces the
+        session's model that training continues from."""
+        sent = read_ply(bytes(model), "the model to continue from", self.limits.budget()) if model else None
+        return self.training.start(fields, sent)
 
     def resume(self) -> dict:
         return self.training.resume()

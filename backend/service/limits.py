@@ -22,7 +22,7 @@ class Limits:
     render_pixels: int = _limit(4096 * 4096, "pixels of one rendered frame")
     points: int = _limit(2_000_000, "initial points or random initial Gaussians of a session")
     model_splats: int = _limit(MAX_MODEL_SPLATS, "Gaussians of a model read from a file (an import, or a model sent "
-                                                 "to convert)")
+                                                 "to convert or to continue training from)")
     queued_renders: int = _limit(64, "renders one connection may have waiting over all its streams (a stream keeps "
                                      "only its newest one waiting)")
     imported_sessions: int = _limit(32, "imported models' sessions kept in the sessions folder")

@@ -193,7 +193,7 @@ class Server:
             "status": lambda m: (self.engine.status(), b""),
             "open_session": lambda m: (self.engine.open_session(m.fields["name"], m.fields["create"]), b""),
             "add_view": self._add_view, "set_points": self._set_points,
-            "start_training": lambda m: (self.engine.start_training(m.fields), b""),
+            "start_training": lambda m: (self.engine.start_training(m.fields, m.payload), b""),
             "pause": lambda m: (self.engine.pause(), b""), "resume": lambda m: (self.engine.resume(), b""),
             "stop": lambda m: (self.engine.stop(), b""),
             "export_ply": lambda m: self.engine.export_ply(m.fields["name"], m.fields["model"], m.fields["crop"],

@@ -125,11 +125,11 @@ class Training:
 
     # ---- requests ----
 
-    def start(self, fields: dict) -> dict:
-        """Start, or continue the session's trainer (in memory or its checkpoint) unless `fresh`. Returns at
-        once: the trainer is set up (views, initial Gaussians or the checkpoint) on the training thread, and a
-        state event follows once it is ready. With `fresh`, the session's checkpoint stays until the new run
-        writes its own."""
+    def start(self, fields: dict, model: Gaussians | None = None) -> dict:
+        """Start, or continue the session's trainer (in memory or its checkpoint) unless `fresh`; with `model`,
+        continue from it instead of the trainer's own model (continuing_from). Returns at once: the trainer is set
+        up (views, initial Gaussians or the checkpoint) on the training thread, and a state event follows once it
+        is ready. With `fresh`, the session's checkpoint stays until the new run writes its own."""
         shown = self.shown
         session = shown.require_session()
         settings = {name: fields[name] for name in TRAINING.fields}
@@ -139,17 +139,26 @@ class Training:
                                        "or stop instead")
         if not session.cameras:
             raise SplatwrightError("the session has no views yet; add views before starting training")
+        if model is not None and fields["fresh"]:
+            raise SplatwrightError("a model sent with start_training is continued from, and fresh starts over "
+                                   "without it; send it without fresh")
+        if model is not None and any(t is not None for t in session.times):
+            raise SplatwrightError(f"session {session.name!r} trains a 4D model (its views have times), and a model "
+                                   "sent to continue from is static; continue without it, or start over")
         self.limits.check("points", settings["init_points"] or 0, "init_points")
         with shown.lock:
             if fields["fresh"]:
                 shown.trainer = None
             continued = shown.trainer is not None or (not fields["fresh"] and session.checkpoint_path.is_file())
+            if model is not None and not continued:
+                raise SplatwrightError(f"session {session.name!r} has no trained model for the model sent to "
+                                       "replace; train it first, or start without a model")
             self._check_unfinished()
             shown.viewed = None
             session.save_settings(settings)
         self.settings = settings
-        if shown.trainer is not None or continued:
-            self._launch_continued()
+        if continued:
+            self._launch_continued(model)
         else:
             self.run_checkpointed = False
             config = make_config(self.device, self.rasterizer, settings)
@@ -258,10 +267,16 @@ class Training:
         cfg = replace(TrainConfig.from_dict(state["config"]), rasterizer=self.rasterizer)
         return Trainer.from_checkpoint(session.dataset(cfg.background, views), state, self.device, cfg)
 
-    def _launch_continued(self) -> None:
-        """Train on from the trainer in memory, or else from the session's checkpoint."""
-        if self.shown.trainer is None:
+    def _launch_continued(self, model: Gaussians | None = None) -> None:
+        """Train on from the trainer in memory, or else from the session's checkpoint; with `model`, their run
+        goes on from that model (continuing_from)."""
+        trainer = self.shown.trainer
+        if trainer is None:
             self.run_checkpointed = True
+        if model is not None:
+            self._launch(lambda: continuing_from(trainer if trainer is not None else self._trainer_from_checkpoint(),
+                                                 model))
+        elif trainer is None:
             self._launch(self._trainer_from_checkpoint)
         else:
             self._launch(None)
@@ -407,6 +422,20 @@ class Training:
         if self.device == "cuda":
             event["gpu_memory_mb"] = round(torch.cuda.memory_allocated() / 2**20, 1)
         return event
+
+
+def continuing_from(trainer: Trainer, model: Gaussians) -> Trainer:
+    """A static `trainer`'s run going on from `model` (such as the trainer's model as a user edited it: points
+    deleted, moved, cropped) instead of its own: the same views, configuration, step, training time and random
+    state, so the learning rates, the SH degree and densification go on where they were. The model's rows need not
+    match the old model's, so Adam's moments and step counts start at zero, as for a new model, and so do the
+    densification statistics (the next densification counts the steps since)."""
+    replaced = Trainer(trainer.data, trainer.cfg, trainer.device, model)
+    replaced.step, replaced.train_seconds = trainer.step, trainer.train_seconds
+    replaced.checkpointed_at = trainer.checkpointed_at
+    replaced.generator.set_state(trainer.generator.get_state())
+    replaced.note = trainer.note
+    return replaced
 
 
 def _finite_or_none(x: float) -> float | None:

@@ -28,6 +28,7 @@ from .schema import (MAX_TEXT_CHARS, AnyObject, Bool, Fields, Float, Int, Kind, 
                      optional)
 from .settings import BACKGROUND, TRAINING, default
 
+# 16: start_training's payload, a model to continue from that replaces the session's;
 # 15: export_ply's `motion` (a 4D model's parameters and motion, for Blender's own splats); 14: convert_model's placement may be any invertible affine map; 13: status's `rendered` (the frames the server has rendered and answered); 12: convert_model (a model the client
 # holds, as a file of another format); 11: start_training's image_formation (a training setting, so status's
 # settings hold it too); 10: load_ply keeps the file in a new session, which opens (its reply names it); status's
@@ -37,7 +38,7 @@ from .settings import BACKGROUND, TRAINING, default
 # writes one (*.pt); status, render and export_ply say whether the model is 4D; 6: render streams; 5: render and
 # export_ply name a session's saved model and a crop box, export_ply a placement; 4: load_ply and export_ply name
 # their files (the splat format); 3: warning events; 2: replies and events declared and checked by the client
-PROTOCOL_VERSION = 15
+PROTOCOL_VERSION = 16
 DEFAULT_PORT = 7380  # where `serve` listens and the add-on looks for a remote backend, unless told otherwise
 MAGIC = b"SPW\x00"
 PREFIX = struct.Struct(">4sI")  # magic, header length
@@ -186,8 +187,12 @@ REQUESTS: dict[str, MessageSpec] = {
                                                  "one trains a 4D model; null: a static scene")),
                             MAX_IMAGE_BYTES),
     "set_points": MessageSpec(Fields(count=Int(1, MAX_POINTS)), MAX_POINTS * 15),
+    # Payload (optional): a model to continue from (a 3DGS PLY of the official layout, core/splats.py), such as what
+    # an edited native splat object shows, in the session's model space. It replaces the session's trained model
+    # (in memory or its checkpoint), which must be static: the step, schedule and random state go on, and Adam's
+    # moments and the densification statistics start at zero for it. Not with `fresh`.
     "start_training": MessageSpec(TRAINING.extended(
-        fresh=optional(Bool(), False, "ignore the session's checkpoint and start over"))),
+        fresh=optional(Bool(), False, "ignore the session's checkpoint and start over")), MAX_PAYLOAD_BYTES),
     "pause": MessageSpec(),
     "resume": MessageSpec(),
     "stop": MessageSpec(),

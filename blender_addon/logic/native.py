@@ -8,6 +8,7 @@ time centre in those attributes, and its motion in MOTION_ATTRIBUTES, which scen
 frame exactly as DynamicGaussians.at does (motion_at here is that evaluation in numpy, the one its tests check)."""
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -92,6 +93,15 @@ def motion_attributes(model: SplatArrays, motion: dict[str, np.ndarray], origin=
 def native_attributes(model: SplatArrays, motion: dict[str, np.ndarray] | None, origin=(0.0, 0.0, 0.0)):
     """The attributes of a static model (`motion` None) or of a 4D one (core/splats.read_motion_ply_bytes)."""
     return to_attributes(model, origin) if motion is None else motion_attributes(model, motion, origin)
+
+
+def fingerprint(positions: np.ndarray) -> str:
+    """What tells the points of a native splat object apart from those written into it: their count and a hash of
+    their positions (float32, in order). Deleting, moving or cropping points changes it; so does a modifier that
+    moves or removes points. Hashing 1M points' positions takes about 25 ms (two CPU cores); they are a
+    twentieth of the floats of a model of SH degree 3, which is read only once it differs."""
+    values = np.ascontiguousarray(positions, np.float32)
+    return f"{len(values)}:{hashlib.blake2b(values.data, digest_size=16).hexdigest()}"
 
 
 def opacity_at(time: float, opacity, time_centers, time_precisions) -> np.ndarray:

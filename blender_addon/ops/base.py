@@ -7,16 +7,17 @@ from __future__ import annotations
 
 from typing import Callable
 
+import bpy
 from bpy.types import Context, Operator
 
 from pathlib import Path
 
 from ..core.errors import SplatwrightError
 from ..core.points import POINTS_FILE
-from ..core.splats import read_motion_ply_bytes, read_ply_bytes
+from ..core.splats import encode_ply_bytes, read_motion_ply_bytes, read_ply_bytes
 from ..logic.dataset import training_views
 from ..logic.defaults import training_seconds
-from ..logic.native import native_attributes
+from ..logic.native import POSITION, fingerprint, from_attributes, native_attributes
 from ..logic.placement import model_bounds
 from ..logic.training import training_fields
 from ..render import composite
@@ -24,8 +25,9 @@ from ..scene import live, native
 from ..scene.addon import prefs
 from ..scene.colmap import imported_model, session_name, training_photos, world_points
 from ..scene.reading import capture_size
-from ..scene.session import cannot_send, send_to_session, set_status
-from ..scene.splats import SESSION_KEY, add_model_object, add_native_object, splat_objects
+from ..scene.session import cannot_send, has_model, send_to_session, set_status
+from ..scene.following import edited_object
+from ..scene.splats import CENTRE_KEY, FINGERPRINT_KEY, SESSION_KEY, add_model_object, add_native_object, splat_objects
 
 
 class Guarded:
@@ -95,20 +97,48 @@ def connect(context) -> None:
 
 
 def start_training(context, fresh: bool) -> None:
-    """Train the open session with the scene's settings: from scratch (`fresh`) or on from its model. The time
-    left starts at the device's estimate per step and follows the measured steps from there."""
+    """Train the open session with the scene's settings: from scratch (`fresh`) or on from its model, which is what
+    the session's native splat object shows where it was edited in Blender (points deleted, moved or cropped:
+    following.edited_object), sent in the session's model space. The time left starts at the device's
+    estimate per step and follows the measured steps from there. SplatwrightError where the edited object cannot
+    be trained from."""
     scene = context.scene
     fields = training_fields(scene.splatwright, fresh=fresh, native_splats=native.available())
+    edited = None
+    if not fresh and native.available() and has_model():
+        edited = edited_object(context, live.backend.status["session"])
+    if edited is not None:
+        attributes = native.shown_attributes(context, edited)  # on the main thread: only bpy reads them
+        if not len(attributes[POSITION]):
+            raise SplatwrightError(f"{edited.name} shows no splats to continue training from; undo the deletion or "
+                                   "move its crop box, or start over")
     width, height = capture_size(scene)
     live.backend.clock.reset(training_seconds(live.backend.capabilities.get("device"), 1, width, height))
     live.backend.progress = {}
-    live.backend.call("start_training", lambda c: c.call("start_training", **fields), training_started)
+    if edited is None:
+        live.backend.call("start_training", lambda c: c.call("start_training", **fields), training_started)
+        return
+    name, centre = edited.name, tuple(edited[CENTRE_KEY])
+
+    def start(client):  # on the worker: its points are relative to the model's point at its origin, the centre
+        model = encode_ply_bytes(from_attributes(attributes, centre))
+        return client.request("start_training", fields, model).fields, fingerprint(attributes[POSITION])
+
+    def started(result) -> str:
+        reply, shown = result
+        obj = bpy.data.objects.get(name)
+        if obj is not None:
+            obj[FINGERPRINT_KEY] = shown  # what it shows is what training continues from: not an edit any more
+        return training_started(reply, f"the edited object {name} ({len(attributes[POSITION]):,} points)")
+    live.backend.call("start_training", start, started)
 
 
-def training_started(reply: dict) -> str:
+def training_started(reply: dict, source: str = "") -> str:
+    """The report of start_training's `reply`; `source`: the model sent to continue from, which it names."""
     status = {k: v for k, v in reply.items() if k != "continued"}
     set_status(status)
-    how = f"continues from step {status['step']}" if reply["continued"] else "starts from scratch"
+    how = f"continues from {source}" if source else \
+        f"continues from step {status['step']}" if reply["continued"] else "starts from scratch"
     return f"training {how} in session {status['session']}"
 
 

@@ -164,19 +164,10 @@ class SPLATWRIGHT_OT_export_splats(Guarded, Operator, ExportHelper):
             except SplatwrightError as e:
                 self.report({"ERROR"}, str(e))
                 return {"CANCELLED"}
-        shown = from_attributes(shown_attributes(context, obj, self.cropped))
+        shown = from_attributes(native.shown_attributes(context, obj, self.cropped))
         return write_file(path, "convert_model", {"name": path.name, "placement": placement},
                           lambda: encode_ply_bytes(shown),
                           lambda reply: f"the {reply['gaussians']} Gaussians {obj.name} shows")
-
-
-def shown_attributes(context, obj, cropped: bool = True) -> dict:
-    """The attributes of what native splat object `obj` shows, as Blender evaluates it (edits and modifiers
-    included); without its crop box unless `cropped`."""
-    if cropped:
-        return native.read(obj.evaluated_get(context.evaluated_depsgraph_get()).data)
-    with native.uncropped(obj):
-        return native.read(obj.evaluated_get(context.evaluated_depsgraph_get()).data)
 
 
 def write_file(path: Path, request: str, fields: dict, payload, what) -> set:

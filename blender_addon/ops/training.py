@@ -3,6 +3,7 @@ import bpy
 from bpy.props import EnumProperty
 from bpy.types import Operator
 
+from ..core.errors import SplatwrightError
 from ..scene import live
 from ..scene.session import has_model, not_connected, set_status, training_runs, training_state
 from .base import Guarded, button, start_training
@@ -15,7 +16,8 @@ class SPLATWRIGHT_OT_train_start(Guarded, Operator):
     bl_label = "Start Training"
 
     start: EnumProperty(name="Trained Model", default="CONTINUE", items=[
-        ("CONTINUE", "Continue From It", "Train on from the session's model (as far as its schedule goes)"),
+        ("CONTINUE", "Continue From It", "Train on from the session's model (as far as its schedule goes), as its "
+                                         "splat object shows it where it was edited in Blender"),
         ("OVER", "Start Over", "Train a new model with these settings; the old one is kept on disk until the "
                                "new one's first checkpoint")])
 
@@ -39,7 +41,11 @@ class SPLATWRIGHT_OT_train_start(Guarded, Operator):
         layout.prop(self, "start", expand=True)
 
     def execute(self, context):
-        start_training(context, fresh=self.start == "OVER")
+        try:
+            start_training(context, fresh=self.start == "OVER")
+        except SplatwrightError as e:
+            self.report({"ERROR"}, str(e))
+            return {"CANCELLED"}
         return {"FINISHED"}
 
 

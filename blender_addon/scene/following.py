@@ -1,6 +1,7 @@
 """Native splat objects follow their session's model: while the session is open, a timer asks the backend for
 the model whenever its training step moved on (at most once every REFRESH_SECONDS), and writes it into each
-object of that session, one attribute a timer tick, so that no tick holds Blender's main thread long."""
+object of that session, one attribute a timer tick, so that no tick holds Blender's main thread long. Each object
+keeps a fingerprint of the points written into it, which tells where a user edited it since (edited_object)."""
 from __future__ import annotations
 
 import time
@@ -10,16 +11,16 @@ import bpy
 from ..core.client import RemoteError
 from ..core.errors import SplatwrightError
 from ..core.splats import read_motion_ply_bytes
-from ..logic.native import POSITION, native_attributes
+from ..logic.native import POSITION, fingerprint, native_attributes
 from . import live, native
 from .session import nothing_to_show
-from .splats import CENTRE_KEY, SESSION_KEY, STEP_KEY
+from .splats import CENTRE_KEY, FINGERPRINT_KEY, SESSION_KEY, STEP_KEY, active_model, splat_objects
 
 REFRESH = "native_refresh"  # the worker job that fetches the model
 REFRESH_SECONDS = 1.0  # the least time from one refresh's start to the next
 IDLE_SECONDS = 0.25  # between looks while nothing is to be written
 
-_writes: list = []  # (object name, writing() steps, step) still under way
+_writes: list = []  # (object name, writing() steps, step, fingerprint of the positions written) still under way
 _last_refresh = 0.0
 _failed: set = set()  # (session, step) whose model could not be fetched: not asked for again, reported once
 
@@ -33,13 +34,13 @@ def follow() -> float:
     """The timer: advance a write by one attribute, or start a refresh where a model moved on."""
     global _last_refresh
     if _writes:
-        name, steps, step = _writes[0]
+        name, steps, step, written_positions = _writes[0]
         obj = bpy.data.objects.get(name)
         try:
             if obj is None or next(steps, StopIteration) is StopIteration:
                 _writes.pop(0)
                 if obj is not None:
-                    obj[STEP_KEY] = step
+                    obj[STEP_KEY], obj[FINGERPRINT_KEY] = step, written_positions
         except (ReferenceError, RuntimeError):  # the object or its data went away meanwhile
             _writes.pop(0)
         return 0.0
@@ -52,13 +53,15 @@ def follow() -> float:
     _last_refresh = time.monotonic()
     centres = {o.name: tuple(o[CENTRE_KEY]) for o in stale}
 
-    def fetch(client):  # on the worker: the model, and each object's attributes of it
+    def fetch(client):  # on the worker: the model, and each object's attributes of it with their fingerprint
         try:
             reply = client.request("export_ply", {"motion": True})
             model, motion = read_motion_ply_bytes(reply.payload, f"the model of session {session}")
         except (RemoteError, SplatwrightError) as e:
             return e
-        return reply.fields["step"], {name: native_attributes(model, motion, centre) for name, centre in centres.items()}
+        attributes = {name: native_attributes(model, motion, centre) for name, centre in centres.items()}
+        return reply.fields["step"], {name: (values, fingerprint(values[POSITION]))
+                                      for name, values in attributes.items()}
 
     def fetched(result) -> str:
         if isinstance(result, Exception):  # said once; the objects keep the model they hold
@@ -66,13 +69,33 @@ def follow() -> float:
             live.report("WARNING", f"the splat objects of session {session} keep their model: {result}")
             return ""
         fetched_step, attributes = result
-        for name, values in attributes.items():
+        for name, (values, written_positions) in attributes.items():
             obj = bpy.data.objects.get(name)
             if obj is not None:
-                _writes.append((name, written(obj, values), fetched_step))
+                _writes.append((name, written(obj, values), fetched_step, written_positions))
         return ""
     b.call(REFRESH, fetch, fetched)
     return IDLE_SECONDS
+
+
+def edited_object(context, session: str):
+    """The static native splat object of session `session` in the scene whose points, as Blender evaluates them,
+    differ from the model last written into it (FINGERPRINT_KEY): points deleted or moved in Edit Mode, cropped by
+    its crop box, changed by a modifier. An object that a refresh is writing is not edited, only half written.
+    None where none is; where several are, the active one, and without one of them active SplatwrightError saying
+    to choose."""
+    depsgraph, writing = context.evaluated_depsgraph_get(), {name for name, *_ in _writes}
+    edited = [o for o in splat_objects(context.scene)
+              if o.type == "POINTCLOUD" and o[SESSION_KEY] == session and FINGERPRINT_KEY in o
+              and o.name not in writing and not native.moving(o.data)
+              and fingerprint(native.positions(o.evaluated_get(depsgraph).data)) != o[FINGERPRINT_KEY]]
+    if len(edited) > 1:
+        active = active_model(context)
+        if active not in edited:
+            raise SplatwrightError(f"{', '.join(o.name for o in edited)} all hold edits of session {session}'s "
+                                   "model; select the one to continue training from")
+        return active
+    return edited[0] if edited else None
 
 
 def written(obj, attributes):

@@ -71,6 +71,15 @@ def read(cloud) -> dict[str, np.ndarray]:
     return attributes
 
 
+def shown_attributes(context, obj, cropped: bool = True) -> dict[str, np.ndarray]:
+    """The attributes of what native splat object `obj` shows, as Blender evaluates it (edits and modifiers
+    included); without its crop box unless `cropped`."""
+    if cropped:
+        return read(obj.evaluated_get(context.evaluated_depsgraph_get()).data)
+    with uncropped(obj):
+        return read(obj.evaluated_get(context.evaluated_depsgraph_get()).data)
+
+
 # ---- the crop box: a Geometry Nodes modifier that keeps the points inside a box ----
 
 CROP_MODIFIER = "Splatwright Crop"  # the modifier's name, and its node group's

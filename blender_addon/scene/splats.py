@@ -16,12 +16,16 @@ import numpy as np
 
 from ..core.cameras import Camera
 from ..logic.dataset import frame_time
+from ..logic.native import POSITION, fingerprint
 from ..logic.placement import camera_in_model, crop_matrix, model_bounds, model_to_world
 from . import native
 
 SESSION_KEY = "splatwright_session"  # the session whose model the object places
 CENTRE_KEY = "splatwright_centre"  # the model-space point at the object's origin
 STEP_KEY = "splatwright_step"  # on a native splat object: the training step of the model it holds
+# On a native splat object: logic/native.fingerprint of the points last written into it (or sent from it to train
+# on), which its points as Blender evaluates them differ from once they are edited (hidden in the UI: a leading _).
+FINGERPRINT_KEY = "_splatwright_fingerprint"
 CROP_KEY = "splatwright_crop_box"  # on a cube-shaped Empty parented to a model object: the box it is cropped to
 
 
@@ -121,7 +125,7 @@ def add_native_object(view_layer, collection, session: str, attributes: dict, st
     cloud = bpy.data.pointclouds.new(session)
     native.write(cloud, attributes)
     obj = bpy.data.objects.new(session, cloud)
-    obj[STEP_KEY] = step
+    obj[STEP_KEY], obj[FINGERPRINT_KEY] = step, fingerprint(attributes[POSITION])
     return placed_at_centre(view_layer, collection, obj, session, (0.0, 0.0, 0.0))
 
 

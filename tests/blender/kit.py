@@ -240,6 +240,18 @@ def placed_model(zip_path: Path, workdir: Path, session: str, python: str):
     return scene, live, bpy.data.objects[session]
 
 
+def delete_last_points(model, count: int) -> None:
+    """Delete native splat object `model`'s last `count` points in Edit Mode, as a user would."""
+    bpy.context.view_layer.objects.active = model
+    bpy.ops.object.mode_set(mode="EDIT")
+    cloud = model.data
+    selection = cloud.attributes.get(".selection") or cloud.attributes.new(".selection", "BOOLEAN", "POINT")
+    n = len(cloud.points)
+    selection.data.foreach_set("value", [i >= n - count for i in range(n)])
+    bpy.ops.pointcloud.delete()
+    bpy.ops.object.mode_set(mode="OBJECT")
+
+
 def report(result_of) -> int:
     """Print what `result_of()` returns, or how it failed (also where the add-on used a deprecated API), on the
     line the pytest side reads."""

@@ -18,8 +18,8 @@ import bpy
 import numpy as np
 from mathutils import Euler, Matrix, Vector
 
-from blender.kit import (addon, blender_reports, drawn_buttons, op, placed_model, session_scenario, stop_and_disable,
-                         wait_for)
+from blender.kit import (addon, blender_reports, delete_last_points, drawn_buttons, op, placed_model,
+                         session_scenario, stop_and_disable, wait_for)
 
 PLACEMENT = Matrix.Translation((0.4, -0.2, 0.3)) @ Euler((0.3, -0.2, 0.9)).to_matrix().to_4x4() @ Matrix.Scale(1.5, 4)
 KEPT = 200  # the points left after "deleting" the rest
@@ -59,18 +59,6 @@ def positions_file(obj, path: Path) -> str:
     """The positions of the points `obj` shows (as Blender evaluates it), kept for pytest."""
     np.save(path, addon().scene.native.positions(obj.evaluated_get(bpy.context.evaluated_depsgraph_get()).data))
     return str(path)
-
-
-def delete_last_points(model, count: int) -> None:
-    """Delete `model`'s last `count` points in Edit Mode, as a user would."""
-    bpy.context.view_layer.objects.active = model
-    bpy.ops.object.mode_set(mode="EDIT")
-    cloud = model.data
-    selection = cloud.attributes.get(".selection") or cloud.attributes.new(".selection", "BOOLEAN", "POINT")
-    n = len(cloud.points)
-    selection.data.foreach_set("value", [i >= n - count for i in range(n)])
-    bpy.ops.pointcloud.delete()
-    bpy.ops.object.mode_set(mode="OBJECT")
 
 
 def crop(live, model, out: Path) -> dict:
