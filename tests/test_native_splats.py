@@ -9,8 +9,8 @@ import torch
 
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.splats import read_ply_bytes
-from blender_addon.logic.native import (BASE, POSITION, ROTATION, SCALE, fingerprint, from_attributes, sh_attribute,
-                                        to_attributes)
+from blender_addon.logic.native import (BASE, POSITION, REFRESH_SECONDS, REMOTE_REFRESH_SECONDS, ROTATION, SCALE,
+                                        fingerprint, from_attributes, refresh_interval, sh_attribute, to_attributes)
 from backend.formats.ply import encode_ply
 from helpers import random_gaussians
 
@@ -97,3 +97,10 @@ def test_a_4d_models_attributes_are_the_model_at_each_time():
     with pytest.raises(SplatwrightError, match="4D model"):
         read_ply_bytes(motion_ply_bytes(model, "standard"))
     assert read_motion_ply_bytes(encode_ply(model.at(0.0)))[1] is None
+
+
+def test_a_remote_backends_model_is_followed_seldom_while_it_trains_and_at_once_after():
+    assert refresh_interval(False, "training") == REFRESH_SECONDS
+    assert refresh_interval(True, "training") == REMOTE_REFRESH_SECONDS > 10 * REFRESH_SECONDS
+    for state in ("paused", "finished", "stopped", "idle"):
+        assert refresh_interval(True, state) == REFRESH_SECONDS

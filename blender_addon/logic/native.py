@@ -95,6 +95,18 @@ def native_attributes(model: SplatArrays, motion: dict[str, np.ndarray] | None, 
     return to_attributes(model, origin) if motion is None else motion_attributes(model, motion, origin)
 
 
+REFRESH_SECONDS = 1.0  # the least time from one refresh of a followed model to the next
+# A refresh moves the whole model (248 bytes a Gaussian at SH degree 3): 1M Gaussians take 20 s over 100 Mbit/s.
+# So while a remote backend trains, its model comes this seldom; once training pauses or ends, at once.
+REMOTE_REFRESH_SECONDS = 30.0
+
+
+def refresh_interval(remote: bool, state: str | None) -> float:
+    """The least seconds between two refreshes of the native objects that follow a session's model, its backend
+    remote or not, its training in `state`."""
+    return REMOTE_REFRESH_SECONDS if remote and state == "training" else REFRESH_SECONDS
+
+
 def fingerprint(positions: np.ndarray) -> str:
     """What tells the points of a native splat object apart from those written into it: their count and a hash of
     their positions (float32, in order). Deleting, moving or cropping points changes it; so does a modifier that

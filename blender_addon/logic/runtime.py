@@ -125,6 +125,7 @@ class Backend:
         self.server: LocalServer | None = None  # set by the worker; the main thread may kill it
         # State for the UI, read and written on the main thread only:
         self.connection = "disconnected"  # disconnected, connecting, connected, lost
+        self.remote = False  # the backend runs elsewhere: what comes from it crosses a network
         self.detail = ""  # why the connection is what it is
         self.capabilities: dict = {}
         self.status: dict = {}  # session, state, views, step, iterations, gaussians, checkpoint
@@ -176,6 +177,7 @@ class Backend:
         """Connect (starting a local backend); a backend with no session open then reopens session `reopen`
         and its checkpoint, as after a crash."""
         self.connection, self.detail, self._closing = "connecting", "", False
+        self.remote = settings.mode != "LOCAL"
         self._generation += 1
         generation = self._generation
         self._submit("connect", lambda: self._connect(settings, generation, reopen), self._connected)

@@ -1,5 +1,6 @@
 """Native splat objects follow their session's model: while the session is open, a timer asks the backend for
-the model whenever its training step moved on (at most once every REFRESH_SECONDS), and writes it into each
+the model whenever its training step moved on (as often as logic/native.refresh_interval says; a remote backend's
+refreshes report their size and time), and writes it into each
 object of that session, one attribute a timer tick, so that no tick holds Blender's main thread long. Each object
 keeps a fingerprint of the points written into it, which tells where a user edited it since (edited_object)."""
 from __future__ import annotations
@@ -11,13 +12,12 @@ import bpy
 from ..core.client import RemoteError
 from ..core.errors import SplatwrightError
 from ..core.splats import read_motion_ply_bytes
-from ..logic.native import POSITION, fingerprint, native_attributes
+from ..logic.native import POSITION, fingerprint, native_attributes, refresh_interval
 from . import live, native
 from .session import nothing_to_show
 from .splats import CENTRE_KEY, FINGERPRINT_KEY, SESSION_KEY, STEP_KEY, active_model, splat_objects
 
 REFRESH = "native_refresh"  # the worker job that fetches the model
-REFRESH_SECONDS = 1.0  # the least time from one refresh's start to the next
 IDLE_SECONDS = 0.25  # between looks while nothing is to be written
 
 _writes: list = []  # (object name, writing() steps, step, fingerprint of the positions written) still under way
@@ -48,27 +48,33 @@ def follow() -> float:
     session, step = b.status.get("session"), b.status.get("step")
     stale = [o for o in native_objects() if o[SESSION_KEY] == session and o.get(STEP_KEY) != step]
     stale = [] if (session, step) in _failed else stale
-    if not stale or nothing_to_show() or REFRESH in b.in_flight or time.monotonic() - _last_refresh < REFRESH_SECONDS:
+    interval = refresh_interval(b.remote, b.status.get("state"))
+    if not stale or nothing_to_show() or REFRESH in b.in_flight or time.monotonic() - _last_refresh < interval:
         return IDLE_SECONDS
     _last_refresh = time.monotonic()
     centres = {o.name: tuple(o[CENTRE_KEY]) for o in stale}
 
     def fetch(client):  # on the worker: the model, and each object's attributes of it with their fingerprint
+        start = time.monotonic()
         try:
             reply = client.request("export_ply", {"motion": True})
             model, motion = read_motion_ply_bytes(reply.payload, f"the model of session {session}")
         except (RemoteError, SplatwrightError) as e:
             return e
+        fetched_in = time.monotonic() - start
         attributes = {name: native_attributes(model, motion, centre) for name, centre in centres.items()}
-        return reply.fields["step"], {name: (values, fingerprint(values[POSITION]))
-                                      for name, values in attributes.items()}
+        return reply.fields["step"], len(reply.payload), fetched_in, {
+            name: (values, fingerprint(values[POSITION])) for name, values in attributes.items()}
 
     def fetched(result) -> str:
         if isinstance(result, Exception):  # said once; the objects keep the model they hold
             _failed.add((session, step))
             live.report("WARNING", f"the splat objects of session {session} keep their model: {result}")
             return ""
-        fetched_step, attributes = result
+        fetched_step, size, seconds, attributes = result
+        if b.remote:
+            live.report("INFO", f"the splat objects of session {session} take its model at step {fetched_step}: "
+                        f"{size / 1e6:.1f} MB from the backend in {seconds:.1f} s")
         for name, (values, written_positions) in attributes.items():
             obj = bpy.data.objects.get(name)
             if obj is not None:
