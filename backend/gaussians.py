@@ -131,8 +131,8 @@ def quat_multiply(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def _nearest_neighbour_distance(points: torch.Tensor, k: int = 3, cancelled: Cancelled | None = None,
                                 budget: int = 1 << 22) -> torch.Tensor:
-    """Root of the mean squared distance to the k nearest other points, exact, in O(n log n) for point
-    clouds of bounded density, on the points' device.
+    """Root of the mean squared distance to the k nearest other points (to all of them where there are at most
+    k; 0.01 for a point alone), exact, in O(n log n) for point clouds of bounded density, on the points' device.
 
     The points are binned in a grid; a point's candidates are the points of the 3x3x3 cells around its own,
     and its k nearest among them are the true ones when the k-th is nearer than the block's faces. Points
@@ -229,7 +229,8 @@ def _k_smallest(sorted_points, query_positions, start, count, per_cell, k: int) 
     ranges = torch.repeat_interleave(torch.arange(len(flat_count), device=device), flat_count, output_size=total)
     position = torch.arange(total, device=device)
     cell = ranges // count.shape[1]
-    table = torch.full((len(count), int(of_cell.max())), -1, dtype=torch.long, device=device)  # -1: at infinity
+    # At least k columns: a lone point's cell may hold fewer candidates than k (-1: at infinity).
+    table = torch.full((len(count), max(int(of_cell.max()), k)), -1, dtype=torch.long, device=device)
     table[cell, position - (of_cell.cumsum(0) - of_cell)[cell]] = (
         start.reshape(-1)[ranges] + position - (flat_count.cumsum(0) - flat_count)[ranges])
     candidate = table[torch.repeat_interleave(torch.arange(len(count), device=device), per_cell)]

@@ -121,10 +121,11 @@ def score(render_view, data: Dataset) -> dict:
     return mean_scores((render_view(cam) for cam in data.cameras), data.images)
 
 
-def mean_scores(images, targets: torch.Tensor) -> dict:
+def mean_scores(images, targets) -> dict:
     """Mean PSNR and SSIM of (H, W, 3) images (an iterable, drawn without autograd) against targets (a
-    dataset's uint8 views, or float ones), each converted to float in its turn; and the lowest view PSNR with
-    the view's index, since a mean hides a few bad views (a floater in front of one camera)."""
+    dataset's uint8 views, or float ones, each of its image's size), each converted to float in its turn; and
+    the lowest view PSNR with the view's index, since a mean hides a few bad views (a floater in front of one
+    camera)."""
     psnrs, ssims = [], []
     with torch.no_grad():
         for img, gt in zip(images, targets):
@@ -244,10 +245,10 @@ class Trainer:
                 grad /= self.cfg.batch_views
 
     def add_view(self, camera: Camera, image: torch.Tensor, name: str, view_time: float = 0.0) -> None:
-        """Append a view (image (H, W, 3) float in [0, 1], the size of the others, stored quantised like them;
-        seen at `view_time` where the views have times) that later steps draw from too. The scene extent, and
-        with it the learning rates, stays that of the views training started with."""
-        images = torch.cat([self.data.images, quantise(image)[None].to(self.data.images.device)])
+        """Append a view (image (H, W, 3) float in [0, 1] at its camera's size, stored quantised like the
+        others; seen at `view_time` where the views have times) that later steps draw from too. The scene extent,
+        and with it the learning rates, stays that of the views training started with."""
+        images = self.data.images + [quantise(image).to(self.device)]
         times = self.data.times + [view_time] if self.data.times is not None else None
         self.data = Dataset(self.data.cameras + [camera], images, self.data.names + [name], times)
         self.views.append(camera_tensors(camera, self.device))
@@ -345,7 +346,7 @@ def warm_up(device: str = "cuda") -> float:
     size = 32
     cameras = [Camera(look_at((3.0 * math.cos(a), 3.0 * math.sin(a), 1.0), (0.0, 0.0, 0.0)),
                       intrinsics_from_fov_x(0.9, size, size), size, size) for a in (0.0, 2.0, 4.0)]
-    images = torch.full((len(cameras), size, size, 3), 128, dtype=torch.uint8)
+    images = [torch.full((size, size, 3), 128, dtype=torch.uint8) for _ in cameras]
     steps = 4
     on_gpu = torch.device(device).type == "cuda"
     cfg = TrainConfig(iterations=steps, sh_interval=1, init_points=256, log_every=1,

@@ -11,7 +11,8 @@ import torch
 import build_addon
 from backend.render import render
 from blender.runner import SCREEN
-from helpers import orbit_cameras, random_gaussians, write_scene, x_display
+from blender_addon.core.points import POINTS_FILE, write_points
+from helpers import MIXED_SIZES, cameras_of_sizes, orbit_cameras, random_gaussians, write_scene, x_display
 from server_helpers import SIZE, ServerProcess
 
 
@@ -21,6 +22,20 @@ def tiny_scene(tmp_path) -> Path:
     model = random_gaussians(300, seed=1, sh_degree=1)
     write_scene(tmp_path, model, orbit_cameras(8, 32, 32), "train")
     write_scene(tmp_path, model, orbit_cameras(3, 32, 32, radius=3.2), "test")
+    return tmp_path
+
+
+@pytest.fixture
+def mixed_size_scene(tmp_path) -> Path:
+    """A scene whose views have the three MIXED_SIZES: 6 train and 3 test views of a random 300-Gaussian model,
+    and as its points3d.ply 150 points where the model is and 3 strays far from them and from each other, as a
+    sparse reconstruction may have."""
+    model = random_gaussians(300, seed=1, sh_degree=1)
+    write_scene(tmp_path, model, cameras_of_sizes(6, MIXED_SIZES), "train")
+    write_scene(tmp_path, model, cameras_of_sizes(3, MIXED_SIZES, radius=3.2), "test")
+    rng = np.random.default_rng(0)
+    xyz = np.concatenate([rng.uniform(-0.5, 0.5, (150, 3)), [[60.0, 0, 0], [0, -90.0, 0], [0, 0, 120.0]]])
+    write_points(tmp_path / POINTS_FILE, xyz, rng.integers(0, 256, (153, 3)))
     return tmp_path
 
 

@@ -38,6 +38,17 @@ def orbit_cameras(n: int, width: int, height: int, radius: float = 3.0, fov_x: f
     return cams
 
 
+MIXED_SIZES = [(32, 30), (32, 31), (31, 32)]  # (width, height) of the views of conftest's mixed_size_scene
+
+
+def cameras_of_sizes(n: int, sizes: list[tuple[int, int]], radius: float = 3.0, fov_x: float = 0.9) -> list[Camera]:
+    """orbit_cameras whose sizes cycle through `sizes` ((width, height) each), with one horizontal field of view,
+    as undistorted photos of one camera differ by a few pixels."""
+    sized = [sizes[i % len(sizes)] for i in range(n)]
+    return [Camera(cam.c2w, intrinsics_from_fov_x(fov_x, w, h), w, h)
+            for cam, (w, h) in zip(orbit_cameras(n, 1, 1, radius, fov_x), sized)]
+
+
 def random_gaussians(n: int, seed: int = 0, sh_degree: int = 3, scale: float = 0.08) -> Gaussians:
     gen = torch.Generator().manual_seed(seed)
     g = Gaussians.random_in_box(n, [0, 0, 0], 0.8, sh_degree, seed)
@@ -143,10 +154,16 @@ def write_capture(root: Path, cameras: list[Camera], binary: bool, model: str = 
         with torch.no_grad():
             image = render(g, cam, 1, (1.0, 1.0, 1.0)).image
         Image.fromarray((image.clamp(0, 1).numpy() * 255 + 0.5).astype(np.uint8)).save(root / "images" / f"{name}.png")
-    K, w, h = cameras[0].K, cameras[0].width, cameras[0].height
-    params = {"PINHOLE": [K[0, 0], K[1, 1], K[0, 2], K[1, 2]], "SIMPLE_PINHOLE": [K[0, 0], K[0, 2], K[1, 2]],
-              "SIMPLE_RADIAL": [K[0, 0], K[0, 2], K[1, 2], 0.01],
-              "OPENCV": [K[0, 0], K[1, 1], K[0, 2], K[1, 2], 0.01, 0, 0, 0]}[model]
+    # One COLMAP camera (ids from 1) per distinct size and intrinsics, shared by the images that have them.
+    declared: dict[tuple, int] = {}
+    camera_ids = [declared.setdefault((cam.width, cam.height, *cam.K.flat), len(declared) + 1) for cam in cameras]
+    entries = []  # (width, height, parameters) of each declared camera, in id order
+    for w, h, *k in declared:
+        K = np.reshape(k, (3, 3))
+        entries.append((w, h, {"PINHOLE": [K[0, 0], K[1, 1], K[0, 2], K[1, 2]],
+                               "SIMPLE_PINHOLE": [K[0, 0], K[0, 2], K[1, 2]],
+                               "SIMPLE_RADIAL": [K[0, 0], K[0, 2], K[1, 2], 0.01],
+                               "OPENCV": [K[0, 0], K[1, 1], K[0, 2], K[1, 2], 0.01, 0, 0, 0]}[model]))
     xyz = g.means[:n_points].numpy().astype(np.float64)
     rgb = np.random.default_rng(0).integers(0, 256, (n_points, 3))
     observations = [cam.world_to_pixel(xyz)[0] for cam in cameras]  # every point seen in every image
@@ -160,12 +177,15 @@ def write_capture(root: Path, cameras: list[Camera], binary: bool, model: str = 
     order = list(range(len(cameras)))[::-1]
     if binary:
         with open(out / "cameras.bin", "wb") as f:
-            f.write(struct.pack("<QiiQQ", 1, 1, MODEL_IDS[model], w, h) + struct.pack(f"<{len(params)}d", *params))
+            f.write(struct.pack("<Q", len(entries)))
+            for camera_id, (w, h, params) in enumerate(entries, 1):
+                f.write(struct.pack("<iiQQ", camera_id, MODEL_IDS[model], w, h))
+                f.write(struct.pack(f"<{len(params)}d", *params))
         with open(out / "images.bin", "wb") as f:
             f.write(struct.pack("<Q", len(cameras)))
             for i in order:
                 q, t = poses[i]
-                f.write(struct.pack("<i7di", 100 + i, *q, *t, 1) + f"{names[i]}.png".encode() + b"\0")
+                f.write(struct.pack("<i7di", 100 + i, *q, *t, camera_ids[i]) + f"{names[i]}.png".encode() + b"\0")
                 f.write(struct.pack("<Q", n_points))
                 for p, (x, y) in enumerate(observations[i]):
                     f.write(struct.pack("<ddq", x, y, p + 1))
@@ -175,12 +195,13 @@ def write_capture(root: Path, cameras: list[Camera], binary: bool, model: str = 
                 f.write(struct.pack("<Q3d3BdQ", p + 1, *xyz[p], *rgb[p], 0.5, len(cameras)))
                 f.write(b"".join(struct.pack("<ii", 100 + i, p) for i in range(len(cameras))))
     else:
-        (out / "cameras.txt").write_text("# Camera list with one line of data per camera:\n"
-                                         f"1 {model} {w} {h} {' '.join(map(repr, params))}\n")
+        (out / "cameras.txt").write_text("# Camera list with one line of data per camera:\n" + "".join(
+            f"{camera_id} {model} {w} {h} {' '.join(map(repr, params))}\n"
+            for camera_id, (w, h, params) in enumerate(entries, 1)))
         lines = ["# Image list with two lines of data per image:"]
         for i in order:
             q, t = poses[i]
-            lines.append(f"{100 + i} {' '.join(map(repr, [*q, *t]))} 1 {names[i]}.png")
+            lines.append(f"{100 + i} {' '.join(map(repr, [*q, *t]))} {camera_ids[i]} {names[i]}.png")
             lines.append(" ".join(f"{x!r} {y!r} {p + 1}" for p, (x, y) in enumerate(observations[i])))
         (out / "images.txt").write_text("\n".join(lines) + "\n")
         (out / "points3D.txt").write_text("# 3D point list\n" + "".join(

@@ -13,6 +13,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from backend.data import load_split
 from backend.formats.ply import read_ply
@@ -98,8 +99,8 @@ def test_capture_writes_a_dataset_the_trainer_reads_and_sends_training_views(sce
     assert scenario["views_sent"] == 8
     train, test = load_split(scenario["dataset"], "train"), load_split(scenario["dataset"], "test")
     assert (len(train), len(test)) == (8, 2)
-    assert tuple(train.images.shape[1:3]) == (64, 64)
-    assert train.images.float().std() > 0.05 * 255  # the objects are in view, not an empty background
+    assert {tuple(image.shape) for image in train.images} == {(64, 64, 3)}
+    assert torch.stack(train.images).float().std() > 0.05 * 255  # the objects are in view, not an empty background
     assert scenario["scene_objects"] == ["Ball", "Box", "CamA", "CamB", "Sun"]  # the orbit camera is removed
 
 

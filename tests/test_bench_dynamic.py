@@ -53,7 +53,7 @@ def test_a_jpeg_dataset_over_time_loads_with_its_times(timed_scene):
     assert train.times == [t for t in TIMES for _ in range(3)]
     assert val.times == [frame_time(f, 1, 7) for f in BETWEEN for _ in range(2)]
     assert train.names[:2] == ["camera0_f001.jpg", "camera2_f001.jpg"]
-    np.testing.assert_allclose(rgb255(train.images[1, 8, 8]), colour(2, 1), atol=3)
+    np.testing.assert_allclose(rgb255(train.images[1][8, 8]), colour(2, 1), atol=3)
     views = training_views(timed_scene)
     assert [name for name, _, _, _ in views][:2] == ["camera0_f001", "camera2_f001"]
     assert all(image.suffix == ".jpg" and image.is_file() for _, _, image, _ in views)
@@ -65,14 +65,15 @@ def test_per_frame_sets_are_the_loaded_views_of_each_time(timed_scene):
     assert list(groups) == TIMES and all(len(views) == 3 for views in groups.values())
     part = subset(train, groups[TIMES[2]])
     assert part.times == [TIMES[2]] * 3 and part.names == ["camera0_f005.jpg", "camera2_f005.jpg", "camera4_f005.jpg"]
-    assert torch.equal(part.images, train.images[6:9]) and part.cameras == train.cameras[6:9]
+    assert all(a is b for a, b in zip(part.images, train.images[6:9], strict=True))  # shared, not copied
+    assert part.cameras == train.cameras[6:9]
 
     frames = frame_sets(train, test)
     assert [t for t, _, _ in frames] == TIMES
     for (t, frame_train, frame_test), f in zip(frames, CAPTURED):
         assert frame_train.times is None and len(frame_train) == 3  # trains a static model
         assert frame_test.times == [t, t] and frame_test.names == [f"camera1_f{f:03d}.jpg", f"camera3_f{f:03d}.jpg"]
-        np.testing.assert_allclose(rgb255(frame_train.images[:, 8, 8]),
+        np.testing.assert_allclose(rgb255(torch.stack(frame_train.images)[:, 8, 8]),
                                    [colour(i, f) for i in (0, 2, 4)], atol=3)
     assert [t for t, _, _ in frame_sets(train, test, 2)] == [TIMES[0], TIMES[-1]]
     assert len(frame_sets(train, test, 3)) == 3 and len(frame_sets(train, test, 10)) == 4

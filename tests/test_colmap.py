@@ -20,7 +20,7 @@ from backend.data import colmap, load_cameras, load_split
 from backend.tools import cli
 from blender_addon.core.cameras import Camera
 from blender_addon.core.errors import SplatwrightError
-from helpers import orbit_cameras, write_capture
+from helpers import cameras_of_sizes, orbit_cameras, write_capture
 
 @pytest.fixture
 def capture(tmp_path) -> tuple[Path, list[Camera], dict]:
@@ -67,11 +67,12 @@ def test_every_eighth_image_by_name_is_held_out(capture):
     train, test = load_split(root, "train"), load_split(root, "test")
     assert test.names == [truth["names"][0], truth["names"][8]]
     assert train.names == [n for i, n in enumerate(truth["names"]) if i % 8]
-    assert train.images.shape == (8, 20, 24, 3)
+    assert torch.stack(train.images).shape == (8, 20, 24, 3)
     rendered = np.asarray(Image.open(root / "images" / f"{truth['names'][1]}.png"), dtype=np.float32) / 255
     assert torch.allclose(train.image(0), torch.from_numpy(rendered))
     half = load_split(root, "train", downscale=2.0)
-    assert half.images.shape == (8, 10, 12, 3) and np.allclose(half.cameras[0].K[0, 0], cams[1].K[0, 0] / 2)
+    assert torch.stack(half.images).shape == (8, 10, 12, 3)
+    assert np.allclose(half.cameras[0].K[0, 0], cams[1].K[0, 0] / 2)
 
 
 def test_images_smaller_than_the_cameras_declare_scale_the_intrinsics(capture):
@@ -80,8 +81,25 @@ def test_images_smaller_than_the_cameras_declare_scale_the_intrinsics(capture):
         path = root / "images" / f"{name}.png"
         Image.open(path).resize((12, 10)).save(path)
     train = load_split(root, "train")
-    assert train.images.shape[1:3] == (10, 12)
+    assert {tuple(im.shape) for im in train.images} == {(10, 12, 3)}
     assert np.allclose(train.cameras[0].K[:2], cams[1].K[:2] / 2)
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_images_of_several_sizes_load_each_at_its_own(tmp_path, binary):
+    """As COLMAP's image_undistorter leaves them: one camera per size, the photos a few pixels apart."""
+    sizes = [(24, 20), (24, 21), (23, 20)]
+    cams = cameras_of_sizes(10, sizes)
+    truth = write_capture(tmp_path, cams, binary=binary)
+    train, test = load_split(tmp_path, "train"), load_split(tmp_path, "test")
+    for data in (train, test):
+        for i, (cam, name) in enumerate(zip(data.cameras, data.names)):
+            truth_cam = cams[truth["names"].index(name)]
+            assert (cam.width, cam.height) == (truth_cam.width, truth_cam.height)
+            np.testing.assert_allclose(cam.K, truth_cam.K, atol=1e-9)
+            rendered = np.asarray(Image.open(tmp_path / "images" / f"{name}.png"), dtype=np.float32) / 255
+            assert torch.allclose(data.image(i), torch.from_numpy(rendered))  # the whole photo, not cropped
+    assert {(c.width, c.height) for c in train.cameras} == set(sizes)
 
 
 def test_undistorted_layout_and_simple_pinhole(tmp_path):

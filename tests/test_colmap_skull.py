@@ -40,7 +40,7 @@ def test_each_views_camera_projects_the_points_onto_its_photos_observations(mode
 @pytest.mark.parametrize("split", ["train", "test"])
 def test_each_views_image_is_its_photos_pixels(split):
     data = load_split(DATA, split)
-    assert data.images.shape[1:] == (356, 534, 3)
+    assert {tuple(image.shape) for image in data.images} == {(356, 534, 3)}
     for name, image in zip(data.names, data.images):
         with Image.open(DATA / "images" / f"{name}.jpg") as photo:
             pixels = np.asarray(photo.convert("RGB"))

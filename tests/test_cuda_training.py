@@ -22,7 +22,7 @@ from backend.service.engine import Engine
 from backend.service.training import TrainingCopies
 from backend.policy import make_config
 from backend.service.server import Server
-from backend.data import load_split
+from backend.data import load_split, scene_point_cloud
 from backend.gaussians import Gaussians
 from backend.metrics import photometric_loss, torch_photometric_loss
 from backend.optim import Adam
@@ -286,10 +286,31 @@ def test_training_without_autograd_equals_training_through_it(tiny_scene):
         assert torch.equal(getattr(trainers[0].g, name), t), name
 
 
+def test_gpu_training_on_views_of_several_sizes_equals_training_through_autograd(mixed_size_scene):
+    """Views of several sizes, from points with far strays: the steps without autograd (the fused loss at each
+    view's own size, one zero alpha gradient for all sizes) train the model autograd trains, bit for bit."""
+    data = load_split(mixed_size_scene, "train")
+    _, xyz, rgb = scene_point_cloud(mixed_size_scene)
+    cfg = make_config("cuda", "cuda", training_settings(iterations=80))
+    cfg = replace(cfg, sh_interval=20, densify=replace(cfg.densify, start=20, every=20, stop=70,
+                                                       reset_opacity_every=50))
+    trainers = [Trainer(data, cfg, DEV, Gaussians.from_point_cloud(xyz, rgb, cfg.sh_degree, DEV)) for _ in range(2)]
+    assert trainers[0].without_autograd
+    trainers[1].without_autograd = False
+    for trainer in trainers:
+        while trainer.step < cfg.iterations:
+            trainer.train_step()
+    assert np.isfinite(trainers[0].last["loss"])
+    for name, t in trainers[1].g.tensors().items():
+        assert torch.equal(getattr(trainers[0].g, name), t), name
+
+
 def test_gaussians_from_a_point_cloud_built_on_the_gpu_match_the_cpu():
-    """A capture's points seed training on the device that trains (the neighbour search is quadratic)."""
+    """A capture's points seed training on the device that trains (the neighbour search is quadratic), a few far
+    strays among them."""
     rng = np.random.default_rng(3)
     xyz, rgb = rng.normal(size=(3000, 3)).astype(np.float32), rng.integers(0, 256, (3000, 3)).astype(np.uint8)
+    xyz[-3:] = [[100.0, 0.0, 0.0], [0.0, -250.0, 0.0], [0.0, 0.0, 400.0]]
     on_gpu = Gaussians.from_point_cloud(xyz, rgb, 3, DEV).to("cpu")
     on_cpu = Gaussians.from_point_cloud(xyz, rgb, 3, "cpu")
     for name, t in on_cpu.tensors().items():

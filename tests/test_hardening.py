@@ -40,7 +40,7 @@ from blender_addon.core.files import sequence_paths, sequence_state
 from backend import formats
 from backend.formats.budget import Budget
 from backend.tools import cli
-from backend.gaussians import _nearest_neighbour_distance
+from backend.gaussians import Gaussians, _nearest_neighbour_distance
 from backend.formats.ply import encode_ply, write_ply
 from backend.service.server import FIRST_MESSAGE, read_token
 from backend.service.session import Session
@@ -439,7 +439,7 @@ def test_checkpoint_seconds_in_the_command_line_loop(tiny_scene, tmp_path, monke
 
 # ---- the neighbour search ----
 
-@pytest.mark.parametrize("kind", ["uniform", "surface", "clusters", "duplicates", "line"])
+@pytest.mark.parametrize("kind", ["uniform", "surface", "clusters", "duplicates", "line", "strays"])
 def test_neighbour_search_is_exact(kind):
     gen = torch.Generator().manual_seed(3)
     for n in (2, 3, 4, 50, 2000):
@@ -451,6 +451,9 @@ def test_neighbour_search_is_exact(kind):
             points = torch.randn(n, 3, generator=gen) * 1e-3 + (torch.rand(n, 1, generator=gen) > 0.9) * 100.0
         elif kind == "duplicates":
             points = torch.randint(0, 3, (n, 3), generator=gen).float()
+        elif kind == "strays":  # a cloud and three points far from it and from each other, as SfM leaves some
+            points = torch.rand(n, 3, generator=gen)
+            points[-3:] = torch.tensor([[100.0, 0.0, 0.0], [0.0, -250.0, 0.0], [0.0, 0.0, 400.0]])[-min(n, 3):]
         else:
             points = torch.zeros(n, 3)
             points[:, 0] = torch.rand(n, generator=gen) ** 3
@@ -458,6 +461,15 @@ def test_neighbour_search_is_exact(kind):
         d.fill_diagonal_(float("inf"))
         expected = d.topk(min(3, n - 1), largest=False).values.square().mean(dim=1).sqrt()
         assert torch.allclose(_nearest_neighbour_distance(points), expected, rtol=1e-4, atol=1e-6), (kind, n)
+
+
+def test_gaussians_from_one_two_or_three_points():
+    points = torch.tensor([[0.0, 0.0, 0.0], [3.0, 0.0, 0.0], [0.0, 4.0, 0.0]])
+    expected = {1: [0.01], 2: [3.0, 3.0], 3: [(12.5 ** 0.5), (17.0 ** 0.5), (20.5 ** 0.5)]}
+    for n, scales in expected.items():
+        assert torch.allclose(_nearest_neighbour_distance(points[:n]), torch.tensor(scales)), n
+        g = Gaussians.from_points(points[:n], torch.full((n, 3), 0.5), 0)
+        assert len(g) == n and torch.allclose(g.log_scales, torch.log(torch.tensor(scales))[:, None].expand(n, 3))
 
 
 def test_neighbour_search_stops_when_asked():

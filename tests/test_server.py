@@ -29,7 +29,7 @@ from backend.formats.ply import read_ply, write_ply
 from backend.render import render
 from backend.service.server import Server
 from backend.train import Trainer, load_checkpoint
-from helpers import ROOT
+from helpers import MIXED_SIZES, ROOT, cameras_of_sizes, random_gaussians
 from server_helpers import (SIZE, add_scene_views, expected_frame, png_bytes, process_running, raw_connect,
                             read_until_closed, wait_for)
 
@@ -62,9 +62,6 @@ def test_session_end_to_end(tmp_path, start_server, scene):
     rgba16 = np.concatenate([images[2], np.full((SIZE, SIZE, 1), 255, np.uint8)], axis=-1) / 255.0
     assert client.add_view(cameras[2], rgba16[::-1].astype(np.float16))["views"] == 3
 
-    with pytest.raises(RemoteError, match="share one size"):
-        small = cameras[3].scaled(0.5)
-        client.add_view(small, png_bytes(np.zeros((small.height, small.width, 3), np.uint8)))
     with pytest.raises(RemoteError, match="camera is 32x32"):
         client.add_view(cameras[3], png_bytes(np.zeros((8, 8, 3), np.uint8)))
     sheared = cameras[3].c2w.copy()
@@ -313,6 +310,36 @@ def test_fuzz_frames_then_server_still_works(tmp_path, start_server, scene):
         client.load_ply((tmp_path / "model.ply").read_bytes())
         frame = client.render(cameras[0])
     assert np.abs(frame.astype(int) - expected_frame(model, cameras[0], 1, (1.0, 1.0, 1.0))).max() <= 1
+
+
+def test_a_session_trains_on_views_of_several_sizes_and_keeps_them(tmp_path, start_server):
+    """Photos a few pixels apart (as undistorted ones are) in one session: stored, trained on while more join,
+    counted against the session's pixel cap at their own sizes, and there again after a restart."""
+    model = random_gaussians(300, seed=1, sh_degree=1)
+    cameras = cameras_of_sizes(4, MIXED_SIZES)
+    images = [expected_frame(model, cam, 1, (1.0, 1.0, 1.0))[::-1, :, :3].copy() for cam in cameras]
+    pixels = sum(c.width * c.height for c in cameras)
+    workdir = tmp_path / "work"
+    server = start_server(workdir, "--max-session-pixels", str(pixels))
+    with server.client() as client:
+        client.call("open_session", name="sizes")
+        for cam, image in zip(cameras[:3], images):
+            client.add_view(cam, png_bytes(image))
+        client.call("start_training", iterations=100_000, progress_interval=0.05, init_points=200, max_gaussians=400)
+        wait_for(client, lambda e: e["event"] == "progress" and e["loss"] is not None)
+        assert client.add_view(cameras[3], png_bytes(images[3]))["views"] == 4  # joins the running trainer
+        progress = wait_for(client, lambda e: e["event"] == "progress" and e["views"] == 4 and e["step"] > 0)
+        assert np.isfinite(progress["loss"])
+        with pytest.raises(RemoteError, match=f"{pixels + 32 * 30:,} is over the cap of {pixels:,}"):
+            client.add_view(cameras[0], png_bytes(images[0]))
+        assert client.render(cameras[2]).shape == (32, 31, 4)
+        client.call("shutdown")
+    assert server.proc.wait(30) == 0
+    server = start_server(workdir)
+    with server.client() as client:
+        assert client.call("open_session", name="sizes", create=False)["views"] == 4
+        client.call("start_training", fresh=True, iterations=3, progress_interval=0.05, init_points=200)
+        assert wait_for(client, lambda e: e["event"] == "state" and e["state"] == "finished")["step"] == 3
 
 
 # ---- durability ----

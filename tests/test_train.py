@@ -6,10 +6,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from backend.policy import cpu_config
 from backend.data.dataset import Dataset, scene_bounds
-from backend.data import load_split
+from backend.data import load_split, scene_point_cloud
 from blender_addon.core.errors import SplatwrightError
 from backend.gaussians import Gaussians, rgb_to_sh_dc
 from backend.optim import Adam
@@ -18,7 +19,7 @@ from blender_addon.core.points import POINTS_FILE, write_points
 from backend.strategy import DefaultStrategy, edit_rows
 from backend.metrics import photometric_loss
 from backend.train import Trainer, evaluate, fit_to_views, load_checkpoint, mean_scores, warm_up, with_steps
-from helpers import ROOT, orbit_cameras, random_gaussians, write_scene
+from helpers import MIXED_SIZES, ROOT, cameras_of_sizes, orbit_cameras, random_gaussians, write_scene
 
 
 def small_config(iterations: int):
@@ -192,9 +193,8 @@ def test_cli_train_writes_ply_and_metrics(tiny_scene, tmp_path):
     assert sorted(p.name for p in (tmp_path / "views").iterdir()) == ["r_0.png", "r_1.png", "r_2.png"]
 
 
-def _wrong_size(scene):
-    from PIL import Image
-    Image.new("RGBA", (16, 16)).save(scene / "train" / "r_4.png")
+def _unreadable(scene):
+    (scene / "train" / "r_4.png").write_bytes(b"not a PNG")
 
 
 def _singular(scene):
@@ -219,7 +219,7 @@ def test_cli_train_starts_from_the_scenes_points(tiny_scene, tmp_path):
 
 @pytest.mark.parametrize("breakage, message", [
     (None, "missing: not found; give the scene folder"),
-    (_wrong_size, "image is 16x16 but earlier images are 32x32"),
+    (_unreadable, "r_4.png: cannot read image"),
     (_singular, "frame 1: matrix is singular"),
 ])
 def test_cli_errors_are_one_line(tiny_scene, tmp_path, breakage, message):
@@ -270,15 +270,48 @@ def test_the_loss_and_scores_of_a_byte_target_are_those_of_its_float_version():
     assert mean_scores([image], target[None]) == mean_scores([image], target[None].float() / 255)
 
 
-def test_added_views_are_stored_quantised(tiny_scene):
+def test_added_views_are_stored_quantised_at_their_own_size(tiny_scene):
     data = load_split(tiny_scene, "train")
     trainer = Trainer(data, small_config(10))
-    image = torch.rand(32, 32, 3, generator=torch.Generator().manual_seed(5))
-    trainer.add_view(data.cameras[0], image, "new")
-    assert trainer.data.images.dtype == torch.uint8 and len(trainer.data) == len(data) + 1
+    camera = cameras_of_sizes(1, [(30, 31)])[0]
+    image = torch.rand(31, 30, 3, generator=torch.Generator().manual_seed(5))
+    trainer.add_view(camera, image, "new")
+    assert len(trainer.data) == len(data) + 1
     assert torch.equal(trainer.data.images[-1], torch.round(255 * image).to(torch.uint8))
-    assert torch.equal(trainer.data.images[:-1], data.images)
+    assert all(torch.equal(a, b) for a, b in zip(trainer.data.images[:-1], data.images))
     trainer.train_step()
+
+
+def test_cli_trains_views_of_several_sizes_from_points_with_strays_to_the_end(mixed_size_scene, tmp_path):
+    scene = mixed_size_scene
+    out = tmp_path / "out"
+    r = run_cli("train", scene, "--out", out, "--iters", 12, "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert "starting from the 153 points" in r.stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["iterations"] == 12 and metrics["gaussians"] == 153 and np.isfinite(metrics["psnr"])
+    r = run_cli("render", out / "splats.ply", "--cameras", scene / "transforms_test.json", "--out", tmp_path / "views",
+                "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert [Image.open(tmp_path / "views" / f"r_{i}.png").size for i in range(3)] == MIXED_SIZES
+
+
+def test_each_step_scores_a_view_whole_at_its_own_size(mixed_size_scene, monkeypatch):
+    scene = mixed_size_scene
+    data = load_split(scene, "train")
+    seen = []
+
+    def loss(image, target, ssim_weight):
+        seen.append((tuple(image.shape), tuple(target.shape)))
+        return photometric_loss(image, target, ssim_weight)
+    monkeypatch.setattr("backend.train.photometric_loss", loss)
+    trainer = Trainer(data, small_config(12), gaussians=Gaussians.from_point_cloud(*scene_point_cloud(scene)[1:], 3,
+                                                                                    "cpu"))
+    while trainer.step < 12:
+        trainer.train_step()
+    assert all(image == target for image, target in seen)
+    assert {target for _, target in seen} == {(h, w, 3) for w, h in MIXED_SIZES}
+    assert torch.isfinite(trainer.g.means).all()
 
 
 
@@ -296,3 +329,12 @@ def test_an_unknown_flag_is_named_with_its_command(tmp_path):
     r = run_cli("train", tmp_path, "--out", tmp_path / "out", "--steps", 5)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr == "error: python -m backend train: unrecognized arguments: --steps 5 (--help lists the options)\n"
+
+
+def test_the_zero_alpha_gradient_is_one_buffer_that_fits_every_view_size():
+    from backend.render.cuda import zeros
+    cpu = torch.device("cpu")
+    small, large, smaller = zeros((30, 32), cpu), zeros((32, 31), cpu), zeros((31, 30), cpu)
+    assert [t.shape for t in (small, large, smaller)] == [(30, 32), (32, 31), (31, 30)]
+    assert not any(t.any() for t in (small, large, smaller))
+    assert smaller.data_ptr() == large.data_ptr()  # a view of the grown buffer, nothing made

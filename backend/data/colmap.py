@@ -8,7 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from blender_addon.core.cameras import Camera
 from blender_addon.core.colmap import (IMAGES_FOLDER, ColmapCamera, ColmapImage, Model, camera_of, find_model,
@@ -31,7 +30,7 @@ def load_split(root: str | Path, split: str, background=BACKGROUND, downscale: f
         if split == "train":
             raise SplatwrightError(f"{root}: the COLMAP model registers too few images to train on")
         return None
-    cameras, images, size = [], [], None
+    cameras, images = [], []
     bg = np.asarray(background, dtype=np.float32)
     for image in chosen:
         path = image_path(root / IMAGES_FOLDER, image.name)
@@ -39,16 +38,11 @@ def load_split(root: str | Path, split: str, background=BACKGROUND, downscale: f
             raise SplatwrightError(f"{root}: image {image.name} of the COLMAP model is not in {root / IMAGES_FOLDER}")
         rgb = load_rgb(path, bg)
         cam = _fitted(camera_of(model, image, f"{root} image {image.name}"), rgb.shape[1], rgb.shape[0], downscale)
-        if size is None:
-            size = (cam.width, cam.height)
-        elif (cam.width, cam.height) != size:
-            raise SplatwrightError(f"{path}: {cam.width}x{cam.height}, but earlier images are {size[0]}x{size[1]}; "
-                                   "all views of a scene must have one size")
         if (cam.width, cam.height) != (rgb.shape[1], rgb.shape[0]):
             rgb = resized(rgb, cam.width, cam.height)
         cameras.append(cam)
         images.append(quantise(rgb))
-    return Dataset(cameras, torch.stack(images), [Path(im.name).stem for im in chosen])
+    return Dataset(cameras, images, [Path(im.name).stem for im in chosen])
 
 
 def load_cameras(root: str | Path, downscale: float = 1.0) -> tuple[list[Camera], list[str]]:

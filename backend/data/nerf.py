@@ -7,7 +7,6 @@ import math
 from pathlib import Path
 
 import numpy as np
-import torch
 from PIL import Image
 
 from blender_addon.core.cameras import Camera, from_blender_c2w, intrinsics, intrinsics_from_fov_x
@@ -37,7 +36,6 @@ def load_transforms(path: Path, background=BACKGROUND, downscale: float = 1.0) -
     check_downscale(downscale)
 
     cameras, images, names, times = [], [], [], []
-    size = None
     bg = np.asarray(background, dtype=np.float32)
     for i, frame in enumerate(frames):
         what = f"{path.name} frame {i}"
@@ -46,11 +44,6 @@ def load_transforms(path: Path, background=BACKGROUND, downscale: float = 1.0) -
         image_path = _find_image(path.parent, frame.get("file_path"), what)
         rgb = load_rgb(image_path, bg)
         h, w = rgb.shape[:2]
-        if size is None:
-            size = (w, h)
-        elif (w, h) != size:
-            raise SplatwrightError(f"{image_path}: image is {w}x{h} but earlier images are {size[0]}x{size[1]}; "
-                                   "all views of a scene must have one size")
         cam = _frame_camera(meta, frame, w, h, what)
         if downscale != 1.0:
             cam = cam.scaled(1.0 / downscale)
@@ -58,7 +51,7 @@ def load_transforms(path: Path, background=BACKGROUND, downscale: float = 1.0) -
         cameras.append(cam)
         images.append(quantise(rgb))
         names.append(Path(str(frame.get("file_path"))).name)
-    return Dataset(cameras, torch.stack(images), names, scene_times(times, path.name))
+    return Dataset(cameras, images, names, scene_times(times, path.name))
 
 
 def load_cameras(path: Path, downscale: float = 1.0) -> tuple[list[Camera], list[str]]:

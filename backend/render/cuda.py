@@ -9,6 +9,7 @@ same kernels without autograd.
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
 import torch
@@ -51,12 +52,25 @@ def no_tail(sh: torch.Tensor) -> torch.Tensor:
     return sh.new_empty((sh.shape[0], 0, 3))
 
 
-# A training run asks for the same two (the loss's unit gradient, the zero alpha gradient of its view size), so
-# none is made or filled a step; a few more sizes stay cached at most.
+# A training run asks for the same constants every step (the loss's unit gradient, the zero alpha gradient of
+# its view's size), so none is made or filled a step. Only the kernels read them, and nothing writes them.
 @functools.lru_cache(maxsize=4)
 def constant(shape: tuple, value: float, device: torch.device) -> torch.Tensor:
-    """A float32 tensor filled with `value`, shared: only the kernels read it, and nothing writes it."""
+    """A float32 tensor filled with `value`, shared."""
     return torch.full(shape, value, device=device)
+
+
+_zero_buffers: dict[torch.device, torch.Tensor] = {}
+
+
+def zeros(shape: tuple, device: torch.device) -> torch.Tensor:
+    """A float32 zero tensor of `shape`, shared: a view of one buffer per device that grows to the largest shape
+    asked, so views of many sizes take no more memory than the largest, nor a new tensor a step."""
+    count = math.prod(shape)
+    buffer = _zero_buffers.get(device)
+    if buffer is None or buffer.numel() < count:
+        buffer = _zero_buffers[device] = torch.zeros(count, device=device)
+    return buffer[:count].view(shape)
 
 
 def rasterize(means, quats, scales, opacities, sh, viewmat, K, width: int, height: int,
@@ -99,4 +113,4 @@ def gradient_step(g: Gaussians, viewmat, K, width: int, height: int, sh_degree: 
     device = g.means.device
     return ViewGradients(*extension().gradient_step(
         g.means, g.quats, g.log_scales, g.opacity_logits, g.sh_dc, g.sh_rest, viewmat, K, width, height, sh_degree,
-        background, target, ssim_weight, constant((), 1.0, device), constant((height, width), 0.0, device)))
+        background, target, ssim_weight, constant((), 1.0, device), zeros((height, width), device)))

@@ -11,7 +11,6 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from blender_addon.core import codecs, protocol
 from blender_addon.core.cameras import Camera
@@ -173,7 +172,6 @@ class Session:
             camera = codecs.camera_from_wire(view)
             if image.ndim != 3 or image.shape[:2] != (camera.height, camera.width):
                 raise ValueError(f"its image is {image.shape[:2]}, its camera {camera.width}x{camera.height}")
-            self._check_size(camera)
         except (OSError, ValueError, KeyError, TypeError, AttributeError, EOFError, SplatwrightError) as e:
             self.warnings.append(f"skipped the unreadable view {self.shown(camera_file.with_suffix(''))} ({e})")
             return
@@ -227,16 +225,9 @@ class Session:
         self.settings = settings
         self._write_meta()
 
-    def _check_size(self, camera: Camera) -> None:
-        if self.cameras:
-            first = self.cameras[0]
-            if (camera.width, camera.height) != (first.width, first.height):
-                raise SplatwrightError(f"the view is {camera.width}x{camera.height} but this session's views are "
-                                       f"{first.width}x{first.height}; all views of a session share one size")
-
     def add_view(self, camera: Camera, image: np.ndarray, name: str, time: float | None = None) -> int:
-        """Store a view (seen at `time`, in a dynamic scene); returns its index among the session's views."""
-        self._check_size(camera)
+        """Store a view of any size (seen at `time`, in a dynamic scene); returns its index among the session's
+        views."""
         index = len(self.cameras)
         name = name or f"view_{self.next_view:06d}"
         stem = self.folder / "views" / f"{self.next_view:06d}"
@@ -266,7 +257,7 @@ class Session:
 
     def dataset(self, background, views: int | None = None) -> Dataset:
         """The first `views` views (all by default) as a training dataset."""
-        images = torch.stack([quantise(view_rgb(image, background)) for image in self.images[:views]])
+        images = [quantise(view_rgb(image, background)) for image in self.images[:views]]
         return Dataset(list(self.cameras[:views]), images, list(self.names[:views]),
                        scene_times(self.times[:views], f"session {self.name!r}"))
 

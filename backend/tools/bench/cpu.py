@@ -48,7 +48,7 @@ def main(argv: list[str]) -> int:
     bar.close()
     final = evaluate(trainer.g, test, trainer.sh_degree, cfg.background, "reference")["psnr"]
     now = datetime.datetime.now(datetime.timezone.utc)
-    height, width = train.images.shape[1:3]
+    width, height = train.cameras[0].width, train.cameras[0].height
     result = {"benchmark": "cpu", "date": now.strftime("%Y-%m-%d %H:%M UTC"), "commit": git_commit(),
               "scene": args.data.resolve().name, "size": [width, height], "steps": cfg.iterations,
               "threads": torch.get_num_threads(), "seconds": seconds, "psnr_before": initial, "psnr_after": final,

@@ -50,8 +50,8 @@ def views_by_time(data: Dataset) -> dict[float, list[int]]:
 
 
 def subset(data: Dataset, indices: list[int]) -> Dataset:
-    """The views `indices` of a loaded dataset (its image tensor indexed, nothing read again)."""
-    images = data.images[torch.as_tensor(indices, device=data.images.device)]
+    """The views `indices` of a loaded dataset (its images shared, nothing read again)."""
+    images = [data.images[i] for i in indices]
     times = [data.times[i] for i in indices] if data.times is not None else None
     return Dataset([data.cameras[i] for i in indices], images, [data.names[i] for i in indices], times)
 

@@ -94,11 +94,11 @@ def main(argv: list[str]) -> int:
 
     now = datetime.datetime.now(datetime.timezone.utc)
     device = torch.cuda.get_device_name()
+    stored = sum(image.numel() for image in data.images)  # one byte each
     result = {
         "benchmark": "memory", "date": now.strftime("%Y-%m-%d %H:%M UTC"), "commit": git_commit(),
         "device": device, "model": source, "views": len(data), "size": [args.width, args.height],
-        "views_bytes": data.images.numel() * data.images.element_size(),
-        "views_float32_bytes": data.images.numel() * 4, "preset": args.preset, "steps": trainer.step,
+        "views_bytes": stored, "views_float32_bytes": stored * 4, "preset": args.preset, "steps": trainer.step,
         "preset_steps": cfg.iterations, "densify_stop": cfg.densify.stop, "render_seconds": render_seconds,
         "train_seconds": seconds, "initial_gaussians": initial_gaussians, "gaussians": len(trainer.g),
         "allocated_before_bytes": before, "peak_allocated_bytes": peak, "peak_reserved_bytes": reserved,
@@ -135,13 +135,10 @@ def orbit_cameras(g: Gaussians, views: int, width: int, height: int) -> list[Cam
     return cameras
 
 
-def render_views(g: Gaussians, cameras: list[Camera], background) -> torch.Tensor:
-    """(V, H, W, 3) uint8 on the GPU, each view quantised as soon as it is rendered (no float copy of all)."""
-    images = torch.empty(len(cameras), cameras[0].height, cameras[0].width, 3, dtype=torch.uint8, device="cuda")
+def render_views(g: Gaussians, cameras: list[Camera], background) -> list[torch.Tensor]:
+    """Each view as uint8 (H, W, 3) on the GPU, quantised as soon as it is rendered (no float copy of all)."""
     with torch.no_grad():
-        for i, cam in enumerate(cameras):
-            images[i] = quantise(render(g, cam, g.max_sh_degree, background, "cuda").image)
-    return images
+        return [quantise(render(g, cam, g.max_sh_degree, background, "cuda").image) for cam in cameras]
 
 
 def report(r: dict) -> str:

@@ -90,10 +90,13 @@ def tile_balance(trainer: Trainer) -> None:
             ranges = project_and_bin(g.means, g.quats, torch.exp(g.log_scales), g.opacities.contiguous(),
                                      g.sh.contiguous(), viewmat, K, cam.width, cam.height, trainer.sh_degree).ranges
             per_view.append((ranges[:, 1] - ranges[:, 0]).float())
-    counts = torch.stack(per_view)
-    busiest = counts.max(dim=1).values
-    print(f"\ntile entries per view: {counts.sum(dim=1).mean():,.0f} over {counts.shape[1]} tiles; per tile mean "
-          f"{counts.mean():.0f}, busiest tile {busiest.mean():.0f} (max/mean {float((busiest / counts.mean(dim=1)).mean()):.1f})")
+    # Views may differ in size, so in tile count: each view's figures, then their means.
+    entries = sum(float(counts.sum()) for counts in per_view)
+    tiles = sum(len(counts) for counts in per_view)
+    busiest = [float(counts.max()) for counts in per_view]
+    ratio = sum(top / float(counts.mean()) for top, counts in zip(busiest, per_view)) / len(per_view)
+    print(f"\ntile entries per view: {entries / len(per_view):,.0f} over {tiles / len(per_view):,.0f} tiles; per tile "
+          f"mean {entries / tiles:.0f}, busiest tile {sum(busiest) / len(busiest):.0f} (max/mean {ratio:.1f})")
 
 
 def host_table(averages, steps: int, rows: int = 15) -> None:
