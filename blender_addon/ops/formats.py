@@ -4,12 +4,12 @@
 keeps the file in a new session named after it and shows the model (a 4D one at the scene's frame); Add Model to
 Scene then places it in the scene as it does a trained model, and the .blend keeps it; on Blender 5.3 and later
 Link File instead makes an object that shows the file itself, kept outside the .blend (scene/linked.py), with no
-backend. Export asks the backend
-for a model in the format the file name's ending picks (*.ply, *.compressed.ply, *.spz, *.splat; *.pt: a 4D
-model's own file) and reports what that format leaves out (a .splat keeps no SH beyond degree 0). The model is
-the active splat object's (scene/splats.py), cropped to its crop box unless told otherwise and, if asked, in
-world space as the object places it; with no splat object active, the model the backend shows. A 4D model is
-exported at the scene's frame, or as a sequence of files, one per frame of the frame range (SequenceExport)."""
+backend. Export asks the backend for a model in the format the file name's ending picks (*.ply, *.compressed.ply,
+*.spz, *.splat; *.pt: a 4D model's own file) and reports what that format leaves out (a .splat keeps no SH beyond
+degree 0). The model is the active splat object's (scene/splats.py), cropped to its crop box unless told otherwise
+and, if asked, in world space as the object places it; with no splat object active, the model the backend shows. A
+4D model is exported at the scene's frame, or as a sequence of files, one per frame of the frame range
+(SequenceExport)."""
 from __future__ import annotations
 
 import os
@@ -105,7 +105,6 @@ class SPLATWRIGHT_OT_import_splats(Guarded, Operator, ImportHelper):
             return ""
         live.backend.call("import_splats", load, loaded)
         return {"FINISHED"}
-
 
     def link(self, context, path: Path) -> set:
         """An object that shows file `path` through Blender's own import node (splats.add_linked_object)."""

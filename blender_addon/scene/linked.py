@@ -63,7 +63,7 @@ def keep_outside(obj, path: str) -> None:
     (absolute) as a 3DGS PLY, on a thread; once written, the object shows that file (kept as stored_path gives)
     and its own cloud is emptied. Blender's reports say when it is done, or why it failed."""
     model = from_attributes(native.read(obj.data))  # on the main thread: only bpy reads them
-    name, done, failed = obj.name, threading.Event(), []
+    name, uid, done, failed = obj.name, obj.session_uid, threading.Event(), []
 
     def write():
         try:
@@ -80,6 +80,8 @@ def keep_outside(obj, path: str) -> None:
             return POLL_SECONDS
         del _writing[name]
         target = bpy.data.objects.get(name)
+        if target is not None and target.session_uid != uid:  # another .blend was opened meanwhile
+            target = None
         if failed:
             live.report("ERROR", f"{name} stays in the .blend: writing {path} failed ({failed[0]}); choose a "
                         "folder you may write to")
@@ -91,7 +93,7 @@ def keep_outside(obj, path: str) -> None:
         return None
     _writing[name] = finish
     threading.Thread(target=write, name="splatwright-keep-outside", daemon=True).start()
-    bpy.app.timers.register(finish, first_interval=POLL_SECONDS)
+    bpy.app.timers.register(finish, first_interval=POLL_SECONDS, persistent=True)
 
 
 def watch() -> float:

@@ -182,8 +182,9 @@ def crop_modifier(obj):
 
 def crop_to(obj, box) -> None:
     """Crop native splat object `obj` to cube-shaped Empty `box`: a Geometry Nodes modifier (first in the stack,
-    or after the file modifier and a 4D model's motion, so later modifiers see the cropped points) keeps the points inside it, the box's
-    display size followed by a driver. Blender's viewport, EEVEE and Cycles draw the points kept, and Export Splats writes them."""
+    or after the file modifier and a 4D model's motion, so later modifiers see the cropped points) keeps the points
+    inside it, the box's display size followed by a driver. Blender's viewport, EEVEE and Cycles draw the points
+    kept, and Export Splats writes them."""
     modifier = crop_modifier(obj)
     if modifier is None:
         modifier = obj.modifiers.new(CROP_MODIFIER, "NODES")
@@ -242,7 +243,8 @@ def file_group(node_kind: str):
         return group
     next(item for item in group.interface.items_tree
          if getattr(item, "in_out", "") == "INPUT" and item.name == PATH_INPUT).subtype = "FILE_PATH"
-    given, out = add_node(group, "NodeGroupInput", (-400.0, 0.0), {}), add_node(group, "NodeGroupOutput", (200.0, 0.0), {})
+    given = add_node(group, "NodeGroupInput", (-400.0, 0.0), {})
+    out = add_node(group, "NodeGroupOutput", (200.0, 0.0), {})
     reader = add_node(group, node_kind, (-100.0, 0.0), {})
     group.links.new(given.outputs[PATH_INPUT], reader.inputs["Path"])
     group.links.new(reader.outputs[0], out.inputs["Geometry"])  # "Geometry" of Import PLY, "Points" of Import SPZ
