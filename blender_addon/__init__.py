@@ -22,9 +22,9 @@ def _modules():
     as the backend and the tests import them."""
     from .ops import backend, capture, colmap, flow, formats, splats, training, view
     from .render import composite, engine, overlay
-    from .scene import folders, following, live, native
+    from .scene import folders, following, linked, live, native
     from .ui import panels, preferences, properties, statusbar
-    return (live, following, native, folders, preferences, properties, backend, capture, training, view, formats,
+    return (live, following, linked, native, folders, preferences, properties, backend, capture, training, view, formats,
             colmap, splats, flow, panels, statusbar, engine, overlay, composite)
 
 

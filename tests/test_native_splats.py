@@ -1,6 +1,6 @@
 """A model as Blender's native splats (bpy-free): the PLY the backend sends read back exactly, and the point
 attributes of Blender's conventions made from it and read back (blender_addon/core/splats.py,
-blender_addon/logic/native.py)."""
+blender_addon/logic/native.py), and which files a native object may keep its model in outside the .blend."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,7 +10,8 @@ import torch
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.splats import read_ply_bytes
 from blender_addon.logic.native import (BASE, POSITION, REFRESH_SECONDS, REMOTE_REFRESH_SECONDS, ROTATION, SCALE,
-                                        fingerprint, from_attributes, refresh_interval, sh_attribute, to_attributes)
+                                        file_import_node, fingerprint, from_attributes, outside_file,
+                                        refresh_interval, sh_attribute, to_attributes)
 from backend.formats.ply import encode_ply
 from helpers import random_gaussians
 
@@ -104,3 +105,25 @@ def test_a_remote_backends_model_is_followed_seldom_while_it_trains_and_at_once_
     assert refresh_interval(True, "training") == REMOTE_REFRESH_SECONDS > 10 * REFRESH_SECONDS
     for state in ("paused", "finished", "stopped", "idle"):
         assert refresh_interval(True, state) == REFRESH_SECONDS
+
+
+def test_a_linked_file_is_imported_by_blenders_node_for_its_format():
+    assert file_import_node("/a/donut.PLY") == "GeometryNodeImportPLY"
+    assert file_import_node("//donut.spz") == "GeometryNodeImportSPZ"
+    with pytest.raises(SplatwrightError, match="not a compressed PLY"):
+        file_import_node("donut.compressed.ply")
+    with pytest.raises(SplatwrightError, match="3DGS PLY .* or an SPZ"):
+        file_import_node("donut.splat")
+
+
+def test_a_model_kept_outside_goes_beside_the_saved_blend_unless_a_path_is_chosen():
+    assert outside_file("", "splat-model", blend_saved=True) == "//splat-model.ply"
+    assert outside_file("", 'a/b\\c:d?', blend_saved=True) == "//a_b_c_d_.ply"
+    assert outside_file("/data/model.ply", "x", blend_saved=False) == "/data/model.ply"
+    assert outside_file("//models/x.ply", "x", blend_saved=True) == "//models/x.ply"
+    for chosen in ("", "//x.ply"):
+        with pytest.raises(SplatwrightError, match="not saved yet: save the .blend first, or choose an absolute path"):
+            outside_file(chosen, "x", blend_saved=False)
+    for chosen in ("/data/x.spz", "/data/x.compressed.ply"):
+        with pytest.raises(SplatwrightError, match="name the file .ply"):
+            outside_file(chosen, "x", blend_saved=True)

@@ -9,10 +9,13 @@ frame exactly as DynamicGaussians.at does (motion_at here is that evaluation in 
 from __future__ import annotations
 
 import hashlib
+import os
+import re
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..core.errors import SplatwrightError
 from ..core.splats import SplatArrays
 
 NATIVE_TYPE = "GAUSSIAN_SPLAT"
@@ -141,3 +144,36 @@ def motion_at(attributes: dict[str, np.ndarray], time: float) -> dict[str, np.nd
     base[:, 3] = opacity_at(time, attributes[CENTRE_OPACITY], attributes[TIME_CENTER], attributes[TIME_PRECISION])
     return {**attributes, POSITION: position.astype(np.float32), ROTATION: np.concatenate([w, v], 1).astype(np.float32),
             BASE: base}
+
+
+# A model kept in a file outside the .blend: a Geometry Nodes node of Blender's imports the file (scene/native.py's
+# file modifier), by the file name's ending. Keep Outside .blend writes a 3DGS PLY.
+FILE_IMPORT_NODES = {".ply": "GeometryNodeImportPLY", ".spz": "GeometryNodeImportSPZ"}
+OUTSIDE_SUFFIX = ".ply"
+UNSAFE_NAME = re.compile(r'[<>:"/\\|?*\x00-\x1f]')  # what a file name may not hold on some system
+
+
+def file_import_node(path: str) -> str:
+    """The Geometry Nodes node that imports splat file `path` (by its ending); SplatwrightError for a file that
+    Blender's nodes cannot read."""
+    name = path.lower()
+    if name.endswith(".compressed.ply"):
+        raise SplatwrightError(f"{path}: Blender's nodes import a 3DGS PLY or an SPZ, not a compressed PLY; export "
+                               "it as .ply or .spz (Export Splats) and link that file")
+    node = FILE_IMPORT_NODES.get(os.path.splitext(name)[1])
+    if node is None:
+        raise SplatwrightError(f"{path}: a linked file is a 3DGS PLY (.ply) or an SPZ (.spz); choose one of those")
+    return node
+
+
+def outside_file(chosen: str, object_name: str, blend_saved: bool) -> str:
+    """The file Keep Outside .blend writes object `object_name`'s model to: `chosen` (absolute, or relative to the
+    .blend's folder: `//name.ply`), or where none is chosen `//<object name>.ply` beside the .blend.
+    SplatwrightError for a relative path while the .blend is unsaved, or a name that is not a .ply."""
+    path = chosen or f"//{UNSAFE_NAME.sub('_', object_name)}{OUTSIDE_SUFFIX}"
+    if path.startswith("//") and not blend_saved:
+        raise SplatwrightError(f"{path} is beside the .blend, which is not saved yet: save the .blend first, or "
+                               "choose an absolute path")
+    if not path.lower().endswith(OUTSIDE_SUFFIX) or path.lower().endswith(".compressed.ply"):
+        raise SplatwrightError(f"{path}: Keep Outside .blend writes a 3DGS PLY; name the file .ply")
+    return path

@@ -2,12 +2,14 @@
 3DGS PLY, PlayCanvas's compressed PLY, Niantic's SPZ and antimatter15's .splat; backend/formats) and of 4D models
 (splats4d.pt, backend/dynamic.py). Import sends the file to the backend, which tells its format from its content,
 keeps the file in a new session named after it and shows the model (a 4D one at the scene's frame); Add Model to
-Scene then places it in the scene as it does a trained model, and the .blend keeps it. Export asks the backend
-for a model in the format the file name's ending picks (*.ply, *.compressed.ply, *.spz, *.splat; *.pt: a 4D
-model's own file) and reports what that format leaves out (a .splat keeps no SH beyond degree 0). The model is
-the active splat object's (scene/splats.py), cropped to its crop box unless told otherwise and, if asked, in
-world space as the object places it; with no splat object active, the model the backend shows. A 4D model is
-exported at the scene's frame, or as a sequence of files, one per frame of the frame range (SequenceExport)."""
+Scene then places it in the scene as it does a trained model, and the .blend keeps it; on Blender 5.3 and later
+Link File instead makes an object that shows the file itself, kept outside the .blend (scene/linked.py), with no
+backend. Export asks the backend for a model in the format the file name's ending picks (*.ply, *.compressed.ply,
+*.spz, *.splat; *.pt: a 4D model's own file) and reports what that format leaves out (a .splat keeps no SH beyond
+degree 0). The model is the active splat object's (scene/splats.py), cropped to its crop box unless told otherwise
+and, if asked, in world space as the object places it; with no splat object active, the model the backend shows. A
+4D model is exported at the scene's frame, or as a sequence of files, one per frame of the frame range
+(SequenceExport)."""
 from __future__ import annotations
 
 import os
@@ -27,10 +29,10 @@ from ..core.files import (TEMPORARY_SUFFIX, begin_sequence, end_sequence, sequen
 from ..core.splats import encode_ply_bytes
 from ..logic.dataset import frame_time
 from ..logic.messages import at_step
-from ..logic.native import from_attributes
+from ..logic.native import file_import_node, from_attributes
 from ..logic.placement import any_affine, uniform_scale
 from ..logic.training import background_rgb
-from ..scene import live, native, splats
+from ..scene import linked, live, native, splats
 from ..scene.session import capture_runs, nothing_to_show, not_connected, set_status, training_runs
 from .base import Guarded, add_model_to_scene
 
@@ -45,21 +47,39 @@ _progress_timers: set = set()  # those of sequence exports, unregistered with th
 class SPLATWRIGHT_OT_import_splats(Guarded, Operator, ImportHelper):
     """Show a Gaussian splat file through the backend: a 3DGS PLY, a compressed PLY, an SPZ, a .splat, or a 4D
     model (splats4d.pt), shown at the scene's frame. The backend keeps it in a session of its own, which Add
-    Model to Scene places in the scene (where Blender draws splats itself, the import adds it at once)"""
+    Model to Scene places in the scene (where Blender draws splats itself, the import adds it at once; or with
+    Link File, an object that shows the PLY or SPZ file as it is, kept outside the .blend, without the backend)"""
     bl_idname = "splatwright.import_splats"
     bl_label = "Import Splats"
 
     filter_glob: StringProperty(default=SPLAT_FILES, options={"HIDDEN"})
+    link_file: BoolProperty(name="Link File", default=False,
+                            description="Show the file as it is (a 3DGS PLY or an SPZ), kept outside the .blend, "
+                                        "which keeps only its path: no copy, no backend, and no session to follow")
 
     @classmethod
     def blocked(cls, context):
+        return "" if native.available() else cls.backend_blocked()
+
+    @staticmethod
+    def backend_blocked() -> str:
         return not_connected() or training_runs() or capture_runs()
+
+    def draw(self, context):
+        if native.available():
+            self.layout.prop(self, "link_file")
 
     def execute(self, context):
         path = Path(self.filepath)
         if not path.is_file():
             what = "a folder" if path.is_dir() else "no such file"
             self.report({"ERROR"}, f"{path}: {what}; choose a .ply, .spz, .splat or .pt file")
+            return {"CANCELLED"}
+        if self.link_file and native.available():
+            return self.link(context, path)
+        if reason := self.backend_blocked():
+            also = " (or tick Link File to show a .ply or .spz without it)" if native.available() else ""
+            self.report({"ERROR"}, f"{reason}{also}")
             return {"CANCELLED"}
         sequence = sequence_state(path)
         if sequence is not None and not sequence.complete:
@@ -84,6 +104,25 @@ class SPLATWRIGHT_OT_import_splats(Guarded, Operator, ImportHelper):
             add_model_to_scene(bpy.context, reply["session"], f"{done}; ")  # Blender draws it: an object at once
             return ""
         live.backend.call("import_splats", load, loaded)
+        return {"FINISHED"}
+
+    def link(self, context, path: Path) -> set:
+        """An object that shows file `path` through Blender's own import node (splats.add_linked_object)."""
+        try:
+            file_import_node(path.name)
+        except SplatwrightError as e:
+            self.report({"ERROR"}, str(e))
+            return {"CANCELLED"}
+        stored = linked.stored_path(os.path.normpath(str(path.resolve())))
+        obj = splats.add_linked_object(context.view_layer, context.collection, path.name.split(".")[0], stored)
+        count = len(obj.evaluated_get(context.evaluated_depsgraph_get()).data.points)
+        if not count:
+            why = native.file_warning(obj) or "no splats in it"
+            bpy.data.objects.remove(obj)
+            self.report({"ERROR"}, f"Blender cannot show {path} ({why}); link a 3DGS PLY or an SPZ file")
+            return {"CANCELLED"}
+        self.report({"INFO"}, f"added {obj.name}, {count:,} splats of {stored}, kept outside the .blend, which keeps "
+                              "only the path")
         return {"FINISHED"}
 
 

@@ -26,8 +26,9 @@ _failed: set = set()  # (session, step) whose model could not be fetched: not as
 
 
 def native_objects() -> list:
-    """Every native splat object of the open file that holds a session's model."""
-    return [o for o in bpy.data.objects if SESSION_KEY in o and o.type == "POINTCLOUD"]
+    """Every native splat object of the open file that holds a session's model in its own point cloud (one kept
+    in a file outside the .blend is frozen to the file: scene/linked.py)."""
+    return [o for o in bpy.data.objects if SESSION_KEY in o and o.type == "POINTCLOUD" and not native.linked_path(o)]
 
 
 def follow() -> float:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import bpy
 import numpy as np
 
+from ..core.errors import SplatwrightError
 from ..logic.dataset import frame_time
 from ..logic.native import (ACCELERATION, ANGULAR_VELOCITY, BASE, CENTRE_OPACITY, MOTION_ATTRIBUTES, NATIVE_TYPE,
                             POSITION, ROTATION, SCALE, SH_PREFIX, TIME_CENTER, TIME_PRECISION, VELOCITY,
-                            attribute_kind, opacity_at)
+                            attribute_kind, file_import_node, opacity_at)
 
 MODEL_ATTRIBUTES = (POSITION, SCALE, ROTATION, BASE)
 WRITTEN_KEY = "_splatwright_written"  # on a native cloud: how many attribute writes write() made (hidden in the UI)
@@ -181,12 +182,14 @@ def crop_modifier(obj):
 
 def crop_to(obj, box) -> None:
     """Crop native splat object `obj` to cube-shaped Empty `box`: a Geometry Nodes modifier (first in the stack,
-    or after a 4D model's motion, so later modifiers see the cropped points) keeps the points inside it, the box's
-    display size followed by a driver. Blender's viewport, EEVEE and Cycles draw the points kept, and Export Splats writes them."""
+    or after the file modifier and a 4D model's motion, so later modifiers see the cropped points) keeps the points
+    inside it, the box's display size followed by a driver. Blender's viewport, EEVEE and Cycles draw the points
+    kept, and Export Splats writes them."""
     modifier = crop_modifier(obj)
     if modifier is None:
         modifier = obj.modifiers.new(CROP_MODIFIER, "NODES")
-        first = 1 if motion_modifier(obj) is not None else 0  # after a 4D model's motion: its points at the time
+        # after the file a model is kept in, and a 4D model's motion (its points at the time)
+        first = (file_modifier(obj) is not None) + (motion_modifier(obj) is not None)
         if len(obj.modifiers) > first + 1:
             obj.modifiers.move(len(obj.modifiers) - 1, first)
             modifier = obj.modifiers[first]
@@ -218,6 +221,101 @@ class uncropped:
     def __exit__(self, *exc):
         if self.shown:
             self.modifier.show_viewport = True
+
+
+# ---- a model kept in a file outside the .blend: a Geometry Nodes modifier imports it ----
+
+FILE_MODIFIER = "Splatwright File"  # the modifier's name; its node groups' are this and the format's
+FILE_GROUP_KEY = "splatwright_file"  # on a node group: the version of the tree it holds (made again if older)
+FILE_GROUP_VERSION = 1
+PATH_INPUT = "Path"
+
+
+def file_group(node_kind: str):
+    """The node group whose output is the splat file at its input `Path`, read by Geometry Nodes node `node_kind`
+    (logic/native.FILE_IMPORT_NODES: Import PLY or Import SPZ, which make a GAUSSIAN_SPLAT point cloud in Blender's
+    attribute conventions and resolve a Blender-relative `//` path against the .blend's folder); its geometry input
+    is left out. A file that is missing or unreadable gives no points, and the node's warning."""
+    key = f"{FILE_GROUP_KEY}:{node_kind}"
+    group, made = geometry_group(f"{FILE_MODIFIER} {node_kind.removeprefix('GeometryNodeImport')}", key,
+                                 FILE_GROUP_VERSION, {PATH_INPUT: "NodeSocketString"})
+    if not made:
+        return group
+    next(item for item in group.interface.items_tree
+         if getattr(item, "in_out", "") == "INPUT" and item.name == PATH_INPUT).subtype = "FILE_PATH"
+    given = add_node(group, "NodeGroupInput", (-400.0, 0.0), {})
+    out = add_node(group, "NodeGroupOutput", (200.0, 0.0), {})
+    reader = add_node(group, node_kind, (-100.0, 0.0), {})
+    group.links.new(given.outputs[PATH_INPUT], reader.inputs["Path"])
+    group.links.new(reader.outputs[0], out.inputs["Geometry"])  # "Geometry" of Import PLY, "Points" of Import SPZ
+    return group
+
+
+def file_modifier(obj):
+    """The file modifier of native splat object `obj`, or None (its own point cloud holds its model)."""
+    modifier = obj.modifiers.get(FILE_MODIFIER)
+    return modifier if modifier is not None and modifier.type == "NODES" and modifier.node_group is not None else None
+
+
+def linked_path(obj) -> str:
+    """The splat file native splat object `obj` shows, as it keeps it (relative to the .blend's folder, `//...`, or
+    absolute); '' where its own point cloud holds its model."""
+    modifier = file_modifier(obj) if obj.type == "POINTCLOUD" else None
+    return _input(modifier, PATH_INPUT).value if modifier is not None else ""
+
+
+def link_file(obj, path: str) -> None:
+    """Make native splat object `obj` show splat file `path` (a 3DGS PLY or an SPZ) and hold none itself: its point
+    cloud becomes an empty one of its own (with its materials; other objects that shared the old one keep it), and
+    the file modifier, first in its stack (before a crop box's and any other), imports the file at each
+    evaluation. The .blend then keeps only the path. SplatwrightError for a file the nodes cannot read."""
+    node_kind = file_import_node(path)
+    old = obj.data
+    cloud = bpy.data.pointclouds.new(old.name)
+    cloud.type = NATIVE_TYPE
+    for material in old.materials:
+        cloud.materials.append(material)
+    obj.data = cloud
+    if old.users == 0:
+        bpy.data.pointclouds.remove(old)
+    modifier = file_modifier(obj)
+    if modifier is None:
+        modifier = obj.modifiers.new(FILE_MODIFIER, "NODES")
+        if len(obj.modifiers) > 1:
+            obj.modifiers.move(len(obj.modifiers) - 1, 0)
+            modifier = obj.modifiers[0]
+    modifier.node_group = file_group(node_kind)
+    _input(modifier, PATH_INPUT).value = path
+    obj.update_tag()
+
+
+def file_warning(obj) -> str:
+    """What the file modifier of native splat object `obj` said when it last imported its file (Blender's node
+    warning: the file missing or unreadable), or ''."""
+    modifier = file_modifier(obj)
+    return next((w.message for w in modifier.node_warnings), "") if modifier is not None else ""
+
+
+def store_file(context, obj) -> int:
+    """Make native splat object `obj`, which shows a file, hold the file's splats in its own point cloud (as the
+    file modifier imports them, before the modifiers after it) and remove the modifier; the number of splats.
+    SplatwrightError where the file gives none (missing or unreadable)."""
+    modifier = file_modifier(obj)
+    later = [m for m in obj.modifiers[obj.modifiers.find(modifier.name) + 1:] if m.show_viewport]
+    for m in later:
+        m.show_viewport = False
+    try:
+        attributes = read(obj.evaluated_get(context.evaluated_depsgraph_get()).data)
+    finally:
+        for m in later:
+            m.show_viewport = True
+    if not len(attributes.get(POSITION, ())):
+        raise SplatwrightError(f"{linked_path(obj)} gives {obj.name} no splats ({file_warning(obj) or 'empty'}): "
+                               "put the file back, or set the Path of its Splatwright File modifier")
+    write(obj.data, attributes)
+    obj.modifiers.remove(modifier)
+    obj.update_tag()
+    return len(attributes[POSITION])
 
 
 # ---- 4D models: a Geometry Nodes modifier moves and turns the points at the scene's time; opacities by a handler ----

@@ -20,7 +20,7 @@ from ..logic.native import POSITION, fingerprint
 from ..logic.placement import camera_in_model, crop_matrix, model_bounds, model_to_world
 from . import native
 
-SESSION_KEY = "splatwright_session"  # the session whose model the object places
+SESSION_KEY = "splatwright_session"  # the session whose model the object places ('': a linked file's, of none)
 CENTRE_KEY = "splatwright_centre"  # the model-space point at the object's origin
 STEP_KEY = "splatwright_step"  # on a native splat object: the training step of the model it holds
 # On a native splat object: logic/native.fingerprint of the points last written into it (or sent from it to train
@@ -88,8 +88,9 @@ def add_crop_box(view_layer, obj):
     box.parent = obj  # at the object's origin, moving with it
     if obj.type == "EMPTY":
         box.empty_display_size = obj.empty_display_size
-    else:
-        centre, box.empty_display_size = model_bounds(native.positions(obj.data))
+    else:  # the points it holds, or those of the file it shows
+        cloud = obj.evaluated_get(bpy.context.evaluated_depsgraph_get()).data if native.linked_path(obj) else obj.data
+        centre, box.empty_display_size = model_bounds(native.positions(cloud))
         box.location = [float(c) for c in centre]
         native.crop_to(obj, box)
     for collection in obj.users_collection:
@@ -127,6 +128,14 @@ def add_native_object(view_layer, collection, session: str, attributes: dict, st
     obj = bpy.data.objects.new(session, cloud)
     obj[STEP_KEY], obj[FINGERPRINT_KEY] = step, fingerprint(attributes[POSITION])
     return placed_at_centre(view_layer, collection, obj, session, (0.0, 0.0, 0.0))
+
+
+def add_linked_object(view_layer, collection, name: str, path: str):
+    """A native splat object (Blender 5.3 and later) named `name` that shows splat file `path` (native.link_file)
+    and belongs to no session, selected and active."""
+    obj = bpy.data.objects.new(name, bpy.data.pointclouds.new(name))
+    native.link_file(obj, path)
+    return placed_at_centre(view_layer, collection, obj, "", (0.0, 0.0, 0.0))
 
 
 def placed_at_centre(view_layer, collection, obj, session: str, centre):

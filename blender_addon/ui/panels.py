@@ -19,17 +19,18 @@ from ..ops.capture import SPLATWRIGHT_OT_capture_cancel
 from ..ops.colmap import SPLATWRIGHT_OT_import_colmap
 from ..ops.flow import SPLATWRIGHT_OT_capture_train, running_flow
 from ..ops.formats import SPLATWRIGHT_OT_export_splats, SPLATWRIGHT_OT_import_splats
-from ..ops.splats import SPLATWRIGHT_OT_add_crop_box, SPLATWRIGHT_OT_add_model, SPLATWRIGHT_OT_show_model
+from ..ops.splats import (SPLATWRIGHT_OT_add_crop_box, SPLATWRIGHT_OT_add_model, SPLATWRIGHT_OT_keep_outside,
+                          SPLATWRIGHT_OT_show_model, SPLATWRIGHT_OT_store_in_blend)
 from ..ops.training import (SPLATWRIGHT_OT_train_pause, SPLATWRIGHT_OT_train_resume, SPLATWRIGHT_OT_train_start,
                             SPLATWRIGHT_OT_train_stop)
 from ..ops.view import SPLATWRIGHT_OT_render_preview
 from ..render import overlay
-from ..scene import live
+from ..scene import linked, live, native
 from ..scene.colmap import imported_model, photo_counts
 from ..scene.folders import captures_home, movable_capture, unsaved_captures
 from ..scene.reading import animation_frames, capture_cameras, capture_size
 from ..scene.session import not_connected
-from ..scene.splats import SESSION_KEY, crop_box, model_choice, model_matrix, splat_objects
+from ..scene.splats import SESSION_KEY, active_model, crop_box, model_choice, model_matrix, splat_objects
 from .kit import SplatsPanel, buttons, duration, labels, primary, progress, reason_line
 
 CONNECTION_ICONS = {"connected": "CHECKMARK", "connecting": "TIME", "lost": "ERROR", "disconnected": "X"}
@@ -250,22 +251,33 @@ def problem(obj, scene) -> str:
 
 
 class SPLATWRIGHT_PT_model(SubPanel, bpy.types.Panel):
-    """The model: import, export, add to scene, show, crop, preview; and the scene's splat objects."""
+    """The model: import, export, add to scene, show, crop, preview, and (Blender 5.3 and later) where the active
+    native object keeps its model; and the scene's splat objects."""
     bl_label = "Model"
 
     def draw(self, context):
         layout = self.layout
         if gaussians := live.backend.status.get("gaussians"):
             layout.label(text=f"Showing {gaussians:,} Gaussians")
-        buttons(layout, context, SPLATWRIGHT_OT_add_model, SPLATWRIGHT_OT_show_model, SPLATWRIGHT_OT_add_crop_box,
-                SPLATWRIGHT_OT_render_preview, SPLATWRIGHT_OT_import_splats, SPLATWRIGHT_OT_export_splats,
-                icons=("OUTLINER_OB_EMPTY", "HIDE_OFF", "MESH_CUBE", "IMAGE_DATA", "IMPORT", "EXPORT"),
+        ops = [SPLATWRIGHT_OT_add_model, SPLATWRIGHT_OT_show_model, SPLATWRIGHT_OT_add_crop_box,
+               SPLATWRIGHT_OT_render_preview, SPLATWRIGHT_OT_import_splats, SPLATWRIGHT_OT_export_splats]
+        icons = ["OUTLINER_OB_EMPTY", "HIDE_OFF", "MESH_CUBE", "IMAGE_DATA", "IMPORT", "EXPORT"]
+        if native.available():  # the one of Keep Outside .blend and Store in .blend that fits the active object
+            obj = active_model(context)
+            kept_outside = obj is not None and bool(native.linked_path(obj))
+            ops.append(SPLATWRIGHT_OT_store_in_blend if kept_outside else SPLATWRIGHT_OT_keep_outside)
+            icons.append("FILE_BLEND" if kept_outside else "EXTERNAL_DRIVE")
+        buttons(layout, context, *ops, icons=icons,
                 texts=("Add to Scene", "Show Model", "Add Crop Box", "Preview", "Import", "Export"),
                 explain_first=SPLATWRIGHT_OT_render_preview)  # why there is no model to act on, first
         for obj in splat_objects(context.scene):
-            labels(layout, context, f"{obj.name}: session {obj[SESSION_KEY]}", icon="OUTLINER_OB_EMPTY")
+            session = obj[SESSION_KEY]
+            labels(layout, context, f"{obj.name}: session {session}" if session else f"{obj.name}: a linked file",
+                   icon="OUTLINER_OB_EMPTY")
             if (box := crop_box(obj)) is not None:
                 labels(layout, context, f"cropped to {box.name}", icon="MESH_CUBE")
+            if kept := linked.state(obj):
+                labels(layout, context, kept, icon="LINKED")
             if reason := problem(obj, context.scene):
                 labels(layout, context, reason, icon="INFO")
 
