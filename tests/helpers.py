@@ -124,7 +124,7 @@ def wait_until(condition, timeout=60.0):
 
 # ---- COLMAP captures ----
 
-MODEL_IDS = {"SIMPLE_PINHOLE": 0, "PINHOLE": 1, "SIMPLE_RADIAL": 2, "OPENCV": 4}
+MODEL_IDS = {"SIMPLE_PINHOLE": 0, "PINHOLE": 1, "SIMPLE_RADIAL": 2, "OPENCV": 4, "FOV": 7}
 
 
 def matrix_to_quat(R: np.ndarray) -> np.ndarray:
@@ -163,7 +163,8 @@ def write_capture(root: Path, cameras: list[Camera], binary: bool, model: str = 
         entries.append((w, h, {"PINHOLE": [K[0, 0], K[1, 1], K[0, 2], K[1, 2]],
                                "SIMPLE_PINHOLE": [K[0, 0], K[0, 2], K[1, 2]],
                                "SIMPLE_RADIAL": [K[0, 0], K[0, 2], K[1, 2], 0.01],
-                               "OPENCV": [K[0, 0], K[1, 1], K[0, 2], K[1, 2], 0.01, 0, 0, 0]}[model]))
+                               "OPENCV": [K[0, 0], K[1, 1], K[0, 2], K[1, 2], 0.01, 0, 0, 0],
+                               "FOV": [K[0, 0], K[1, 1], K[0, 2], K[1, 2], 0.01]}[model]))
     xyz = g.means[:n_points].numpy().astype(np.float64)
     rgb = np.random.default_rng(0).integers(0, 256, (n_points, 3))
     observations = [cam.world_to_pixel(xyz)[0] for cam in cameras]  # every point seen in every image
@@ -306,3 +307,15 @@ def cli_memory(*runs: list[str]) -> list[dict]:
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
+
+
+def similarity(source: np.ndarray, target: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+    """The similarity (scale s, rotation R, translation t) taking the points `source` (N, 3) closest to `target`
+    (N, 3) in the least-squares sense, s R x + t (Umeyama 1991)."""
+    mu_s, mu_t = source.mean(axis=0), target.mean(axis=0)
+    a, b = source - mu_s, target - mu_t
+    u, d, vt = np.linalg.svd(b.T @ a / len(source))
+    flip = np.diag([1.0, 1.0, np.sign(np.linalg.det(u @ vt))])
+    rotation = u @ flip @ vt
+    scale = float(np.trace(np.diag(d) @ flip) / (a ** 2).sum(axis=1).mean())
+    return scale, rotation, mu_t - scale * rotation @ mu_s

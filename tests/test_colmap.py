@@ -110,9 +110,18 @@ def test_undistorted_layout_and_simple_pinhole(tmp_path):
 
 
 @pytest.mark.parametrize("model", ["SIMPLE_RADIAL", "OPENCV"])
-def test_distorted_camera_models_are_refused_with_how_to_undistort(tmp_path, model):
+def test_distorted_camera_models_load_undistorted_beside_the_model(tmp_path, model):
+    pytest.importorskip("pycolmap", reason="pycolmap is not installed (pyproject.toml's dependencies have it)")
     write_capture(tmp_path, orbit_cameras(3, 16, 16), binary=True, model=model)
-    with pytest.raises(SplatwrightError, match=f"{model} has lens distortion.*colmap image_undistorter"):
+    views = load_split(tmp_path, "train")
+    assert len(views.cameras) == 2  # the first of 3 is held out
+    undistorted = colmap.read_model(colmap.find_model(tmp_path / colmap.UNDISTORTED))
+    assert {cam.model for cam in undistorted.cameras.values()} == {"PINHOLE"}
+
+
+def test_camera_models_pycolmap_does_not_undistort_here_are_refused_with_how_to(tmp_path):
+    write_capture(tmp_path, orbit_cameras(3, 16, 16), binary=True, model="FOV")
+    with pytest.raises(SplatwrightError, match="FOV has lens distortion.*colmap image_undistorter"):
         load_split(tmp_path, "train")
 
 

@@ -16,6 +16,8 @@ ENTRY = "backend.__main__"  # the command line: the one module above the tools
 # Imports that may stand inside a function, and why: each is heavy and only the call that needs it pays for it.
 LAZY = {
     "torch.utils.cpp_extension": "the CUDA extension's build, at first use; importing it loads setuptools",
+    "pycolmap": "structure from motion (data/photos.py): a large native library that only the photos command and "
+                "distorted COLMAP models need, so a backend without it trains and serves as before",
     "gsplat": "the peer the benchmarks compare against: optional, and importing it may build its CUDA code",
 }
 

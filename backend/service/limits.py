@@ -31,14 +31,15 @@ class Limits:
     def flag(name: str) -> str:
         return "--max-" + name.replace("_", "-")
 
-    def check(self, name: str, value: int, what: str, instead: str = "") -> None:
+    def check(self, name: str, value: int, what: str, instead: str = "", command: str = "serve") -> None:
         """SplatwrightError if `value` (of `what`) is over the limit `name`; `instead`: what else the user may do
-        than allow more."""
+        than allow more; `command`: the command whose flag allows more (the server's, or the photos command's)."""
         cap = getattr(self, name)
         if value > cap:
+            allow = (f"start the backend with serve {self.flag(name)} N" if command == "serve"
+                     else f"run {command} with {self.flag(name)} N")
             raise SplatwrightError(f"{what}: {value:,} is over the cap of {cap:,} {self.meaning(name)}; "
-                                   f"{instead + ', or ' if instead else ''}start the backend with serve "
-                                   f"{self.flag(name)} N to allow more")
+                                   f"{instead + ', or ' if instead else ''}{allow} to allow more")
 
     def budget(self) -> Budget:
         """What reading a model file may decode (formats.budget), its refusal naming the flag that allows more."""

@@ -1,14 +1,17 @@
-"""Command line: python -m backend {train,render,convert,info,demo,serve,bench} ..."""
+"""Command line: python -m backend {train,photos,render,convert,info,demo,serve,bench} ..."""
 from __future__ import annotations
 
 import argparse
 
+from blender_addon.core.codecs import MAX_IMAGE_SIDE
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.schema import Float, Str
 from blender_addon.core.settings import TRAINING
 from ..data.images import parse_background
+from ..data.photos import EXHAUSTIVE_UP_TO
 from ..service import server
 from ..service.arguments import Parser, add_serve_arguments, positive_int, run
+from ..service.limits import Limits
 from . import bench, commands, convert, demo
 from .bench import BENCHMARKS
 
@@ -29,6 +32,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dynamic", action="store_true",
                    help="train a 4D model of moving Gaussians (OUT/splats4d.pt) even when the frames have no "
                    "'time'; frames with times always train one")
+
+    p = sub.add_parser("photos", help="structure from motion: a folder of photos to a COLMAP dataset to train on")
+    p.add_argument("photos", help=f"folder of photos (.jpg, .png, .tif) of one scene; up to {EXHAUSTIVE_UP_TO} are "
+                   "matched every one with every other, more each with its neighbours in name order")
+    p.add_argument("--out", required=True,
+                   help="output folder: the dataset (images/, sparse/), and the COLMAP database that a second run "
+                   "reuses")
+    p.add_argument("--max-image-size", type=positive_int, default=MAX_IMAGE_SIDE, metavar="N",
+                   help=f"longest side, in pixels, at which features are found (default: {MAX_IMAGE_SIDE}); smaller "
+                   "is faster")
+    for name in ("views", "view_pixels"):
+        p.add_argument(Limits.flag(name), type=positive_int, default=getattr(Limits(), name), metavar="N",
+                       help=f"most {Limits.meaning(name)}, as the server allows (default: {getattr(Limits(), name):,})")
 
     p = sub.add_parser("render", help="render a splat file through the cameras of a transforms file")
     p.add_argument("splats", help="splat file: 3DGS PLY, compressed PLY, SPZ or .splat; or a 4D model (splats4d.pt)")
@@ -67,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # named by the command's own parser, not the top level's
         sub.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)} (--help lists the options)")
-    command = {"train": commands.train, "render": commands.render_views, "info": commands.info, "demo": demo.demo,
+    command = {"train": commands.train, "photos": commands.photos, "render": commands.render_views, "info": commands.info, "demo": demo.demo,
                "convert": convert.convert, "serve": server.serve, "bench": lambda args: bench.main(args.rest)}
     return run(command[args.command], args)
 

@@ -1,4 +1,4 @@
-"""The CLI's commands (train, render, info); each takes parsed arguments and returns an exit code."""
+"""The CLI's commands (train, photos, render, info); each takes parsed arguments and returns an exit code."""
 from __future__ import annotations
 
 import json
@@ -13,14 +13,16 @@ from PIL import Image
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.files import sequence_state
 from blender_addon.core.settings import TRAINING
-from ..data import load_cameras, load_split, scene_point_cloud
+from ..data import load_cameras, load_split, prepare, scene_point_cloud
 from ..data.dataset import Dataset
+from ..data.photos import reconstruct
 from ..dynamic import DYNAMIC_FILE, DynamicGaussians, read_dynamic, write_dynamic
 from ..formats import formation_of, read_any, with_sh_degree
 from ..formats.ply import write_ply
 from ..gaussians import Gaussians
 from ..policy import CHECKPOINT, device_name, make_config, resolve_device, system_report
 from ..render import drawn_formation, render
+from ..service.limits import Limits
 from ..train import TrainConfig, Trainer, evaluate, load_latest_checkpoint, previous_checkpoint
 from .progress import Progress
 
@@ -61,6 +63,7 @@ def run_training(trainer: Trainer, checkpoint: Path | None, checkpoint_every: in
 def train(args) -> int:
     device, rasterizer = resolve_device(args.device)
     cfg = training_config(args, device, rasterizer)
+    print_note(prepare(args.data))
     train_set = load_split(args.data, "train", cfg.background, args.downscale)
     test_set = load_split(args.data, "test", cfg.background, args.downscale)
     out = output_folder(args.out)
@@ -82,6 +85,39 @@ def train(args) -> int:
     metrics = finish(trainer, test_set or train_set, out, device)
     print(json.dumps(metrics))
     return 0
+
+
+def photos(args) -> int:
+    """Structure from motion: the photos in args.photos to a COLMAP dataset in --out, a progress bar per stage."""
+    limits = Limits(views=args.max_views, view_pixels=args.max_view_pixels)
+    bars: dict[str, Progress] = {}
+    closed: set[str] = set()
+
+    def progress(stage: str, done: int, total: int) -> None:
+        if stage in closed:
+            return
+        if stage not in bars:
+            bars[stage] = Progress(total, stage)
+        bars[stage].update(done)
+        if done >= total:
+            bars[stage].close()
+            closed.add(stage)
+
+    out = output_folder(args.out)
+    try:
+        result = reconstruct(args.photos, out, lambda *a: limits.check(*a, command="photos"), progress,
+                             args.max_image_size)
+    finally:
+        for stage in bars.keys() - closed:
+            bars[stage].close()
+    print(f"registered {result.registered} of {result.photos} photos, {result.points} points; the dataset is "
+          f"{result.folder} (train on it: python -m backend train {result.folder} --out DIR)")
+    return 0
+
+
+def print_note(text: str | None) -> None:
+    if text:
+        print(f"note: {text}", file=sys.stderr)
 
 
 def output_folder(path: str) -> Path:
@@ -161,6 +197,7 @@ def render_views(args) -> int:
         raise SplatwrightError(f"--time: {args.splats} is a static model, the same at every time; give a 4D model "
                                f"({DYNAMIC_FILE} from training on views with times)")
     g = g.at(args.time or 0.0)
+    print_note(prepare(args.cameras))
     cameras, names = load_cameras(args.cameras, args.downscale)
     out = output_folder(args.out)
     background = tuple(args.background)

@@ -1,0 +1,120 @@
+"""Structure from motion from a folder of photos (backend/data/photos.py, through pycolmap): the skull's 65
+photos (tests/data/colmap_skull) without their model register, and their cameras agree with the shipped model
+after a similarity alignment; the dataset written trains, and the mapper's model before undistortion (a
+SIMPLE_RADIAL camera) loads after the loader undistorts it; too few photos, or photos over the upload limits,
+end with a message that says what to do."""
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from backend.data import colmap, load_split, prepare
+from backend.data.photos import DISTORTED, reconstruct
+from backend.service.limits import Limits
+from backend.tools import cli
+from blender_addon.core.errors import SplatwrightError
+from helpers import similarity
+
+pycolmap = pytest.importorskip("pycolmap", reason="pycolmap is not installed (pyproject.toml's dependencies have it)")
+
+SKULL = Path(__file__).resolve().parent / "data" / "colmap_skull"
+CHECK = Limits().check
+
+
+@pytest.fixture(scope="module")
+def skull(tmp_path_factory):
+    """The skull's photos through `photos`, with the time of each stage."""
+    out = tmp_path_factory.mktemp("skull")
+    started = time.monotonic()
+    result = reconstruct(SKULL / "images", out, CHECK)
+    print(f"\nskull: {result.registered} of {result.photos} registered, {result.points} points, stages "
+          f"{result.seconds}, {time.monotonic() - started:.1f} s in all")
+    return result
+
+
+def centres_and_rotations(root: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    cameras, names = colmap.load_cameras(root)
+    return {name: (cam.position, cam.c2w[:3, :3]) for cam, name in zip(cameras, names)}
+
+
+@pytest.mark.slow
+def test_the_skulls_photos_register_where_the_shipped_model_has_them(skull):
+    assert skull.registered >= 60, skull
+    ours, shipped = centres_and_rotations(skull.folder), centres_and_rotations(SKULL)
+    common = sorted(ours.keys() & shipped.keys())
+    assert len(common) >= 60
+    source = np.array([ours[n][0] for n in common])
+    target = np.array([shipped[n][0] for n in common])
+    scale, rotation, shift = similarity(source, target)
+    centre_error = np.linalg.norm(scale * source @ rotation.T + shift - target, axis=1)
+    extent = np.linalg.norm(target.max(axis=0) - target.min(axis=0))
+    angles = [np.degrees(np.arccos(np.clip((np.trace((rotation @ ours[n][1]).T @ shipped[n][1]) - 1) / 2, -1, 1)))
+              for n in common]
+    print(f"\nskull: median rotation error {np.median(angles):.3f} deg, camera centres median "
+          f"{np.median(centre_error) / extent:.4%} max {centre_error.max() / extent:.4%} of the extent")
+    assert np.median(angles) <= 1.0
+    assert centre_error.max() <= 0.02 * extent
+
+
+@pytest.mark.slow
+def test_the_dataset_written_loads_every_registered_photo(skull):
+    train, test = load_split(skull.folder, "train"), load_split(skull.folder, "test")
+    assert len(train.cameras) + len(test.cameras) == skull.registered
+    assert len(colmap.read_points(skull.folder)[0]) == skull.points > 1000
+
+
+def test_a_simple_radial_model_loads_after_undistortion(tmp_path):
+    """The skull's model with its camera made SIMPLE_RADIAL (a small k), beside the photos, as `colmap mapper`
+    leaves a capture: training reads the undistorted copy the loader makes, once."""
+    capture = tmp_path / "capture"
+    shutil.copytree(SKULL / "images", capture / "images")
+    model = pycolmap.Reconstruction(str(SKULL / "sparse"))
+    camera = model.cameras[1]
+    fx, fy, cx, cy = camera.params
+    camera.model = pycolmap.CameraModelId.SIMPLE_RADIAL
+    camera.params = [(fx + fy) / 2, cx, cy, 0.02]
+    (capture / "sparse" / "0").mkdir(parents=True)
+    model.write(str(capture / "sparse" / "0"))
+    assert {cam.model for cam in colmap.read_model(colmap.find_model(capture)).cameras.values()} == {"SIMPLE_RADIAL"}
+    note = prepare(capture)
+    assert "SIMPLE_RADIAL" in note and str(capture / colmap.UNDISTORTED) in note
+    assert prepare(capture) is None  # made once
+    train, test = load_split(capture, "train"), load_split(capture, "test")
+    assert len(train.cameras) + len(test.cameras) == 65
+    undistorted = colmap.read_model(colmap.find_model(capture / colmap.UNDISTORTED))
+    assert {cam.model for cam in undistorted.cameras.values()} == {"PINHOLE"}
+
+
+def unrelated_photos(folder: Path, count: int) -> Path:
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(count):
+        Image.fromarray(rng.integers(0, 256, (120, 160, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    return folder
+
+
+def test_too_few_registered_photos_say_how_many_and_why(tmp_path):
+    photos = unrelated_photos(tmp_path / "photos", 2)
+    with pytest.raises(SplatwrightError, match=r"registered \d of 2 photos.*overlap too little or are blurred"):
+        reconstruct(photos, tmp_path / "out", CHECK)
+
+
+def test_the_command_reports_too_few_photos_in_one_line(tmp_path, capsys):
+    photos = unrelated_photos(tmp_path / "photos", 2)
+    assert cli.main(["photos", str(photos), "--out", str(tmp_path / "out")]) == 1
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("error: ") and "of 2 photos" in error
+    assert (tmp_path / "out" / "database.db").is_file()  # kept for a second run
+
+
+def test_photos_go_through_the_upload_limits(tmp_path, capsys):
+    photos = unrelated_photos(tmp_path / "photos", 3)
+    with pytest.raises(SplatwrightError, match="--max-views"):
+        reconstruct(photos, tmp_path / "out", Limits(views=2).check)
+    assert cli.main(["photos", str(photos), "--out", str(tmp_path / "out"), "--max-view-pixels", "100"]) == 1
+    assert "run photos with --max-view-pixels N to allow more" in capsys.readouterr().err
