@@ -137,6 +137,7 @@ def _pycolmap():
         raise SplatwrightError("structure from motion needs pycolmap, which this backend's environment lacks: "
                                "pip install pycolmap, or press Set Up Backend in the add-on's preferences") from None
     pycolmap.logging.minloglevel = pycolmap.logging.ERROR  # COLMAP's own log lines: the progress says enough
+    pycolmap.set_random_seed(0)  # RANSAC and the mapper's choices: a run repeats
     return pycolmap
 
 
