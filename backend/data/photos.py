@@ -7,7 +7,7 @@ The stages, each reporting progress as (stage, done, total):
    from EXIF where the photo has it, else pycolmap's guess): photos whose sizes and EXIF make, model and focal
    length agree are one camera.
 2. matching: every pair of photos up to EXHAUSTIVE_UP_TO photos; beyond, each photo with its neighbours in name
-   order (sequential matching, for photos taken walking around).
+   order (sequential matching, for photos taken walking around); guided by each pair's verified geometry.
 3. mapping: incremental mapping; the model that registers the most photos is kept, before undistortion in
    OUT/distorted/sparse/0.
 4. undistortion: the kept model's photos resampled to a pinhole camera, into OUT/images and OUT/sparse, the
@@ -177,13 +177,16 @@ def _match(pycolmap, database: Path, pairs_file: Path, count: int, progress: Pro
             generator = pycolmap.SequentialPairGenerator(pycolmap.SequentialPairingOptions(), db)
         names = {image.image_id: image.name for image in db.read_all_images()}
         pairs = [(names[a], names[b]) for a, b in generator.all_pairs()]
+    matching = pycolmap.FeatureMatchingOptions()
+    matching.guided_matching = True  # after verification, matches along the epipolar lines too: more photos register
     progress("matching", 0, len(pairs))
     for start in range(0, len(pairs), MATCH_CHUNK):
         chunk = pairs[start:start + MATCH_CHUNK]
         pairs_file.write_text("".join(f"{a} {b}\n" for a, b in chunk))
         pairing = pycolmap.ImportedPairingOptions()
         pairing.match_list_path = str(pairs_file)
-        pycolmap.match_image_pairs(str(database), pairing_options=pairing, device=pycolmap.Device.cpu)
+        pycolmap.match_image_pairs(str(database), matching_options=matching, pairing_options=pairing,
+                                   device=pycolmap.Device.cpu)
         progress("matching", start + len(chunk), len(pairs))
 
 
