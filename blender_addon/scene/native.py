@@ -251,6 +251,16 @@ def file_group(node_kind: str):
     return group
 
 
+def first_modifier(obj, name: str):
+    """A new Geometry Nodes modifier `name` of `obj`, first in its stack (its points are made or moved before a
+    crop box or the user's modifiers see them)."""
+    modifier = obj.modifiers.new(name, "NODES")
+    if len(obj.modifiers) > 1:
+        obj.modifiers.move(len(obj.modifiers) - 1, 0)
+        modifier = obj.modifiers[0]
+    return modifier
+
+
 def file_modifier(obj):
     """The file modifier of native splat object `obj`, or None (its own point cloud holds its model)."""
     modifier = obj.modifiers.get(FILE_MODIFIER)
@@ -278,12 +288,7 @@ def link_file(obj, path: str) -> None:
     obj.data = cloud
     if old.users == 0:
         bpy.data.pointclouds.remove(old)
-    modifier = file_modifier(obj)
-    if modifier is None:
-        modifier = obj.modifiers.new(FILE_MODIFIER, "NODES")
-        if len(obj.modifiers) > 1:
-            obj.modifiers.move(len(obj.modifiers) - 1, 0)
-            modifier = obj.modifiers[0]
+    modifier = file_modifier(obj) or first_modifier(obj, FILE_MODIFIER)
     modifier.node_group = file_group(node_kind)
     _input(modifier, PATH_INPUT).value = path
     obj.update_tag()
@@ -413,12 +418,7 @@ def animate(obj, scene) -> None:
     """Make native splat object `obj`, holding a 4D model, show it at `scene`'s time: the motion modifier first in
     its stack (a crop box then crops the points where they are at that time), its frame range followed by drivers,
     and its opacities set now (update_opacities sets them at each frame change)."""
-    modifier = motion_modifier(obj)
-    if modifier is None:
-        modifier = obj.modifiers.new(MOTION_MODIFIER, "NODES")
-        if len(obj.modifiers) > 1:
-            obj.modifiers.move(len(obj.modifiers) - 1, 0)
-            modifier = obj.modifiers[0]
+    modifier = motion_modifier(obj) or first_modifier(obj, MOTION_MODIFIER)
     modifier.node_group = motion_group()
     for name, path in ((START_INPUT, "frame_start"), (END_INPUT, "frame_end")):
         value = _input(modifier, name)
