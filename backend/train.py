@@ -18,7 +18,7 @@ from .dynamic import DynamicGaussians, gaussians_from_tensors
 from .gaussians import Gaussians
 from .metrics import photometric_loss, psnr, ssim
 from .optim import Adam
-from .render import camera_tensors, drawn_formation, render
+from .render import camera_tensors, render
 from .render.cuda import gradient_step
 from .render.formation import STANDARD
 from .strategy import DefaultStrategy, DensifyConfig
@@ -144,10 +144,7 @@ class Trainer:
         if cfg.batch_views < group.world:
             raise SplatwrightError(f"{group.world} processes need at least as many views per step, "
                                    f"not {cfg.batch_views}")
-        # What the user is told once about how this training differs from what was asked ('' when nothing does):
-        # the image formation its rasterizer trains (the model then is, and says it is, of that one).
-        formation, self.note = drawn_formation(cfg.rasterizer, cfg.image_formation, "trains")
-        cfg = replace(cfg, image_formation=formation)
+        self.note = ""  # what the user is told once about how this training differs from what was asked
         # Views over time are cameras at times, many more than the cameras: their schedule is not stretched.
         over_time = cfg.dynamic or data.times is not None
         cfg = fit_to_views(cfg, 0 if over_time else len(data.cameras))
@@ -167,7 +164,9 @@ class Trainer:
         self.optimizer = self._make_optimizer()
         # A static model on the CUDA rasterizer takes its gradients straight from the kernels (bit-equal to
         # autograd's, for a third less host time a step); a 4D model's motion goes through autograd.
-        self.without_autograd = cfg.rasterizer == "cuda" and not self.dynamic
+        # A static model in the standard formation on a GPU: the extension's fused step (render/cuda.py's
+        # gradient_step); otherwise autograd.
+        self.without_autograd = cfg.rasterizer == "cuda" and not self.dynamic and cfg.image_formation == STANDARD
         self.strategy = DefaultStrategy(cfg.densify, self.extent)
         # On the CPU, so drawing a view or split noise never waits for the GPU.
         self.generator = torch.Generator().manual_seed(cfg.seed)

@@ -164,7 +164,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
           "tile counts' sum");
     counts.entries_on_host = std::make_shared<const PendingCount>(entry_ends + n - 1, stream);
   }
-  check(sw::launch_sh_colors(g, cam, iptr(radii), fptr(colors), stream), "SH colours");
+  check(sw::launch_sh_colors(g, cam, iptr(radii), false, fptr(colors), stream), "SH colours");
   return {means2d, conics, depths, radii, colors, counts};
 }
 
@@ -192,6 +192,57 @@ std::vector<torch::Tensor> project_backward(const torch::Tensor& means, const to
                                   c10::cuda::getCurrentCUDAStream()),
         "projection backward");
   return {gm, gq, gs, g_head, g_tail};
+}
+
+// Blender's formation's projection (splatwright.h's launch_ray_projection_fwd): returns means2d (N, 2), rays (N,
+// RAY_PARAMS), colors (N, 3) in linear light, opacities as drawn (N,), rects (N, 4) and radii (N,) int32.
+std::vector<torch::Tensor> ray_project_forward(const torch::Tensor& means, const torch::Tensor& quats,
+                                               const torch::Tensor& scales, const torch::Tensor& opacities,
+                                               const torch::Tensor& sh, const torch::Tensor& viewmat,
+                                               const torch::Tensor& K, int64_t width, int64_t height,
+                                               int64_t sh_degree) {
+  const c10::cuda::CUDAGuard guard(means.device());
+  check_input(opacities, "opacities");
+  TORCH_CHECK(opacities.numel() == means.size(0), "opacities must be (N,)");
+  const torch::Tensor tail = sh.new_empty({sh.size(0), 0, 3});
+  const sw::GaussianArgs g = gaussian_args(means, quats, scales, sh, tail, fptr(opacities), sh_degree);
+  const sw::CameraArgs cam = camera_args(viewmat, K, width, height);
+  const auto f32 = means.options();
+  const int64_t n = g.n;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  torch::Tensor means2d = new_output({n, 2}, f32), rays = new_output({n, sw::RAY_PARAMS}, f32);
+  torch::Tensor colors = new_output({n, 3}, f32), drawn = new_output({n}, f32), rects = new_output({n, 4}, f32);
+  torch::Tensor radii = new_output({n}, f32.dtype(torch::kInt32));
+  check(sw::launch_ray_projection_fwd(g, cam, fptr(means2d), fptr(rays), fptr(drawn), fptr(rects), iptr(radii),
+                                      stream),
+        "ray projection forward");
+  check(sw::launch_sh_colors(g, cam, iptr(radii), true, fptr(colors), stream), "SH colours");
+  return {means2d, rays, colors, drawn, rects, radii};
+}
+
+// Returns grads w.r.t. means, quats, scales, opacities and sh.
+std::vector<torch::Tensor> ray_project_backward(const torch::Tensor& means, const torch::Tensor& quats,
+                                                const torch::Tensor& scales, const torch::Tensor& opacities,
+                                                const torch::Tensor& sh, const torch::Tensor& viewmat,
+                                                const torch::Tensor& K, int64_t width, int64_t height,
+                                                int64_t sh_degree, const torch::Tensor& radii,
+                                                const torch::Tensor& grad_means2d, const torch::Tensor& grad_rays,
+                                                const torch::Tensor& grad_colors, const torch::Tensor& grad_drawn) {
+  const c10::cuda::CUDAGuard guard(means.device());
+  const torch::Tensor tail = sh.new_empty({sh.size(0), 0, 3});
+  const sw::GaussianArgs g = gaussian_args(means, quats, scales, sh, tail, fptr(opacities), sh_degree);
+  const sw::CameraArgs cam = camera_args(viewmat, K, width, height);
+  check_input(radii, "radii", torch::kInt32);
+  for (const torch::Tensor* grad : {&grad_means2d, &grad_rays, &grad_colors, &grad_drawn}) check_input(*grad, "grad");
+  torch::Tensor gm = new_output(means.sizes(), means.options()), gq = new_output(quats.sizes(), quats.options());
+  torch::Tensor gs = new_output(scales.sizes(), scales.options());
+  torch::Tensor go = new_output(opacities.sizes(), opacities.options());
+  torch::Tensor gsh = new_output(sh.sizes(), sh.options());
+  check(sw::launch_ray_projection_bwd(g, cam, iptr(radii), fptr(grad_means2d), fptr(grad_rays), fptr(grad_colors),
+                                      fptr(grad_drawn), fptr(gm), fptr(gq), fptr(gs), fptr(go), fptr(gsh),
+                                      fptr(tail), c10::cuda::getCurrentCUDAStream()),
+        "ray projection backward");
+  return {gm, gq, gs, go, gsh};
 }
 
 sw::MotionArgs motion_args(const std::vector<torch::Tensor>& motion, double time) {
@@ -244,11 +295,40 @@ std::vector<torch::Tensor> motion_backward(const std::vector<torch::Tensor>& mot
   return grads;
 }
 
-// Returns, all int32 but the last: tile ranges (n_tiles, 2) and the sorted Gaussian id of each entry
-// (n_entries,), which the forward reads; batch offsets (n_tiles + 1,) and batch tiles (max_tile_batches,), which
-// both passes read; and for the backward the sorted entries' emit positions (n_entries,) and each Gaussian's
-// entry end (N,) int64. backend/render/cuda.py's TileBins names them. `counts`: project_forward's, for these
-// splats.
+// Sorts n_entries tile entries with `sort` (launch_sort_entries or launch_sort_ray_entries, given the keys'
+// buffers and the SortBuffers) in keys of key_bytes each, and cuts the tiles' lists into batches. Returns, all
+// int32 but the last: tile ranges (n_tiles, 2) and the sorted Gaussian id of each entry (n_entries,), which the
+// forward reads; batch offsets (n_tiles + 1,) and batch tiles (max_tile_batches,), which both passes read; and for
+// the backward the sorted entries' emit positions (n_entries,) and each Gaussian's entry end (N,) int64
+// (entry_ends). backend/render/cuda.py's TileBins names them.
+template <typename Sort>
+std::vector<torch::Tensor> sorted_bins(int64_t n_entries, size_t key_bytes, size_t sort_temp_bytes,
+                                       const torch::Tensor& entry_ends, const torch::Tensor& like, int64_t width,
+                                       int64_t height, Sort sort) {
+  TORCH_CHECK(n_entries <= std::numeric_limits<int>::max(), "too many tile entries: ", n_entries);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const int n_tiles = sw::tile_count((int)width, (int)height);
+  const auto i32 = like.options().dtype(torch::kInt32);
+  const size_t id_bytes = n_entries * 4, batch_temp_bytes = sw::batch_scan_temp_bytes(n_tiles);
+  torch::Tensor owner;
+  const std::vector<void*> buffers = scratch({key_bytes, key_bytes, id_bytes, id_bytes, sort_temp_bytes,
+                                              sizeof(int32_t) * (n_tiles + 1), batch_temp_bytes},
+                                             like, owner);
+  torch::Tensor sorted_ids = torch::empty({n_entries}, i32), sorted_positions = torch::empty({n_entries}, i32);
+  torch::Tensor ranges = torch::empty({n_tiles, 2}, i32);
+  const sw::SortBuffers out{static_cast<int32_t*>(buffers[2]), static_cast<int32_t*>(buffers[3]),
+                            iptr(sorted_positions), iptr(sorted_ids), iptr(ranges), buffers[4], sort_temp_bytes};
+  check(sort(buffers[0], buffers[1], out, stream), "sorting tile entries");
+  torch::Tensor batch_offsets = torch::empty({n_tiles + 1}, i32);
+  torch::Tensor batch_tiles = torch::empty({sw::max_tile_batches((int)n_entries, n_tiles)}, i32);
+  check(sw::launch_tile_batches(iptr(ranges), n_tiles, static_cast<int32_t*>(buffers[5]), iptr(batch_offsets),
+                                iptr(batch_tiles), buffers[6], batch_temp_bytes, stream),
+        "tile batches");
+  return {ranges, sorted_ids, batch_offsets, batch_tiles, sorted_positions, entry_ends};
+}
+
+// The standard formation's binning (sorted_bins' outputs) of projected splats; `counts`: project_forward's, for
+// these splats.
 std::vector<torch::Tensor> bin_tiles(const torch::Tensor& means2d, const torch::Tensor& conics,
                                      const torch::Tensor& opacities, const torch::Tensor& radii,
                                      const torch::Tensor& depths, const TileCounts& counts, int64_t width,
@@ -262,56 +342,44 @@ std::vector<torch::Tensor> bin_tiles(const torch::Tensor& means2d, const torch::
   TORCH_CHECK(conics.numel() == 3 * means2d.size(0) && opacities.numel() == means2d.size(0) &&
                   counts.entry_ends.numel() == means2d.size(0),
               "conics, opacities and the tile counts must be (N, 3), (N,) and (N,) for N means2d");
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const int n = (int)means2d.size(0);
-  const int n_tiles = sw::tile_count((int)width, (int)height);
-  const auto i32 = means2d.options().dtype(torch::kInt32);
   const int64_t n_entries = counts.entries();  // the one host sync
-  TORCH_CHECK(n_entries <= std::numeric_limits<int>::max(), "too many tile entries: ", n_entries);
-
-  // Keys: bit patterns of sort_key_bytes each, which is what is sorted.
-  const size_t key_bytes = n_entries * sw::sort_key_bytes((int)width, (int)height), id_bytes = n_entries * 4;
-  const size_t sort_temp_bytes = sw::sort_temp_bytes((int)n_entries, (int)width, (int)height);
-  const size_t batch_temp_bytes = sw::batch_scan_temp_bytes(n_tiles);
-  torch::Tensor owner;
-  const std::vector<void*> buffers = scratch({key_bytes, key_bytes, id_bytes, id_bytes, sort_temp_bytes,
-                                              sizeof(int32_t) * (n_tiles + 1), batch_temp_bytes},
-                                             means2d, owner);
-  torch::Tensor sorted_ids = torch::empty({n_entries}, i32), sorted_positions = torch::empty({n_entries}, i32);
-  torch::Tensor ranges = torch::empty({n_tiles, 2}, i32);
   const sw::BinInputs in{fptr(means2d), fptr(conics), fptr(opacities), iptr(radii), fptr(depths),
-                         reinterpret_cast<const uint32_t*>(iptr(counts.depth_range)), n, (int)width, (int)height};
-  const sw::SortBuffers out{static_cast<int32_t*>(buffers[2]), static_cast<int32_t*>(buffers[3]),
-                            iptr(sorted_positions), iptr(sorted_ids), iptr(ranges), buffers[4], sort_temp_bytes};
-  check(sw::launch_sort_entries(in, counts.entry_ends.data_ptr<int64_t>(), (int)n_entries, buffers[0], buffers[1],
-                                out, stream),
-        "sorting tile entries");
-  torch::Tensor batch_offsets = torch::empty({n_tiles + 1}, i32);
-  torch::Tensor batch_tiles = torch::empty({sw::max_tile_batches((int)n_entries, n_tiles)}, i32);
-  check(sw::launch_tile_batches(iptr(ranges), n_tiles, static_cast<int32_t*>(buffers[5]), iptr(batch_offsets),
-                                iptr(batch_tiles), buffers[6], batch_temp_bytes, stream),
-        "tile batches");
-  return {ranges, sorted_ids, batch_offsets, batch_tiles, sorted_positions, counts.entry_ends};
+                         reinterpret_cast<const uint32_t*>(iptr(counts.depth_range)), (int)means2d.size(0),
+                         (int)width, (int)height};
+  // Keys: bit patterns of sort_key_bytes each, which is what is sorted.
+  return sorted_bins(n_entries, n_entries * sw::sort_key_bytes((int)width, (int)height),
+                     sw::sort_temp_bytes((int)n_entries, (int)width, (int)height), counts.entry_ends, means2d, width,
+                     height, [&](void* keys, void* sorted_keys, const sw::SortBuffers& out, cudaStream_t stream) {
+                       return sw::launch_sort_entries(in, counts.entry_ends.data_ptr<int64_t>(), (int)n_entries, keys,
+                                                      sorted_keys, out, stream);
+                     });
 }
 
+// The splats of a rasterization in either image formation (splatwright.h's RasterArgs): `shapes` are the conics
+// (N, 3) and `placement` the centres' depths (N,) in the standard formation, or the rays (N, RAY_PARAMS) and the
+// footprints' pixel rectangles (N, 4) in the blender formation (`rays`).
 sw::RasterArgs raster_args(const torch::Tensor& ranges, const torch::Tensor& gauss_ids, const torch::Tensor& means2d,
-                           const torch::Tensor& conics, const torch::Tensor& colors, const torch::Tensor& opacities,
+                           const torch::Tensor& shapes, const torch::Tensor& placement, bool rays,
+                           const torch::Tensor& colors, const torch::Tensor& opacities,
                            const torch::Tensor& background, int64_t width, int64_t height) {
   check_input(ranges, "ranges", torch::kInt32);
   check_input(gauss_ids, "gauss_ids", torch::kInt32);
   check_input(means2d, "means2d");
-  check_input(conics, "conics");
+  check_input(shapes, rays ? "rays" : "conics");
+  check_input(placement, rays ? "rects" : "depths");
   check_input(colors, "colors");
   check_input(opacities, "opacities");
   check_input(background, "background");
   const int64_t n = means2d.size(0);
   TORCH_CHECK(ranges.numel() == 2 * sw::tile_count((int)width, (int)height),
               "ranges must be (n_tiles, 2) for this image size");
-  TORCH_CHECK(means2d.numel() == 2 * n && conics.numel() == 3 * n && colors.numel() == 3 * n,
-              "means2d, conics and colors must be (N, 2), (N, 3), (N, 3)");
+  TORCH_CHECK(means2d.numel() == 2 * n && colors.numel() == 3 * n, "means2d and colors must be (N, 2) and (N, 3)");
+  TORCH_CHECK(shapes.numel() == (rays ? sw::RAY_PARAMS : 3) * n && placement.numel() == (rays ? 4 : 1) * n,
+              rays ? "rays and rects must be (N, RAY_PARAMS) and (N, 4)" : "conics and depths must be (N, 3) and (N,)");
   TORCH_CHECK(opacities.numel() == n, "opacities must be (N,)");
   TORCH_CHECK(background.numel() == 3, "background must have 3 values");
-  return {iptr(ranges), iptr(gauss_ids), fptr(means2d), fptr(conics), fptr(colors), fptr(opacities),
+  return {iptr(ranges), iptr(gauss_ids), fptr(means2d), rays ? nullptr : fptr(shapes), rays ? nullptr : fptr(placement),
+          rays ? fptr(shapes) : nullptr, rays ? fptr(placement) : nullptr, fptr(colors), fptr(opacities),
           fptr(background), (int)width, (int)height};
 }
 
@@ -333,42 +401,44 @@ sw::TileBatches tile_batches(const torch::Tensor& batch_offsets, const torch::Te
 }
 
 // Returns image (H, W, 3), alpha (H, W), depth (H, W), final T (H, W), n_contrib (H, W) int32, and the batch
-// states the backward needs (empty unless record_states).
+// states the backward needs (empty unless record_states). The splats as raster_args takes them.
 std::vector<torch::Tensor> rasterize_forward(const torch::Tensor& ranges, const torch::Tensor& gauss_ids,
                                              const torch::Tensor& batch_offsets, const torch::Tensor& batch_tiles,
-                                             const torch::Tensor& means2d, const torch::Tensor& conics,
-                                             const torch::Tensor& colors, const torch::Tensor& opacities,
-                                             const torch::Tensor& depths, const torch::Tensor& background,
+                                             const torch::Tensor& means2d, const torch::Tensor& shapes,
+                                             const torch::Tensor& placement, bool rays, const torch::Tensor& colors,
+                                             const torch::Tensor& opacities, const torch::Tensor& background,
                                              int64_t width, int64_t height, bool record_states) {
   const c10::cuda::CUDAGuard guard(means2d.device());
-  const sw::RasterArgs r =
-      raster_args(ranges, gauss_ids, means2d, conics, colors, opacities, background, width, height);
-  check_input(depths, "depths");
+  const sw::RasterArgs r = raster_args(ranges, gauss_ids, means2d, shapes, placement, rays, colors, opacities,
+                                       background, width, height);
   const auto f32 = means2d.options();
   torch::Tensor states = torch::empty({record_states ? batch_tiles.size(0) : 0, sw::BLOCK_SIZE, 4}, f32);
   const sw::TileBatches batches = tile_batches(batch_offsets, batch_tiles, states, width, height);
   torch::Tensor image = new_output({height, width, 3}, f32), alpha = new_output({height, width}, f32);
   torch::Tensor depth = new_output({height, width}, f32), final_T = new_output({height, width}, f32);
   torch::Tensor n_contrib = new_output({height, width}, f32.dtype(torch::kInt32));
-  check(sw::launch_rasterize_fwd(r, batches, fptr(depths), fptr(image), fptr(alpha), fptr(depth), fptr(final_T),
-                                 iptr(n_contrib), c10::cuda::getCurrentCUDAStream()),
+  check(sw::launch_rasterize_fwd(r, batches, fptr(image), fptr(alpha), fptr(depth), fptr(final_T), iptr(n_contrib),
+                                 c10::cuda::getCurrentCUDAStream()),
         "rasterize forward");
   return {image, alpha, depth, final_T, n_contrib, states};
 }
 
-// Returns grads w.r.t. means2d, conics, colors, opacities. The first six tensors are bin_tiles' outputs.
-std::vector<torch::Tensor> rasterize_backward(const torch::Tensor& ranges, const torch::Tensor& gauss_ids,
-                                              const torch::Tensor& batch_offsets, const torch::Tensor& batch_tiles,
-                                              const torch::Tensor& positions, const torch::Tensor& entry_ends,
-                                              const torch::Tensor& batch_states, const torch::Tensor& means2d,
-                                              const torch::Tensor& conics, const torch::Tensor& colors,
-                                              const torch::Tensor& opacities, const torch::Tensor& background,
-                                              int64_t width, int64_t height, const torch::Tensor& final_T,
-                                              const torch::Tensor& n_contrib, const torch::Tensor& grad_image,
+// The tensors a rasterization's backward reads, in this order: bin_tiles' (or bin_ray_tiles') six outputs, the
+// batch states, the splats (means2d, shapes, placement, colors, opacities), the background, final T and n_contrib.
+constexpr size_t SAVED_TENSORS = 15;
+
+// Returns grads w.r.t. means2d, the shapes (conics or rays), colors and opacities.
+std::vector<torch::Tensor> rasterize_backward(const std::vector<torch::Tensor>& saved, bool rays, int64_t width,
+                                              int64_t height, const torch::Tensor& grad_image,
                                               const torch::Tensor& grad_alpha) {
+  TORCH_CHECK(saved.size() == SAVED_TENSORS, "rasterize_backward takes the tensors a rasterization saved");
+  const torch::Tensor &ranges = saved[0], &gauss_ids = saved[1], &batch_offsets = saved[2], &batch_tiles = saved[3];
+  const torch::Tensor &positions = saved[4], &entry_ends = saved[5], &batch_states = saved[6], &means2d = saved[7];
+  const torch::Tensor &shapes = saved[8], &colors = saved[10], &opacities = saved[11];
+  const torch::Tensor &final_T = saved[13], &n_contrib = saved[14];
   const c10::cuda::CUDAGuard guard(means2d.device());
-  const sw::RasterArgs r =
-      raster_args(ranges, gauss_ids, means2d, conics, colors, opacities, background, width, height);
+  const sw::RasterArgs r = raster_args(ranges, gauss_ids, means2d, shapes, saved[9], rays, colors, opacities,
+                                       saved[12], width, height);
   TORCH_CHECK(batch_states.numel() > 0 || batch_tiles.numel() == 0,
               "rasterize_backward needs the batch states of a forward run with record_states");
   const sw::TileBatches batches = tile_batches(batch_offsets, batch_tiles, batch_states, width, height);
@@ -383,40 +453,75 @@ std::vector<torch::Tensor> rasterize_backward(const torch::Tensor& ranges, const
   TORCH_CHECK(final_T.numel() == width * height && n_contrib.numel() == width * height &&
                   grad_image.numel() == 3 * width * height && grad_alpha.numel() == width * height,
               "final_T, n_contrib, grad_image and grad_alpha must match the image size");
-  torch::Tensor entry_grads = torch::empty({(int64_t)sw::entry_grad_floats((int)gauss_ids.numel())}, means2d.options());
-  torch::Tensor gm = torch::empty_like(means2d), gc = torch::empty_like(conics);
+  torch::Tensor entry_grads =
+      torch::empty({(int64_t)sw::entry_grad_floats((int)gauss_ids.numel(), r)}, means2d.options());
+  torch::Tensor gm = torch::empty_like(means2d), gs = torch::empty_like(shapes);
   torch::Tensor gcol = torch::empty_like(colors), gop = torch::empty_like(opacities);
   check(sw::launch_rasterize_bwd(r, batches, (int)batch_tiles.size(0), iptr(positions),
                                  entry_ends.data_ptr<int64_t>(), (int)means2d.size(0), fptr(final_T), iptr(n_contrib),
-                                 fptr(grad_image), fptr(grad_alpha), fptr(entry_grads), fptr(gm), fptr(gc), fptr(gcol),
-                                 fptr(gop), c10::cuda::getCurrentCUDAStream()),
+                                 fptr(grad_image), fptr(grad_alpha), fptr(entry_grads),
+                                 {fptr(gm), fptr(gs), fptr(gcol), fptr(gop)}, c10::cuda::getCurrentCUDAStream()),
         "rasterize backward");
-  return {gm, gc, gcol, gop};
+  return {gm, gs, gcol, gop};
 }
 
-// The rasterization of projected splats: bins them (bin_tiles) and composites them. Returns the image (H, W, 3),
-// alpha (H, W) and depth (H, W), and what rasterize_projected_backward takes: bin_tiles' six outputs, the batch
-// states (empty unless record_states), means2d, conics, colors, opacities, background, final T and n_contrib.
+// Composites binned splats (`bins`: bin_tiles' or bin_ray_tiles' six outputs). Returns the image (H, W, 3), alpha
+// (H, W) and depth (H, W), and what rasterize_backward takes (SAVED_TENSORS).
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, std::vector<torch::Tensor>> rasterize_binned(
+    std::vector<torch::Tensor> bins, const torch::Tensor& means2d, const torch::Tensor& shapes,
+    const torch::Tensor& placement, bool rays, const torch::Tensor& colors, const torch::Tensor& opacities,
+    const torch::Tensor& background, int64_t width, int64_t height, bool record_states) {
+  const std::vector<torch::Tensor> out = rasterize_forward(bins[0], bins[1], bins[2], bins[3], means2d, shapes,
+                                                           placement, rays, colors, opacities, background, width,
+                                                           height, record_states);
+  bins.insert(bins.end(), {out[5], means2d, shapes, placement, colors, opacities, background, out[3], out[4]});
+  return {out[0], out[1], out[2], bins};
+}
+
+// The standard formation's rasterization of projected splats: bins them (bin_tiles) and composites them.
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, std::vector<torch::Tensor>> rasterize_projected(
     const torch::Tensor& means2d, const torch::Tensor& conics, const torch::Tensor& colors,
     const torch::Tensor& opacities, const torch::Tensor& depths, const torch::Tensor& radii, const TileCounts& counts,
     const torch::Tensor& background, int64_t width, int64_t height, bool record_states) {
-  std::vector<torch::Tensor> saved = bin_tiles(means2d, conics, opacities, radii, depths, counts, width, height);
-  const std::vector<torch::Tensor> out = rasterize_forward(saved[0], saved[1], saved[2], saved[3], means2d, conics,
-                                                           colors, opacities, depths, background, width, height,
-                                                           record_states);
-  saved.insert(saved.end(), {out[5], means2d, conics, colors, opacities, background, out[3], out[4]});
-  return {out[0], out[1], out[2], saved};
+  return rasterize_binned(bin_tiles(means2d, conics, opacities, radii, depths, counts, width, height), means2d, conics,
+                          depths, false, colors, opacities, background, width, height, record_states);
 }
 
-// Returns grads w.r.t. means2d, conics, colors and opacities; `saved`: rasterize_projected's last result.
-std::vector<torch::Tensor> rasterize_projected_backward(const std::vector<torch::Tensor>& saved, int64_t width,
-                                                        int64_t height, const torch::Tensor& grad_image,
-                                                        const torch::Tensor& grad_alpha) {
-  TORCH_CHECK(saved.size() == 14, "rasterize_projected_backward takes the 14 tensors rasterize_projected saved");
-  return rasterize_backward(saved[0], saved[1], saved[2], saved[3], saved[4], saved[5], saved[6], saved[7], saved[8],
-                            saved[9], saved[10], saved[11], width, height, saved[12], saved[13], grad_image,
-                            grad_alpha);
+// The blender formation's binning (sorted_bins' outputs; splatwright.h's RayBinInputs): the entries keyed by
+// each splat's depth along a ray through the tile (splatwright.h).
+std::vector<torch::Tensor> bin_ray_tiles(const torch::Tensor& means2d, const torch::Tensor& rays,
+                                         const torch::Tensor& rects, const torch::Tensor& radii, int64_t width,
+                                         int64_t height) {
+  const c10::cuda::CUDAGuard guard(means2d.device());
+  check_input(means2d, "means2d");
+  check_input(rays, "rays");
+  check_input(rects, "rects");
+  check_input(radii, "radii", torch::kInt32);
+  const int64_t n = means2d.size(0);
+  TORCH_CHECK(n <= std::numeric_limits<int>::max(), "too many Gaussians");
+  TORCH_CHECK(means2d.numel() == 2 * n && rays.numel() == sw::RAY_PARAMS * n && rects.numel() == 4 * n &&
+                  radii.numel() == n,
+              "means2d, rays, rects and radii must be (N, 2), (N, RAY_PARAMS), (N, 4) and (N,)");
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const sw::RayBinInputs in{fptr(means2d), fptr(rays), fptr(rects), iptr(radii), (int)n, (int)width, (int)height};
+  torch::Tensor entry_ends = torch::empty({n}, means2d.options().dtype(torch::kInt64));
+  int64_t n_entries = 0;
+  if (n > 0) {
+    const size_t scan_bytes = sw::scan_temp_bytes((int)n);
+    torch::Tensor owner;
+    const std::vector<void*> buffers = scratch({sizeof(int64_t) * n, scan_bytes}, means2d, owner);
+    check(sw::launch_rect_tile_counts(in, static_cast<int64_t*>(buffers[0]), stream), "rectangle tile counts");
+    check(sw::launch_entry_ends(static_cast<int64_t*>(buffers[0]), (int)n, entry_ends.data_ptr<int64_t>(), buffers[1],
+                                scan_bytes, stream),
+          "tile counts' sum");
+    n_entries = PendingCount(entry_ends.data_ptr<int64_t>() + n - 1, stream).wait();  // the one host sync
+  }
+  return sorted_bins(n_entries, n_entries * sw::ray_sort_key_bytes(),
+                     sw::ray_sort_temp_bytes((int)n_entries, (int)width, (int)height), entry_ends, means2d, width,
+                     height, [&](void* keys, void* sorted_keys, const sw::SortBuffers& out, cudaStream_t stream) {
+                       return sw::launch_sort_ray_entries(in, entry_ends.data_ptr<int64_t>(), (int)n_entries, keys,
+                                                          sorted_keys, out, stream);
+                     });
 }
 
 using torch::autograd::AutogradContext;
@@ -463,29 +568,62 @@ struct Projection : torch::autograd::Function<Projection> {
   static torch::Tensor no_tail(const torch::Tensor& sh) { return sh.new_empty({sh.size(0), 0, 3}); }
 };
 
+// A rasterization's forward keeps what its backward reads (rasterize_binned's last result, the image size and the
+// formation); the backward returns the gradients w.r.t. its first four inputs (means2d, the shapes, colors and
+// opacities).
+using Binned = std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, std::vector<torch::Tensor>>;
+
+variable_list keep_for_backward(AutogradContext* ctx, Binned result, bool rays, int64_t width, int64_t height) {
+  auto& [image, alpha, depth, saved] = result;
+  ctx->save_for_backward(saved);
+  ctx->saved_data["width"] = width;
+  ctx->saved_data["height"] = height;
+  ctx->saved_data["rays"] = rays;
+  ctx->mark_non_differentiable({depth});
+  ctx->set_materialize_grads(false);  // no zeros made for the depth, nor for alpha where no loss reads it
+  return {image, alpha, depth};
+}
+
+std::vector<torch::Tensor> rasterization_grads(AutogradContext* ctx, const variable_list& grads) {
+  const int64_t width = ctx->saved_data["width"].toInt(), height = ctx->saved_data["height"].toInt();
+  const variable_list saved = ctx->get_saved_variables();
+  const auto f32 = saved[7].options();  // means2d's
+  const torch::Tensor grad_image = grads[0].defined() ? grads[0].contiguous() : torch::zeros({height, width, 3}, f32);
+  const torch::Tensor grad_alpha = grads[1].defined() ? grads[1].contiguous() : torch::zeros({height, width}, f32);
+  return rasterize_backward(saved, ctx->saved_data["rays"].toBool(), width, height, grad_image, grad_alpha);
+}
+
 struct Rasterization : torch::autograd::Function<Rasterization> {
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& means2d, const torch::Tensor& conics,
                                const torch::Tensor& colors, const torch::Tensor& opacities,
                                const torch::Tensor& depths, const torch::Tensor& radii, const TileCounts& counts,
                                const torch::Tensor& background, int64_t width, int64_t height, bool record_states) {
-    auto [image, alpha, depth, saved] = rasterize_projected(means2d, conics, colors, opacities, depths, radii, counts,
-                                                            background, width, height, record_states);
-    ctx->save_for_backward(saved);
-    ctx->saved_data["width"] = width;
-    ctx->saved_data["height"] = height;
-    ctx->mark_non_differentiable({depth});
-    ctx->set_materialize_grads(false);  // no zeros made for the depth, nor for alpha where no loss reads it
-    return {image, alpha, depth};
+    return keep_for_backward(ctx, rasterize_projected(means2d, conics, colors, opacities, depths, radii, counts,
+                                                      background, width, height, record_states),
+                             false, width, height);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const int64_t width = ctx->saved_data["width"].toInt(), height = ctx->saved_data["height"].toInt();
-    const variable_list saved = ctx->get_saved_variables();
-    const auto f32 = saved[7].options();  // means2d's
-    const torch::Tensor grad_image = grads[0].defined() ? grads[0].contiguous() : torch::zeros({height, width, 3}, f32);
-    const torch::Tensor grad_alpha = grads[1].defined() ? grads[1].contiguous() : torch::zeros({height, width}, f32);
-    const std::vector<torch::Tensor> g = rasterize_projected_backward(saved, width, height, grad_image, grad_alpha);
+    const std::vector<torch::Tensor> g = rasterization_grads(ctx, grads);
     return {g[0], g[1], g[2], g[3], {}, {}, {}, {}, {}, {}, {}};
+  }
+};
+
+// The blender formation's rasterization (means2d, rays, colors, opacities -> image, alpha, depth).
+struct RayRasterization : torch::autograd::Function<RayRasterization> {
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& means2d, const torch::Tensor& rays,
+                               const torch::Tensor& colors, const torch::Tensor& opacities, const torch::Tensor& rects,
+                               const torch::Tensor& radii, const torch::Tensor& background, int64_t width,
+                               int64_t height, bool record_states) {
+    return keep_for_backward(ctx, rasterize_binned(bin_ray_tiles(means2d, rays, rects, radii, width, height), means2d,
+                                                   rays, rects, true, colors, opacities, background, width, height,
+                                                   record_states),
+                             true, width, height);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const std::vector<torch::Tensor> g = rasterization_grads(ctx, grads);
+    return {g[0], g[1], g[2], g[3], {}, {}, {}, {}, {}, {}};
   }
 };
 
@@ -510,6 +648,60 @@ std::vector<torch::Tensor> rasterize(const torch::Tensor& means, const torch::Te
       (means2d.requires_grad() || conics.requires_grad() || colors.requires_grad() || flat_opacities.requires_grad());
   const variable_list image = Rasterization::apply(means2d, conics, colors, flat_opacities, depths, radii, counts,
                                                    background, width, height, record_states);
+  return {image[0], image[1], image[2], means2d, radii};
+}
+
+// Blender's formation's projection with autograd: (means, quats, scales, opacities, sh) -> means2d, rays, colors,
+// opacities as drawn, rects, radii.
+struct RayProjection : torch::autograd::Function<RayProjection> {
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& means, const torch::Tensor& quats,
+                               const torch::Tensor& scales, const torch::Tensor& opacities, const torch::Tensor& sh,
+                               const torch::Tensor& viewmat, const torch::Tensor& K, int64_t width, int64_t height,
+                               int64_t sh_degree) {
+    variable_list out = ray_project_forward(means, quats, scales, opacities, sh, viewmat, K, width, height, sh_degree);
+    ctx->save_for_backward({means, quats, scales, opacities, sh, viewmat, K, out[5]});
+    ctx->saved_data["width"] = width;
+    ctx->saved_data["height"] = height;
+    ctx->saved_data["sh_degree"] = sh_degree;
+    ctx->mark_non_differentiable({out[4], out[5]});
+    ctx->set_materialize_grads(false);
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor& means = saved[0];
+    const auto or_zeros = [&](const torch::Tensor& grad, int64_t columns) {
+      return grad.defined() ? grad.contiguous() : torch::zeros({means.size(0), columns}, means.options());
+    };
+    const std::vector<torch::Tensor> g = ray_project_backward(
+        means, saved[1], saved[2], saved[3], saved[4], saved[5], saved[6], ctx->saved_data["width"].toInt(),
+        ctx->saved_data["height"].toInt(), ctx->saved_data["sh_degree"].toInt(), saved[7], or_zeros(grads[0], 2),
+        or_zeros(grads[1], sw::RAY_PARAMS), or_zeros(grads[2], 3), or_zeros(grads[3], 1).reshape({-1}));
+    return {g[0], g[1], g[2], g[3], g[4], {}, {}, {}, {}, {}};
+  }
+};
+
+// The rasterizer with autograd in Blender's formation (backend/render/cuda.py's rasterize_blender), on what
+// rasterize takes. Returns the splats' colour (H, W, 3) in linear light over a black background, alpha (H, W),
+// depth (H, W), means2d (N, 2), whose .grad the backward fills where it requires grad (the screen-space gradient:
+// raster.cuh's Rays::store), and radii (N,) int32.
+std::vector<torch::Tensor> rasterize_blender(const torch::Tensor& means, const torch::Tensor& quats,
+                                             const torch::Tensor& scales, const torch::Tensor& opacities,
+                                             const torch::Tensor& sh, const torch::Tensor& viewmat,
+                                             const torch::Tensor& K, int64_t width, int64_t height,
+                                             int64_t sh_degree) {
+  const torch::Tensor flat_opacities = opacities.dim() == 1 ? opacities : opacities.reshape({-1});
+  const variable_list projected =
+      RayProjection::apply(means, quats, scales, flat_opacities, sh, viewmat, K, width, height, sh_degree);
+  const torch::Tensor &means2d = projected[0], &rays = projected[1], &colors = projected[2];
+  const torch::Tensor &drawn = projected[3], &rects = projected[4], &radii = projected[5];
+  if (means2d.requires_grad()) means2d.retain_grad();
+  const bool record_states = torch::GradMode::is_enabled() && (means2d.requires_grad() || rays.requires_grad() ||
+                                                               colors.requires_grad() || drawn.requires_grad());
+  const torch::Tensor black = torch::zeros({3}, means.options());
+  const variable_list image = RayRasterization::apply(means2d, rays, colors, drawn, rects, radii, black, width,
+                                                      height, record_states);
   return {image[0], image[1], image[2], means2d, radii};
 }
 
@@ -583,7 +775,7 @@ std::vector<torch::Tensor> gradient_step(const torch::Tensor& means, const torch
                                                                 counts, background, width, height, true);
   const std::vector<torch::Tensor> loss = loss_forward(image, target, ssim_weight);
   const torch::Tensor grad_image = loss_backward(image, target, loss[1], ssim_weight, grad_loss);
-  const std::vector<torch::Tensor> g2d = rasterize_projected_backward(saved, width, height, grad_image, grad_alpha);
+  const std::vector<torch::Tensor> g2d = rasterize_backward(saved, false, width, height, grad_image, grad_alpha);
   std::vector<torch::Tensor> g3d = project_backward(means, quats, scales, sh_head, sh_tail, viewmat, K, width,
                                                     height, sh_degree, radii, g2d[0], g2d[1], g2d[2]);
   const torch::Tensor params[] = {means, quats, log_scales, opacity_logits, sh_head, sh_tail};
@@ -660,6 +852,8 @@ pybind11::dict constants() {
   c["RADIUS_SIGMAS"] = sw::RADIUS_SIGMAS;
   c["FOV_CLAMP_MARGIN"] = sw::FOV_CLAMP_MARGIN;
   c["MIN_DEPTH_KEY_BITS"] = sw::MIN_DEPTH_KEY_BITS;
+  c["SCALE_CLAMP"] = sw::SCALE_CLAMP;
+  c["FILM_SPLAT_VARIANCE"] = sw::FILM_SPLAT_VARIANCE;
   c["SH_C0"] = sw::SH_C0;
   return c;
 }
@@ -676,9 +870,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("motion_forward", &motion_forward, without_gil);
   m.def("motion_backward", &motion_backward, without_gil);
   m.def("bin_tiles", &bin_tiles, without_gil);
-  m.def("rasterize_projected", &rasterize_projected, without_gil);
-  m.def("rasterize_projected_backward", &rasterize_projected_backward, without_gil);
   m.def("rasterize", &rasterize, without_gil);
+  m.def("rasterize_blender", &rasterize_blender, without_gil);
   m.def("loss_forward", &loss_forward, without_gil);
   m.def("loss_backward", &loss_backward, without_gil);
   m.def("gradient_step", &gradient_step, without_gil);

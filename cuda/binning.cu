@@ -1,10 +1,12 @@
 // Tile binning: (tile, depth)-sorted list of (tile, Gaussian) entries and each tile's range in it. A sort key
 // packs the tile and a depth key (depth_key) into 32 bits where both fit (a 1920x1080 image's 13 tile bits leave
 // 19), half the bytes of a 64-bit (tile, float depth) key in each of the radix sort's passes, and two passes
-// fewer.
+// fewer. The blender formation's entries are keyed per tile (each splat's depth along a ray through the tile),
+// in 64-bit keys.
 #include <cub/cub.cuh>
 
 #include "projection.cuh"
+#include "raster.cuh"
 #include "splatwright.h"
 
 namespace splatwright {
@@ -74,6 +76,60 @@ __global__ void __launch_bounds__(EMIT_THREADS)
       rows_start += __shfl_sync(FULL_MASK, through, 31);
     }
   }
+}
+
+// The tiles [x_lo, x_hi) x [y_lo, y_hi) of a blender-formation splat's footprint rectangle (u_lo, u_hi, v_lo,
+// v_hi) in pixels, as the reference's bin_rects takes them.
+struct RectTiles {
+  int x_lo, x_hi, y_lo, y_hi;
+
+  __device__ RectTiles(float4 rect, int width, int height) {
+    const float tiles_x = (float)((width + TILE - 1) / TILE), tiles_y = (float)((height + TILE - 1) / TILE);
+    x_lo = (int)fminf(fmaxf(floorf(rect.x / TILE), 0.f), tiles_x);
+    x_hi = (int)fminf(fmaxf(floorf(rect.y / TILE) + 1.f, 0.f), tiles_x);
+    y_lo = (int)fminf(fmaxf(floorf(rect.z / TILE), 0.f), tiles_y);
+    y_hi = (int)fminf(fmaxf(floorf(rect.w / TILE) + 1.f, 0.f), tiles_y);
+  }
+  __device__ int count() const { return max(0, x_hi - x_lo) * max(0, y_hi - y_lo); }
+};
+
+__global__ void rect_tile_counts_kernel(RayBinInputs in, int64_t* __restrict__ tile_counts) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= in.n) return;
+  const RectTiles rect(reinterpret_cast<const float4*>(in.rects)[i], in.width, in.height);
+  tile_counts[i] = in.radii[i] > 0 ? rect.count() : 0;
+}
+
+// One thread per entry: entry k belongs to the Gaussian whose entry range holds it (a binary search of
+// entry_ends), its tiles in row-major order. Key: tile << 32 | the float bits of the view depth of the splat's
+// maximum along the ray through the tile's pixel centre nearest to its projected centre (at least 0, so the bits
+// sort like the values).
+__global__ void emit_ray_keys_kernel(RayBinInputs in, const int64_t* __restrict__ entry_ends, int n_entries,
+                                     uint64_t* __restrict__ keys, int32_t* __restrict__ gauss_ids,
+                                     int32_t* __restrict__ positions) {
+  const int k = blockIdx.x * blockDim.x + threadIdx.x;
+  if (k >= n_entries) return;
+  int lo = 0, hi = in.n - 1;  // the first Gaussian whose entries end past k
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (entry_ends[mid] > k) hi = mid; else lo = mid + 1;
+  }
+  const int g = lo, local = k - (g > 0 ? (int)entry_ends[g - 1] : 0);
+  const RectTiles rect(reinterpret_cast<const float4*>(in.rects)[g], in.width, in.height);
+  const int cols = rect.x_hi - rect.x_lo, tiles_x = (in.width + TILE - 1) / TILE;
+  const int tx = rect.x_lo + local % cols, ty = rect.y_lo + local / cols;
+  const float* ray = in.rays + (size_t)RAY_PARAMS * g;
+  const float2 xy = reinterpret_cast<const float2*>(in.means2d)[g];
+  // the tile's pixel centre nearest to the projected centre
+  const float du = fminf(fmaxf(xy.x, tx * TILE + 0.5f), tx * TILE + TILE - 0.5f) - xy.x;
+  const float dv = fminf(fmaxf(xy.y, ty * TILE + 0.5f), ty * TILE + TILE - 0.5f) - xy.y;
+  const float3 m = make_float3(ray[0], ray[1], ray[2]);
+  const float3 r = make_float3(ray[3] * m.x + du * ray[4] + dv * ray[7], ray[3] * m.y + du * ray[5] + dv * ray[8],
+                               ray[3] * m.z + du * ray[6] + dv * ray[9]);
+  const float depth = dot3(m, r) / dot3(r, r);
+  keys[k] = (uint64_t)(ty * tiles_x + tx) << 32 | __float_as_uint(depth > 0.f ? depth : 0.f);
+  gauss_ids[k] = g;
+  positions[k] = k;
 }
 
 __global__ void gather_ids_kernel(const int32_t* __restrict__ gauss_ids, const int32_t* __restrict__ sorted_positions,
@@ -154,20 +210,15 @@ cudaError_t launch_entry_ends(const int64_t* tile_counts, int n, int64_t* entry_
   return cub::DeviceScan::InclusiveSum(temp, temp_bytes, tile_counts, entry_ends, n, stream);
 }
 
-// Emit, sort (LSD radix sort is stable, so equal keys keep the emit order: ascending Gaussian index), gather the
-// ids and find each tile's range, with keys of type Key.
+// Sort the emitted entries (LSD radix sort is stable, so equal keys keep the emit order: ascending Gaussian
+// index), gather the ids and find each tile's range, with keys of type Key whose tile starts at bit depth_bits.
 template <typename Key>
-cudaError_t sort_entries(const BinInputs& in, const int64_t* entry_ends, int n_entries, int depth_bits, Key* keys,
-                         Key* sorted_keys, const SortBuffers& out, cudaStream_t stream) {
+cudaError_t sort_emitted(int n_entries, int depth_bits, int end_bit, Key* keys, Key* sorted_keys,
+                         const SortBuffers& out, cudaStream_t stream) {
   const int threads = 256;
-  emit_keys_kernel<Key><<<(in.n + EMIT_THREADS - 1) / EMIT_THREADS, EMIT_THREADS, 0, stream>>>(
-      in, entry_ends, depth_bits, keys, out.gauss_ids, out.positions);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
   size_t temp_bytes = out.temp_bytes;
-  err = cub::DeviceRadixSort::SortPairs(out.temp, temp_bytes, keys, sorted_keys, out.positions,
-                                        out.sorted_positions, n_entries, 0,
-                                        depth_bits + tile_bits(in.width, in.height), stream);
+  cudaError_t err = cub::DeviceRadixSort::SortPairs(out.temp, temp_bytes, keys, sorted_keys, out.positions,
+                                                    out.sorted_positions, n_entries, 0, end_bit, stream);
   if (err != cudaSuccess) return err;
   gather_ids_kernel<<<(n_entries + threads - 1) / threads, threads, 0, stream>>>(out.gauss_ids, out.sorted_positions,
                                                                                  n_entries, out.sorted_ids);
@@ -176,6 +227,17 @@ cudaError_t sort_entries(const BinInputs& in, const int64_t* entry_ends, int n_e
   tile_ranges_kernel<Key><<<(n_entries + threads - 1) / threads, threads, 0, stream>>>(sorted_keys, n_entries,
                                                                                        depth_bits, out.ranges);
   return cudaGetLastError();
+}
+
+template <typename Key>
+cudaError_t sort_entries(const BinInputs& in, const int64_t* entry_ends, int n_entries, int depth_bits, Key* keys,
+                         Key* sorted_keys, const SortBuffers& out, cudaStream_t stream) {
+  emit_keys_kernel<Key><<<(in.n + EMIT_THREADS - 1) / EMIT_THREADS, EMIT_THREADS, 0, stream>>>(
+      in, entry_ends, depth_bits, keys, out.gauss_ids, out.positions);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  return sort_emitted(n_entries, depth_bits, depth_bits + tile_bits(in.width, in.height), keys, sorted_keys, out,
+                      stream);
 }
 
 cudaError_t launch_sort_entries(const BinInputs& in, const int64_t* entry_ends, int n_entries, void* keys,
@@ -187,6 +249,30 @@ cudaError_t launch_sort_entries(const BinInputs& in, const int64_t* entry_ends, 
   if (depth_bits < 32)
     return sort_entries(in, entry_ends, n_entries, depth_bits, (uint32_t*)keys, (uint32_t*)sorted_keys, out, stream);
   return sort_entries(in, entry_ends, n_entries, depth_bits, (uint64_t*)keys, (uint64_t*)sorted_keys, out, stream);
+}
+
+size_t ray_sort_temp_bytes(int n_entries, int width, int height) {
+  return sort_temp_bytes_for<uint64_t>(n_entries, 32 + tile_bits(width, height));
+}
+
+cudaError_t launch_rect_tile_counts(const RayBinInputs& in, int64_t* tile_counts, cudaStream_t stream) {
+  if (in.n == 0) return cudaSuccess;
+  const int threads = 256;
+  rect_tile_counts_kernel<<<(in.n + threads - 1) / threads, threads, 0, stream>>>(in, tile_counts);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_sort_ray_entries(const RayBinInputs& in, const int64_t* entry_ends, int n_entries, void* keys,
+                                    void* sorted_keys, const SortBuffers& out, cudaStream_t stream) {
+  const int n_tiles = tile_count(in.width, in.height), threads = 256;
+  cudaError_t err = cudaMemsetAsync(out.ranges, 0, sizeof(int32_t) * 2 * (size_t)n_tiles, stream);
+  if (err != cudaSuccess || n_entries == 0) return err;
+  emit_ray_keys_kernel<<<(n_entries + threads - 1) / threads, threads, 0, stream>>>(
+      in, entry_ends, n_entries, (uint64_t*)keys, out.gauss_ids, out.positions);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  return sort_emitted(n_entries, 32, 32 + tile_bits(in.width, in.height), (uint64_t*)keys, (uint64_t*)sorted_keys,
+                      out, stream);
 }
 
 cudaError_t launch_tile_batches(const int32_t* ranges, int n_tiles, int32_t* batch_counts,

@@ -13,5 +13,8 @@ constexpr float NEAR_PLANE = 0.01f;            // view-space z at or below this 
 constexpr float RADIUS_SIGMAS = 3.0f;          // a splat is drawn out to this many standard deviations
 constexpr double FOV_CLAMP_MARGIN = 0.3;       // Jacobian taken at the centre clamped to view +30%
 constexpr int MIN_DEPTH_KEY_BITS = 18;         // depth key bits beside the tile in a 32-bit sort key, at least
+// Blender's image formation (backend/render/formation.py):
+constexpr float SCALE_CLAMP = 1e-3f;           // each scale at least this fraction of the splat's largest
+constexpr float FILM_SPLAT_VARIANCE = 0.0725135920020276f;  // px^2 of the film filter that widens each splat
 
 }  // namespace splatwright

@@ -3,6 +3,7 @@
 // colours, which the caller launches once it has asked for the binning's entry count, so that the GPU computes
 // them while the host waits for that count (splatwright.h).
 #include "projection.cuh"
+#include "rays.cuh"
 #include "sh.cuh"
 #include "splatwright.h"
 
@@ -51,8 +52,27 @@ __global__ void __launch_bounds__(PROJ_THREADS)
   }
 }
 
+// Blender's formation (rays.cuh), one thread per Gaussian.
 __global__ void __launch_bounds__(PROJ_THREADS)
-    sh_colors_kernel(GaussianArgs g, CameraArgs cam_args, const int32_t* __restrict__ radii,
+    ray_projection_kernel(GaussianArgs g, CameraArgs cam_args, float margin_x, float margin_y,
+                          float* __restrict__ means2d, float* __restrict__ rays, float* __restrict__ drawn_opacities,
+                          float* __restrict__ rects, int32_t* __restrict__ radii) {
+  const int i = blockIdx.x * PROJ_THREADS + threadIdx.x;
+  if (i >= g.n) return;
+  const Camera cam = load_camera(cam_args.viewmat, cam_args.K, cam_args.width, cam_args.height, margin_x, margin_y);
+  RayState e;
+  ray_forward(cam, g.means + 3 * i, g.quats + 4 * i, g.scales + 3 * i, e);
+  const float drawn = g.opacities[i] * e.area;
+  int radius;
+  ray_footprint(cam, e, drawn, rects + 4 * i, radius);
+  ray_parameters(cam, e, rays + (size_t)RAY_PARAMS * i);
+  for (int k = 0; k < 2; ++k) means2d[2 * i + k] = e.mean2d[k];
+  drawn_opacities[i] = drawn;
+  radii[i] = radius;
+}
+
+__global__ void __launch_bounds__(PROJ_THREADS)
+    sh_colors_kernel(GaussianArgs g, CameraArgs cam_args, const int32_t* __restrict__ radii, bool linear,
                      float* __restrict__ colors) {
   extern __shared__ float s_sh[];  // (PROJ_THREADS, stride): this block's SH rows
   const int first = blockIdx.x * PROJ_THREADS;
@@ -73,6 +93,8 @@ __global__ void __launch_bounds__(PROJ_THREADS)
   float dir[3];
   view_dir(cam, g.means + 3 * i, dir);
   sh_color(g.sh_degree, dir, s_sh + threadIdx.x * stride, color);
+  if (linear)
+    for (int ch = 0; ch < 3; ++ch) color[ch] = srgb_to_linear(color[ch]);
 }
 
 cudaError_t launch_projection_fwd(const GaussianArgs& g, const CameraArgs& cam, float* means2d, float* conics,
@@ -87,11 +109,20 @@ cudaError_t launch_projection_fwd(const GaussianArgs& g, const CameraArgs& cam, 
   return cudaGetLastError();
 }
 
-cudaError_t launch_sh_colors(const GaussianArgs& g, const CameraArgs& cam, const int32_t* radii, float* colors,
-                             cudaStream_t stream) {
+cudaError_t launch_ray_projection_fwd(const GaussianArgs& g, const CameraArgs& cam, float* means2d, float* rays,
+                                      float* drawn_opacities, float* rects, int32_t* radii, cudaStream_t stream) {
+  if (g.n == 0) return cudaSuccess;
+  ray_projection_kernel<<<projection_blocks(g.n), PROJ_THREADS, 0, stream>>>(
+      g, cam, (float)(FOV_CLAMP_MARGIN * cam.width), (float)(FOV_CLAMP_MARGIN * cam.height), means2d, rays,
+      drawn_opacities, rects, radii);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_sh_colors(const GaussianArgs& g, const CameraArgs& cam, const int32_t* radii, bool linear,
+                             float* colors, cudaStream_t stream) {
   if (g.n == 0) return cudaSuccess;
   sh_colors_kernel<<<projection_blocks(g.n), PROJ_THREADS, sh_rows_bytes(g.sh_coeffs), stream>>>(g, cam, radii,
-                                                                                                  colors);
+                                                                                                  linear, colors);
   return cudaGetLastError();
 }
 

@@ -16,34 +16,48 @@ namespace splatwright {
 
 constexpr unsigned FULL_MASK = 0xffffffffu;
 
-// Sums v[0..8] over the warp; returns with lane 4k (k < 8) holding the sum of v[k] and lane 0 that of v[8].
-// The first eight values are reduced by halving exchanges (each step keeps half the values and swaps the
-// other half with the partner lane): 9 shuffles for 8 values instead of 40.
-__device__ __forceinline__ void warp_sum9(float* v, int lane, float& mine, float& ninth) {
-  const bool b4 = lane & 16, b3 = lane & 8, b2 = lane & 4;
-  float u[4];
+// Sums each of v[0..N) over the warp, N a power of two up to 32, by halving exchanges (each step keeps half the
+// values and swaps the other half with the partner lane: N - 1 shuffles for N values, then one for each lane
+// bit left); lane l returns the sum of v[l / (32 / N)].
+template <int N>
+__device__ __forceinline__ float warp_sum_halving(const float* v, int lane) {
+  static_assert(N >= 2 && N <= 32 && (N & (N - 1)) == 0, "N is a power of two up to 32");
+  float u[N];  // a copy: summing in v itself spilled registers
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float keep = b4 ? v[i + 4] : v[i];
-    u[i] = keep + __shfl_xor_sync(FULL_MASK, b4 ? v[i] : v[i + 4], 16);
+  for (int i = 0; i < N; ++i) u[i] = v[i];
+#pragma unroll
+  for (int half = N / 2, bit = 16; half >= 1; half /= 2, bit /= 2) {
+    const bool upper = lane & bit;
+#pragma unroll
+    for (int i = 0; i < half; ++i) {
+      const float keep = upper ? u[i + half] : u[i];
+      u[i] = keep + __shfl_xor_sync(FULL_MASK, upper ? u[i] : u[i + half], bit);
+    }
   }
-  float w[2];
+  float x = u[0];
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const float keep = b3 ? u[i + 2] : u[i];
-    w[i] = keep + __shfl_xor_sync(FULL_MASK, b3 ? u[i] : u[i + 2], 8);
-  }
-  float x = (b2 ? w[1] : w[0]) + __shfl_xor_sync(FULL_MASK, b2 ? w[0] : w[1], 4);
-  x += __shfl_xor_sync(FULL_MASK, x, 2);
-  x += __shfl_xor_sync(FULL_MASK, x, 1);
-  mine = x;  // sum of v[lane >> 2]
-  float y = v[8];
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) y += __shfl_xor_sync(FULL_MASK, y, offset);
-  ninth = y;
+  for (int bit = 16 / N; bit >= 1; bit /= 2) x += __shfl_xor_sync(FULL_MASK, x, bit);
+  return x;
 }
 
-constexpr int ENTRY_GRADS = 9;  // d/d(mean x, mean y, conic a, b, c, red, green, blue, opacity)
+// The largest power of two at most n.
+__host__ __device__ constexpr int power_of_two_below(int n) { return n < 2 ? 1 : 2 * power_of_two_below(n / 2); }
+
+// Writes the warp's sums of v[0..GRADS) to sums: the first power of two of them by halving exchanges, the rest
+// (the standard formation's ninth) by plain butterflies. For 9 values: 9 shuffles for the first 8 instead of 40.
+template <int GRADS>
+__device__ __forceinline__ void store_warp_sums(const float* v, int lane, float* sums) {
+  constexpr int HALVED = power_of_two_below(GRADS), LANES = 32 / HALVED;
+  const float mine = warp_sum_halving<HALVED>(v, lane);
+  if (lane % LANES == 0) sums[lane / LANES] = mine;
+#pragma unroll
+  for (int k = HALVED; k < GRADS; ++k) {
+    float y = v[k];
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) y += __shfl_xor_sync(FULL_MASK, y, offset);
+    if (lane == 0) sums[k] = y;
+  }
+}
 
 // Each warp of the backward takes BLOCKS_PER_WARP of the forward's pixel blocks, one above the other, and each
 // lane one pixel of each: a splat's parameters are read and its 9 sums reduced once for all of them (a splat
@@ -53,9 +67,9 @@ constexpr int ENTRY_GRADS = 9;  // d/d(mean x, mean y, conic a, b, c, red, green
 constexpr int BLOCKS_PER_WARP = 2;
 constexpr int BWD_THREADS = BLOCK_SIZE / BLOCKS_PER_WARP;
 constexpr int BWD_WARPS = BWD_THREADS / 32;
-// Entries whose warp sums are staged in shared memory at once. 64 (20 KB of shared memory a block) with at most
-// 64 registers fits 8 blocks an SM where 128 (29 KB, 72 registers) fitted 7: on the H200, fwd+bwd at 3M
-// Gaussians @1920x1080 took 4.85 -> 4.73 ms, at 1M 2.18 -> 2.16 ms.
+// Entries whose warp sums are staged in shared memory at once. 64 (20 KB of shared memory a block, standard
+// formation) with at most 64 registers fits 8 blocks an SM where 128 (29 KB, 72 registers) fitted 7: on the
+// H200, fwd+bwd at 3M Gaussians @1920x1080 took 4.85 -> 4.73 ms, at 1M 2.18 -> 2.16 ms.
 constexpr int CHUNK = 64;
 static_assert((TILE / WARP_H) % BLOCKS_PER_WARP == 0, "the forward's pixel blocks stack up by rows");
 
@@ -114,43 +128,39 @@ __device__ __forceinline__ void start_walk(PixelWalk& p, int fwd_thread, int til
 }
 
 // Adds the splat's gradient at the pixel to v and steps the pixel's walk back over it, where entry (relative
-// to the tile's start) is at most its last contributor and the splat reaches it. Returns whether it did.
-__device__ __forceinline__ bool add_splat(PixelWalk& p, int entry, float2 xy, float4 co, float4 color, float* v) {
-  SplatSample s;
-  if (!(entry < p.last && sample_splat(xy, co, p.cx, p.cy, s))) return false;
+// to the tile's start) is at most its last contributor and the splat (the batch's j-th) reaches it. Returns
+// whether it did.
+template <typename Splats>
+__device__ __forceinline__ bool add_splat(PixelWalk& p, int entry, const typename Splats::Shared& sh, int j,
+                                          float* v) {
+  typename Splats::Sample s;
+  if (!(entry < p.last && Splats::sample(sh, j, p.cx, p.cy, s))) return false;
   const float inv_one_minus = __fdividef(1.f, 1.f - s.alpha);  // 1 - alpha >= 0.01
   p.T *= inv_one_minus;  // transmittance in front of this splat
   const float w = s.alpha * p.T;
+  const float4 color = Splats::color_depth(sh, j, s);
   const float c[3] = {color.x, color.y, color.z};
   float g_alpha = -p.T_final * inv_one_minus * p.g_T;
   for (int ch = 0; ch < 3; ++ch) {
-    v[5 + ch] += p.g_rgb[ch] * w;
+    v[Splats::COLOR + ch] += p.g_rgb[ch] * w;
     g_alpha += p.g_rgb[ch] * (c[ch] * p.T - p.S[ch] * inv_one_minus);
     p.S[ch] += c[ch] * w;
   }
   // clamp_max passes gradient only where the uncapped value is <= the cap
-  if (s.raw <= ALPHA_MAX) {
-    const float g_power = g_alpha * s.raw;  // d(opacity exp(power))/d power
-    v[8] += g_alpha * s.gauss;
-    v[0] += g_power * (co.x * s.dx + co.y * s.dy);  // dpower/dmean = -dpower/d(dx, dy)
-    v[1] += g_power * (co.z * s.dy + co.y * s.dx);
-    v[2] -= 0.5f * g_power * s.dx * s.dx;
-    v[3] -= g_power * s.dx * s.dy;
-    v[4] -= 0.5f * g_power * s.dy * s.dy;
-  }
+  if (s.raw <= ALPHA_MAX) Splats::add_shape_grads(sh, j, s, g_alpha, v);
   return true;
 }
 
-__global__ void __launch_bounds__(BWD_THREADS, 8)  // 8 blocks an SM: see CHUNK
+template <typename Splats>
+__global__ void __launch_bounds__(BWD_THREADS, Splats::BWD_BLOCKS)
     rasterize_bwd_kernel(RasterArgs r, TileBatches batches, const int32_t* __restrict__ positions,
                          const float* __restrict__ final_T, const int32_t* __restrict__ n_contrib,
                          const float* __restrict__ grad_image, const float* __restrict__ grad_alpha,
                          float* __restrict__ entry_grads) {
-  __shared__ float2 s_xy[BLOCK_SIZE];
-  __shared__ float4 s_conic_opacity[BLOCK_SIZE];
-  __shared__ float4 s_color[BLOCK_SIZE];
+  constexpr int GRADS = Splats::GRADS;
+  __shared__ typename Splats::Shared s_splats;
   __shared__ uint8_t s_warp_masks[BLOCK_SIZE];
-  __shared__ float s_warp_sums[BWD_WARPS][CHUNK][ENTRY_GRADS];
+  __shared__ float s_warp_sums[BWD_WARPS][CHUNK][GRADS];
   __shared__ int s_walk;
   __shared__ int s_warp_walk[BWD_WARPS];
 
@@ -191,22 +201,14 @@ __global__ void __launch_bounds__(BWD_THREADS, 8)  // 8 blocks an SM: see CHUNK
   // Entries past the walk get zeros here, so the workspace needs no clearing (at 3M Gaussians @1920x1080 the
   // clearing and the backward took 0.1 ms more).
   for (int j = max(0, batch_end - batch_start) + thread; j < batch_len; j += BWD_THREADS) {
-    float* out = entry_grads + (size_t)positions[batch_start + j] * ENTRY_GRADS;
-    for (int k = 0; k < ENTRY_GRADS; ++k) out[k] = 0.f;
+    float* out = entry_grads + (size_t)positions[batch_start + j] * GRADS;
+    for (int k = 0; k < GRADS; ++k) out[k] = 0.f;
   }
   if (batch_end <= batch_start) return;
 
   const int count = batch_end - batch_start, warp_count = min(count, s_warp_walk[warp]);
-  for (int j = thread; j < count; j += BWD_THREADS) {
-    const int g = r.gauss_ids[batch_start + j];
-    const float2 xy = reinterpret_cast<const float2*>(r.means2d)[g];
-    const float4 conic_opacity =
-        make_float4(r.conics[3 * g], r.conics[3 * g + 1], r.conics[3 * g + 2], r.opacities[g]);
-    s_xy[j] = xy;
-    s_conic_opacity[j] = conic_opacity;
-    s_color[j] = make_float4(r.colors[3 * g], r.colors[3 * g + 1], r.colors[3 * g + 2], 0.f);
-    s_warp_masks[j] = (uint8_t)warp_mask(xy, conic_opacity, tile_x0, tile_y0);
-  }
+  for (int j = thread; j < count; j += BWD_THREADS)
+    s_warp_masks[j] = (uint8_t)Splats::stage(s_splats, j, r, r.gauss_ids[batch_start + j], tile_x0, tile_y0);
   __syncthreads();
   for (int chunk = (count - 1) / CHUNK; chunk >= 0; --chunk) {  // back to front, as the walk goes
     const int j_lo = chunk * CHUNK;
@@ -215,30 +217,26 @@ __global__ void __launch_bounds__(BWD_THREADS, 8)  // 8 blocks an SM: see CHUNK
       if (!(mask & my_blocks)) continue;  // the sums below skip this warp's
       float* sums = s_warp_sums[warp][j - j_lo];
       const int entry = batch_start + j - start;
-      const float2 xy = s_xy[j];
-      const float4 co = s_conic_opacity[j], color = s_color[j];
-      float v[ENTRY_GRADS] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      float v[GRADS];
+#pragma unroll
+      for (int k = 0; k < GRADS; ++k) v[k] = 0.f;
       int hit = 0;  // an int, not a bool: no byte conversions in the loop
 #pragma unroll
       for (int k = 0; k < BLOCKS_PER_WARP; ++k)
-        if (mask >> block_of(warp, k) & 1u) hit |= (int)add_splat(pixels[k], entry, xy, co, color, v);
+        if (mask >> block_of(warp, k) & 1u) hit |= (int)add_splat<Splats>(pixels[k], entry, s_splats, j, v);
       if (!__any_sync(FULL_MASK, hit)) {
-        if ((lane & 3) == 0) sums[lane >> 2] = 0.f;
-        if (lane == 0) sums[8] = 0.f;
+        if (lane < GRADS) sums[lane] = 0.f;
         continue;
       }
-      float mine, ninth;
-      warp_sum9(v, lane, mine, ninth);
-      if ((lane & 3) == 0) sums[lane >> 2] = mine;
-      if (lane == 0) sums[8] = ninth;
+      store_warp_sums<GRADS>(v, lane, sums);
     }
     __syncthreads();
     // One thread per entry adds the sums of the warps it may touch in warp order and stores them at the
     // entry's emit position.
     for (int j = j_lo + thread; j < min(count, j_lo + CHUNK); j += BWD_THREADS) {
-      float* out = entry_grads + (size_t)positions[batch_start + j] * ENTRY_GRADS;
+      float* out = entry_grads + (size_t)positions[batch_start + j] * GRADS;
       const uint32_t mask = s_warp_masks[j];
-      for (int k = 0; k < ENTRY_GRADS; ++k) {
+      for (int k = 0; k < GRADS; ++k) {
         float total = 0.f;
         for (int w = 0; w < BWD_WARPS; ++w)
           if ((mask & blocks_of(w)) && j < s_warp_walk[w]) total += s_warp_sums[w][j - j_lo][k];
@@ -256,53 +254,65 @@ constexpr int THREAD_ENTRIES = 16;
 
 // Each Gaussian's entries summed in a fixed order: a short run by its thread in emit order, a long one by the
 // warp (lane l adds entries l, l + 32, ... in turn, then the lanes' sums meet in a butterfly).
-__global__ void sum_entry_grads_kernel(const float* __restrict__ entry_grads, const int64_t* __restrict__ entry_ends,
-                                       int n, float* __restrict__ grad_means2d, float* __restrict__ grad_conics,
-                                       float* __restrict__ grad_colors, float* __restrict__ grad_opacities) {
+template <typename Splats>
+__global__ void sum_entry_grads_kernel(RasterArgs r, const float* __restrict__ entry_grads,
+                                       const int64_t* __restrict__ entry_ends, int n, SplatGrads grads) {
+  constexpr int GRADS = Splats::GRADS;
   const int i = blockIdx.x * blockDim.x + threadIdx.x, lane = threadIdx.x & 31;
   const int64_t first = i < n && i > 0 ? entry_ends[i - 1] : 0, end = i < n ? entry_ends[i] : 0;
   const bool own = end - first <= THREAD_ENTRIES;
-  float total[ENTRY_GRADS] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  float total[GRADS];
+  for (int k = 0; k < GRADS; ++k) total[k] = 0.f;
   if (own)
     for (int64_t e = first; e < end; ++e)
-      for (int k = 0; k < ENTRY_GRADS; ++k) total[k] += entry_grads[e * ENTRY_GRADS + k];
+      for (int k = 0; k < GRADS; ++k) total[k] += entry_grads[e * GRADS + k];
   for (uint32_t long_lanes = __ballot_sync(FULL_MASK, !own); long_lanes; long_lanes &= long_lanes - 1) {
     const int owner = __ffs(long_lanes) - 1;
     const int64_t run_first = __shfl_sync(FULL_MASK, first, owner), run_end = __shfl_sync(FULL_MASK, end, owner);
-    float part[ENTRY_GRADS] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    float part[GRADS];
+    for (int k = 0; k < GRADS; ++k) part[k] = 0.f;
 #pragma unroll 4
     for (int64_t e = run_first + lane; e < run_end; e += 32)
-      for (int k = 0; k < ENTRY_GRADS; ++k) part[k] += entry_grads[e * ENTRY_GRADS + k];
+      for (int k = 0; k < GRADS; ++k) part[k] += entry_grads[e * GRADS + k];
     for (int offset = 16; offset > 0; offset >>= 1)
-      for (int k = 0; k < ENTRY_GRADS; ++k) part[k] += __shfl_xor_sync(FULL_MASK, part[k], offset);
+      for (int k = 0; k < GRADS; ++k) part[k] += __shfl_xor_sync(FULL_MASK, part[k], offset);
     if (lane == owner)
-      for (int k = 0; k < ENTRY_GRADS; ++k) total[k] = part[k];
+      for (int k = 0; k < GRADS; ++k) total[k] = part[k];
   }
-  if (i >= n) return;
-  for (int k = 0; k < 2; ++k) grad_means2d[2 * i + k] = total[k];
-  for (int k = 0; k < 3; ++k) grad_conics[3 * i + k] = total[2 + k];
-  for (int k = 0; k < 3; ++k) grad_colors[3 * i + k] = total[5 + k];
-  grad_opacities[i] = total[8];
+  if (i < n) Splats::store(i, total, r, grads);
 }
 
-size_t entry_grad_floats(int n_entries) { return (size_t)n_entries * ENTRY_GRADS; }
+size_t entry_grad_floats(int n_entries, const RasterArgs& r) {
+  return (size_t)n_entries * (r.rays ? Rays::GRADS : Conics::GRADS);
+}
 
-cudaError_t launch_rasterize_bwd(const RasterArgs& r, const TileBatches& batches, int max_batches,
-                                 const int32_t* positions, const int64_t* entry_ends, int n, const float* final_T,
-                                 const int32_t* n_contrib, const float* grad_image, const float* grad_alpha,
-                                 float* entry_grads, float* grad_means2d, float* grad_conics, float* grad_colors,
-                                 float* grad_opacities, cudaStream_t stream) {
+template <typename Splats>
+cudaError_t rasterize_bwd(const RasterArgs& r, const TileBatches& batches, int max_batches, const int32_t* positions,
+                          const int64_t* entry_ends, int n, const float* final_T, const int32_t* n_contrib,
+                          const float* grad_image, const float* grad_alpha, float* entry_grads,
+                          const SplatGrads& grads, cudaStream_t stream) {
   if (r.width > 0 && r.height > 0 && max_batches > 0) {
-    rasterize_bwd_kernel<<<max_batches, BWD_THREADS, 0, stream>>>(r, batches, positions, final_T, n_contrib, grad_image,
-                                                            grad_alpha, entry_grads);
+    rasterize_bwd_kernel<Splats><<<max_batches, BWD_THREADS, 0, stream>>>(r, batches, positions, final_T, n_contrib,
+                                                                          grad_image, grad_alpha, entry_grads);
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
   if (n == 0) return cudaSuccess;
   const int threads = 256;
-  sum_entry_grads_kernel<<<(n + threads - 1) / threads, threads, 0, stream>>>(
-      entry_grads, entry_ends, n, grad_means2d, grad_conics, grad_colors, grad_opacities);
+  sum_entry_grads_kernel<Splats><<<(n + threads - 1) / threads, threads, 0, stream>>>(r, entry_grads, entry_ends, n,
+                                                                                     grads);
   return cudaGetLastError();
+}
+
+cudaError_t launch_rasterize_bwd(const RasterArgs& r, const TileBatches& batches, int max_batches,
+                                 const int32_t* positions, const int64_t* entry_ends, int n, const float* final_T,
+                                 const int32_t* n_contrib, const float* grad_image, const float* grad_alpha,
+                                 float* entry_grads, const SplatGrads& grads, cudaStream_t stream) {
+  if (r.rays)
+    return rasterize_bwd<Rays>(r, batches, max_batches, positions, entry_ends, n, final_T, n_contrib, grad_image,
+                               grad_alpha, entry_grads, grads, stream);
+  return rasterize_bwd<Conics>(r, batches, max_batches, positions, entry_ends, n, final_T, n_contrib, grad_image,
+                               grad_alpha, entry_grads, grads, stream);
 }
 
 }  // namespace splatwright

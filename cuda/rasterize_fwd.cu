@@ -1,6 +1,6 @@
-// Rasterize forward: one block per 16x16 tile, one thread per pixel; the tile's depth-sorted splats are
-// staged through shared memory in batches of BLOCK_SIZE and composited front to back. Each warp walks only the
-// splats that may touch its block of pixels (warp_mask), listed in order.
+// Rasterize forward: one block per 16x16 tile, one thread per pixel; the tile's sorted splats are staged through
+// shared memory in batches of BLOCK_SIZE and composited front to back. Each warp walks only the splats that may
+// touch its block of pixels (their warp masks), listed in order. Splats: raster.cuh's Conics or Rays.
 #include "raster.cuh"
 #include "splatwright.h"
 
@@ -12,13 +12,11 @@ constexpr int SPLATS_PER_STEP = 8;
 
 // At most 64 registers, so 4 blocks fit an SM (68 gave 3): on the H200, 0.448 -> 0.424 ms at 1M Gaussians
 // @1920x1080 and 0.958 -> 0.891 at 3M.
+template <typename Splats>
 __global__ void __launch_bounds__(BLOCK_SIZE, 4)
-    rasterize_fwd_kernel(RasterArgs r, TileBatches batches, const float* __restrict__ depths,
-                         float* __restrict__ image, float* __restrict__ alpha_out, float* __restrict__ depth_out,
-                         float* __restrict__ final_T, int32_t* __restrict__ n_contrib) {
-  __shared__ float2 s_xy[BLOCK_SIZE];
-  __shared__ float4 s_conic_opacity[BLOCK_SIZE];
-  __shared__ float4 s_color_depth[BLOCK_SIZE];
+    rasterize_fwd_kernel(RasterArgs r, TileBatches batches, float* __restrict__ image, float* __restrict__ alpha_out,
+                         float* __restrict__ depth_out, float* __restrict__ final_T, int32_t* __restrict__ n_contrib) {
+  __shared__ typename Splats::Shared s_splats;
   __shared__ uint8_t s_warp_masks[BLOCK_SIZE];
   // Each warp's splats of the batch, in order; a step may read up to SPLATS_PER_STEP - 1 entries past the end.
   __shared__ uint8_t s_lists[TILE_WARPS][BLOCK_SIZE + SPLATS_PER_STEP];
@@ -44,17 +42,9 @@ __global__ void __launch_bounds__(BLOCK_SIZE, 4)
     if (batches.states && batch > start)  // the state at the end of the previous batch
       batches.states[first_batch + (batch - start) / BLOCK_SIZE - 1][thread] = make_float4(T, red, green, blue);
     const int idx = batch + thread;
-    if (idx < end) {
-      const int g = r.gauss_ids[idx];
-      const float2 xy = reinterpret_cast<const float2*>(r.means2d)[g];
-      const float4 conic_opacity =
-          make_float4(r.conics[3 * g], r.conics[3 * g + 1], r.conics[3 * g + 2], r.opacities[g]);
-      s_xy[thread] = xy;
-      s_conic_opacity[thread] = conic_opacity;
-      s_color_depth[thread] =
-          make_float4(r.colors[3 * g], r.colors[3 * g + 1], r.colors[3 * g + 2], depths[g]);
-      s_warp_masks[thread] = (uint8_t)warp_mask(xy, conic_opacity, blockIdx.x * TILE, blockIdx.y * TILE);
-    }
+    if (idx < end)
+      s_warp_masks[thread] =
+          (uint8_t)Splats::stage(s_splats, thread, r, r.gauss_ids[idx], blockIdx.x * TILE, blockIdx.y * TILE);
     __syncthreads();
     const int count = min(BLOCK_SIZE, end - batch);
     int listed = 0;
@@ -67,13 +57,13 @@ __global__ void __launch_bounds__(BLOCK_SIZE, 4)
     }
     __syncwarp();
     for (int i0 = 0; i0 < listed && !done; i0 += SPLATS_PER_STEP) {
-      SplatSample s[SPLATS_PER_STEP];
+      typename Splats::Sample s[SPLATS_PER_STEP];
       bool hit[SPLATS_PER_STEP];
       int js[SPLATS_PER_STEP];
 #pragma unroll
       for (int k = 0; k < SPLATS_PER_STEP; ++k) {  // past listed: a stale list entry, masked
         js[k] = list[i0 + k];
-        hit[k] = sample_splat(s_xy[js[k]], s_conic_opacity[js[k]], cx, cy, s[k]) && i0 + k < listed;
+        hit[k] = Splats::sample(s_splats, js[k], cx, cy, s[k]) && i0 + k < listed;
       }
 #pragma unroll
       for (int k = 0; k < SPLATS_PER_STEP; ++k) {
@@ -84,7 +74,7 @@ __global__ void __launch_bounds__(BLOCK_SIZE, 4)
           break;
         }
         const float w = s[k].alpha * T;
-        const float4 cd = s_color_depth[js[k]];
+        const float4 cd = Splats::color_depth(s_splats, js[k], s[k]);
         red += w * cd.x;
         green += w * cd.y;
         blue += w * cd.z;
@@ -107,11 +97,14 @@ __global__ void __launch_bounds__(BLOCK_SIZE, 4)
   n_contrib[pix] = last;
 }
 
-cudaError_t launch_rasterize_fwd(const RasterArgs& r, const TileBatches& batches, const float* depths, float* image,
-                                 float* alpha, float* depth, float* final_T, int32_t* n_contrib, cudaStream_t stream) {
+cudaError_t launch_rasterize_fwd(const RasterArgs& r, const TileBatches& batches, float* image, float* alpha,
+                                 float* depth, float* final_T, int32_t* n_contrib, cudaStream_t stream) {
   if (r.width == 0 || r.height == 0) return cudaSuccess;
   const dim3 grid((r.width + TILE - 1) / TILE, (r.height + TILE - 1) / TILE);
-  rasterize_fwd_kernel<<<grid, BLOCK_SIZE, 0, stream>>>(r, batches, depths, image, alpha, depth, final_T, n_contrib);
+  if (r.rays)
+    rasterize_fwd_kernel<Rays><<<grid, BLOCK_SIZE, 0, stream>>>(r, batches, image, alpha, depth, final_T, n_contrib);
+  else
+    rasterize_fwd_kernel<Conics><<<grid, BLOCK_SIZE, 0, stream>>>(r, batches, image, alpha, depth, final_T, n_contrib);
   return cudaGetLastError();
 }
 

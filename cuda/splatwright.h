@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include "constants.h"
+#include "rays.cuh"
 
 namespace splatwright {
 
@@ -44,8 +45,23 @@ struct CameraArgs {
 cudaError_t launch_projection_fwd(const GaussianArgs& g, const CameraArgs& cam, float* means2d, float* conics,
                                   float* depths, int32_t* radii, int64_t* tile_counts, uint32_t* depth_range,
                                   cudaStream_t stream);
-cudaError_t launch_sh_colors(const GaussianArgs& g, const CameraArgs& cam, const int32_t* radii, float* colors,
-                             cudaStream_t stream);
+// linear: the colours decoded from sRGB to linear light (Blender's image formation).
+cudaError_t launch_sh_colors(const GaussianArgs& g, const CameraArgs& cam, const int32_t* radii, bool linear,
+                             float* colors, cudaStream_t stream);
+
+// Blender's image formation's projection (rays.cuh), one thread per Gaussian: the forward writes means2d (n, 2),
+// the ray parameters (n, RAY_PARAMS), the opacities as drawn (n,) (g.opacities are the model's), the footprints'
+// pixel rectangles (n, 4) and radii (n,) (0: not drawn); launch_sh_colors with linear set gives the colours. The
+// backward takes the gradients w.r.t. those (grad_means2d holding the part through the ray parameters' centre:
+// raster.cuh's Rays::store) and the colours, and writes every element of the gradients w.r.t. means, quats,
+// scales, opacities and the SH coefficients' two parts.
+cudaError_t launch_ray_projection_fwd(const GaussianArgs& g, const CameraArgs& cam, float* means2d, float* rays,
+                                      float* drawn_opacities, float* rects, int32_t* radii, cudaStream_t stream);
+cudaError_t launch_ray_projection_bwd(const GaussianArgs& g, const CameraArgs& cam, const int32_t* radii,
+                                      const float* grad_means2d, const float* grad_rays, const float* grad_colors,
+                                      const float* grad_drawn, float* grad_means, float* grad_quats,
+                                      float* grad_scales, float* grad_opacities, float* grad_sh_head,
+                                      float* grad_sh_tail, cudaStream_t stream);
 
 // Gradients of a loss w.r.t. means, quats, scales and the two parts of the SH coefficients, given those w.r.t.
 // means2d, conics and colors. Every output element is written (zeros for culled Gaussians and unused SH
@@ -117,6 +133,22 @@ struct SortBuffers {
 };
 cudaError_t launch_sort_entries(const BinInputs& in, const int64_t* entry_ends, int n_entries, void* keys,
                                 void* sorted_keys, const SortBuffers& out, cudaStream_t stream);
+// The blender formation's binning, in the same steps: 1. launch_rect_tile_counts, the tiles of each splat's
+// footprint rectangle (RayBinInputs.rects; 0 where radii is 0); 2. and 3. as above; 4. launch_sort_ray_entries,
+// each entry keyed by (tile, the view depth of the splat's maximum along the ray through the tile's pixel nearest
+// to its projected centre, at least 0), 64-bit keys of ray_sort_key_bytes each, sorted as above.
+struct RayBinInputs {
+  const float* means2d;
+  const float* rays;   // (n, RAY_PARAMS)
+  const float* rects;  // (n, 4)
+  const int32_t* radii;
+  int n, width, height;
+};
+constexpr int ray_sort_key_bytes() { return 8; }
+size_t ray_sort_temp_bytes(int n_entries, int width, int height);
+cudaError_t launch_rect_tile_counts(const RayBinInputs& in, int64_t* tile_counts, cudaStream_t stream);
+cudaError_t launch_sort_ray_entries(const RayBinInputs& in, const int64_t* entry_ends, int n_entries, void* keys,
+                                    void* sorted_keys, const SortBuffers& out, cudaStream_t stream);
 //   5. launch_tile_batches: each tile's list cut into batches of BLOCK_SIZE entries (TileBatches below), at most
 //      max_tile_batches(n_entries, n_tiles) of them; batch_counts and batch_offsets hold n_tiles + 1 values.
 int max_tile_batches(int n_entries, int n_tiles);
@@ -133,11 +165,16 @@ struct TileBatches {
                                  // entries; the tile's last batch holds the final values. Null: not recorded.
 };
 
+// The splats a rasterization composites, in one of the two image formations (backend/render/formation.py):
+// standard (conics and depths set, rays and rects null) or blender (rays and rects set, conics and depths null).
 struct RasterArgs {
   const int32_t* ranges;    // (n_tiles, 2) [start, end) into gauss_ids
   const int32_t* gauss_ids; // sorted entries
   const float* means2d;     // (n, 2)
-  const float* conics;      // (n, 3)
+  const float* conics;      // (n, 3) standard
+  const float* depths;      // (n,) standard: the view depths of the centres
+  const float* rays;        // (n, RAY_PARAMS) blender
+  const float* rects;       // (n, 4) blender: the footprints' pixel rectangles (u_lo, u_hi, v_lo, v_hi)
   const float* colors;      // (n, 3)
   const float* opacities;   // (n,)
   const float* background;  // (3,)
@@ -149,19 +186,27 @@ struct RasterArgs {
 // alpha = 1 - T_final, depth = sum w_i z_i, T_final, and n_contrib = how many of the tile's entries the
 // pixel walked through up to its last contributor.
 // With batches.states set it also records the batch states (for the backward).
-cudaError_t launch_rasterize_fwd(const RasterArgs& r, const TileBatches& batches, const float* depths, float* image,
-                                 float* alpha, float* depth, float* final_T, int32_t* n_contrib, cudaStream_t stream);
+cudaError_t launch_rasterize_fwd(const RasterArgs& r, const TileBatches& batches, float* image, float* alpha,
+                                 float* depth, float* final_T, int32_t* n_contrib, cudaStream_t stream);
 
-// Reverse tile walk over the forward's batches (states recorded), deterministic: gradients w.r.t. means2d,
-// conics, colors and opacities (every element written) from those w.r.t. image and alpha. positions maps sorted
-// entries to emit positions and entry_ends is binning's inclusive sum (Gaussian i's entries end there);
-// entry_grads is a workspace of entry_grad_floats(n_entries), every entry of which the backward writes.
-size_t entry_grad_floats(int n_entries);
+// The gradients of a rasterization, every element written: w.r.t. means2d (n, 2), the splats' shapes (the
+// conics (n, 3), or the rays (n, RAY_PARAMS) in the blender formation), colors (n, 3) and opacities (n,).
+struct SplatGrads {
+  float* means2d;
+  float* shapes;
+  float* colors;
+  float* opacities;
+};
+
+// Reverse tile walk over the forward's batches (states recorded), deterministic, from the gradients w.r.t. image
+// and alpha. positions maps sorted entries to emit positions and entry_ends is binning's inclusive sum (Gaussian
+// i's entries end there); entry_grads is a workspace of entry_grad_floats(n_entries, r) floats, every one of
+// which the backward writes.
+size_t entry_grad_floats(int n_entries, const RasterArgs& r);
 cudaError_t launch_rasterize_bwd(const RasterArgs& r, const TileBatches& batches, int max_batches,
                                  const int32_t* positions, const int64_t* entry_ends, int n, const float* final_T,
                                  const int32_t* n_contrib, const float* grad_image, const float* grad_alpha,
-                                 float* entry_grads, float* grad_means2d, float* grad_conics, float* grad_colors,
-                                 float* grad_opacities, cudaStream_t stream);
+                                 float* entry_grads, const SplatGrads& grads, cudaStream_t stream);
 
 // Training (training.cu). The photometric loss (1 - w) mean|x - y| + w (1 - mean SSIM) of an image against a
 // target, both (height, width, 3): the forward writes the scalar loss and the SSIM map's partial derivatives

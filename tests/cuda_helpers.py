@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from backend.render import reference
-from backend.render.constants import ALPHA_MIN, RADIUS_SIGMAS, TILE
+from backend.render.constants import ALPHA_MIN, NEAR_PLANE, RADIUS_SIGMAS, TILE
 
 # A GPU test needs a CUDA GPU, and runs with the kernels' outputs NaN-poisoned (conftest's poisoned_kernels).
 GPU_TEST = [
@@ -66,14 +66,46 @@ def random_scene(n, width, height, gen, *, scale=0.05, z_range=(3.0, 9.0), opaci
     return scene
 
 
-def ambiguous_pixels(scene, width, height, sh_degree):
+def _near_standard(s, proj, tid, gid, px, py):
+    """Which (entry, pixel) pairs of the standard formation lie within rounding of the alpha floor or the
+    footprint's edge."""
+    dx, dy = px - proj.means2d[gid, 0, None], py - proj.means2d[gid, 1, None]
+    a, b, c = proj.conics[gid].unbind(-1)
+    power = -0.5 * (a[:, None] * dx * dx + c[:, None] * dy * dy) - b[:, None] * dx * dy
+    alpha = s["opacities"][gid, None] * torch.exp(power)
+    edge = 0.5 * RADIUS_SIGMAS ** 2
+    near = (alpha - ALPHA_MIN).abs() <= AMBIGUOUS_REL * ALPHA_MIN
+    return near | ((power + edge).abs() <= AMBIGUOUS_REL * edge)
+
+
+def _near_blender(s, proj, tid, gid, px, py):
+    """... of the blender formation: the alpha floor, the footprint's edge or the near plane."""
+    ray, m = reference.splat_rays(proj, gid, px, py)
+    ray_sq = (ray * ray).sum(-1)
+    dist = (torch.linalg.cross(m.expand_as(ray), ray, dim=-1) ** 2).sum(-1) / ray_sq
+    depth = (m * ray).sum(-1) / ray_sq
+    alpha = proj.opacities[gid, None] * torch.exp(-0.5 * dist)
+    near = (alpha - ALPHA_MIN).abs() <= AMBIGUOUS_REL * ALPHA_MIN
+    near |= (dist - RADIUS_SIGMAS ** 2).abs() <= AMBIGUOUS_REL * RADIUS_SIGMAS ** 2
+    return near | ((depth - NEAR_PLANE).abs() <= AMBIGUOUS_REL * depth.abs().clamp_min(1.0))
+
+
+def ambiguous_pixels(scene, width, height, sh_degree, formation="standard"):
     """Pixels where some splat of the tile's list has alpha within AMBIGUOUS_REL of the 1/255 floor, or the
-    pixel within AMBIGUOUS_REL of the splat's RADIUS_SIGMAS edge."""
+    pixel within AMBIGUOUS_REL of the splat's RADIUS_SIGMAS edge (or, in the blender formation, its maximum of the
+    near plane; and their neighbours, which the film filter mixes them into)."""
     s = {k: v.to(DEV) for k, v in scene.items()}
+    args = (s["means"], s["quats"], s["scales"], s["opacities"], s["sh"], s["viewmat"], s["K"], width, height,
+            sh_degree)
     with torch.no_grad():
-        proj = reference.project(s["means"], s["quats"], s["scales"], s["opacities"], s["sh"], s["viewmat"], s["K"],
-                                 width, height, sh_degree)
-        tile_ids, gauss_ids = reference.bin_tiles(proj, s["opacities"], width, height)
+        if formation == "blender":
+            proj = reference.project_rays(*args)
+            tile_ids, gauss_ids = reference.bin_rects(proj, width, height)
+            near_pairs = _near_blender
+        else:
+            proj = reference.project(*args)
+            tile_ids, gauss_ids = reference.bin_tiles(proj, s["opacities"], width, height)
+            near_pairs = _near_standard
         tiles_x, tiles_y = (width + TILE - 1) // TILE, (height + TILE - 1) // TILE
         flags = torch.zeros(tiles_y * tiles_x, TILE * TILE, dtype=torch.int32, device=DEV)
         offsets = torch.arange(TILE, device=DEV, dtype=torch.float32) + 0.5
@@ -82,16 +114,77 @@ def ambiguous_pixels(scene, width, height, sh_degree):
             tid, gid = tile_ids[c0:c0 + 4096], gauss_ids[c0:c0 + 4096]
             px = (tid % tiles_x * TILE).float()[:, None] + px_local.reshape(-1)
             py = (tid // tiles_x * TILE).float()[:, None] + py_local.reshape(-1)
-            dx, dy = px - proj.means2d[gid, 0, None], py - proj.means2d[gid, 1, None]
-            a, b, c = proj.conics[gid].unbind(-1)
-            power = -0.5 * (a[:, None] * dx * dx + c[:, None] * dy * dy) - b[:, None] * dx * dy
-            alpha = s["opacities"][gid, None] * torch.exp(power)
-            edge = 0.5 * RADIUS_SIGMAS ** 2
-            near = (alpha - ALPHA_MIN).abs() <= AMBIGUOUS_REL * ALPHA_MIN
-            near |= (power + edge).abs() <= AMBIGUOUS_REL * edge
-            flags.index_add_(0, tid, near.int())
-        img = (flags > 0).reshape(tiles_y, tiles_x, TILE, TILE).permute(0, 2, 1, 3).reshape(tiles_y * TILE, tiles_x * TILE)
-    return img[:height, :width]
+            flags.index_add_(0, tid, near_pairs(s, proj, tid, gid, px, py).int())
+        img = (flags > 0).reshape(tiles_y, tiles_x, TILE, TILE).permute(0, 2, 1, 3)
+        img = img.reshape(tiles_y * TILE, tiles_x * TILE)[:height, :width]
+        if formation == "blender":
+            img = torch.nn.functional.max_pool2d(img[None, None].float(), 3, stride=1, padding=1)[0, 0] > 0
+    return img
+
+
+PARAMS = ("means", "quats", "scales", "opacities", "sh")
+
+
+def render_both(scene, width, height, sh_degree, background, grad=True, keep=None, formation="standard"):
+    """Both renders in an image formation and, with grad, both sides' gradients of a random weighting of image and
+    alpha; `keep` (height, width bool) zeroes the weights elsewhere (ambiguous pixels, whose gradients differ by
+    design)."""
+    from backend.render import rasterizer_fn
+    outs, grads = {}, {}
+    for name in ("cuda", "reference"):
+        fn = rasterizer_fn(name, formation)
+        params = {k: scene[k].to(DEV).requires_grad_(grad) for k in PARAMS}
+        out = fn(params["means"], params["quats"], params["scales"], params["opacities"], params["sh"],
+                 scene["viewmat"].to(DEV), scene["K"].to(DEV), width, height, sh_degree,
+                 torch.tensor(background, device=DEV))
+        outs[name] = out
+        if grad:
+            gen = torch.Generator(device=DEV).manual_seed(1234)
+            w_img = torch.randn(out.image.shape, generator=gen, device=DEV)
+            w_alpha = torch.randn(out.alpha.shape, generator=gen, device=DEV)
+            if keep is not None:
+                w_img, w_alpha = w_img * keep[..., None], w_alpha * keep
+            loss = (out.image * w_img).sum() + (out.alpha * w_alpha).sum()
+            if name == "cuda" or loss.requires_grad:  # the reference's graph is cut where no splat reaches a pixel
+                loss.backward()
+            grads[name] = {k: params[k].grad for k in PARAMS}
+            grads[name]["means2d"] = out.means2d.grad
+            if name == "reference":
+                grads[name] = {k: g if g is not None else torch.zeros_like(grads["cuda"][k])
+                               for k, g in grads[name].items()}
+    return outs, grads
+
+
+def check_against_reference(scene, width, height, sh_degree=3, background=(0.1, 0.5, 0.9), seed=None,
+                            max_ambiguous=1e-3, formation="standard"):
+    """`max_ambiguous`: the largest fraction of the image's pixels left out of the comparison as ambiguous."""
+    msg = f"(seed {seed}, {len(scene['means'])} Gaussians, {width}x{height}, {formation})"
+    skip = ambiguous_pixels(scene, width, height, sh_degree, formation)
+    assert skip.float().mean() <= max_ambiguous, f"{int(skip.sum())} ambiguous pixels {msg}"
+    keep = ~skip
+    outs, grads = render_both(scene, width, height, sh_degree, background, keep=keep, formation=formation)
+    ours, ref = outs["cuda"], outs["reference"]
+    assert ours.image.shape == (height, width, 3) and ours.alpha.shape == (height, width), msg
+    for name in ("image", "alpha", "depth"):
+        assert torch.isfinite(getattr(ours, name)).all(), f"{name} has unwritten (NaN) values {msg}"
+    assert torch.equal(ours.radii, ref.radii), f"radii differ at {int((ours.radii != ref.radii).sum())} {msg}"
+    assert torch.allclose(ours.means2d, ref.means2d, rtol=1e-5, atol=1e-4), msg
+
+    image_diff = (ours.image - ref.image).abs()[keep].max().item() if keep.any() else 0.0
+    alpha_diff = (ours.alpha - ref.alpha).abs()[keep].max().item() if keep.any() else 0.0
+    depth_scale = max(1.0, ref.depth.abs().max().item())
+    depth_diff = (ours.depth - ref.depth).abs()[keep].max().item() / depth_scale if keep.any() else 0.0
+    assert image_diff <= IMAGE_TOL, f"image max abs diff {image_diff:.2e} {msg}"
+    assert alpha_diff <= IMAGE_TOL, f"alpha max abs diff {alpha_diff:.2e} {msg}"
+    assert depth_diff <= IMAGE_TOL, f"depth max rel diff {depth_diff:.2e} {msg}"
+
+    for name in PARAMS + ("means2d",):
+        g_ours, g_ref = grads["cuda"][name], grads["reference"][name]
+        assert g_ours is not None and g_ours.shape == g_ref.shape, f"{name} grad missing {msg}"
+        assert torch.isfinite(g_ours).all(), f"{name} grad not finite {msg}"
+        err = rel_l2(g_ours, g_ref)
+        assert err <= GRAD_TOL, f"{name} grad relative L2 {err:.2e} {msg}"
+    return outs, grads
 
 
 def rel_l2(ours, ref):

@@ -23,6 +23,7 @@ from blender_addon.core.cameras import BLENDER_TO_OPENCV, Camera, intrinsics_fro
 from backend.gaussians import Gaussians
 from backend.policy import cpu_config
 from backend.render import render
+from backend.render.constants import NEAR_PLANE
 
 ROOT = Path(__file__).resolve().parent.parent
 DONUT = ROOT.parent / "shared" / "data" / "splats" / "donut_sh0.ply"
@@ -249,6 +250,16 @@ def zstd_spz_of_zeros(splats: int, inflated: int | None = None) -> bytes:
     header = NGSP_HEADER.pack(MAGIC, 4, splats, 0, 12, 0, len(sizes), NGSP_HEADER.size)
     table = b"".join(struct.pack("<QQ", len(stream), size) for stream, size in zip(streams, sizes))
     return header + table + b"".join(streams)
+
+
+def ray_parameters(proj) -> torch.Tensor:
+    """The kernels' ray parameters of the reference's RayProjected splats (cuda/rays.cuh's ray_parameters), (N,
+    10): in each splat's unit frame its centre m, s = 1 / its view depth (the ray through the projected centre is
+    s m there), and N0, N1, how a pixel's ray changes there per pixel in x and in y (the frame's first two columns
+    over fx and fy)."""
+    fx, fy = proj.intrinsics[:2]
+    s = 1 / torch.where(proj.depths > NEAR_PLANE, proj.depths, torch.ones_like(proj.depths))
+    return torch.cat([proj.centres, s[:, None], proj.frames[:, :, 0] / fx, proj.frames[:, :, 1] / fy], dim=-1)
 
 
 def formation_config(iterations: int, formation: str):

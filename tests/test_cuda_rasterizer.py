@@ -17,75 +17,11 @@ import math
 import pytest
 import torch
 
-from backend.render import reference
 from backend.render.constants import TILE
-from cuda_helpers import (DEV, GPU_TEST, GRAD_TOL, IMAGE_TOL, ambiguous_pixels, fresh_seed, look_camera, random_scene,
-                          rel_l2, to_world)
+from cuda_helpers import (DEV, GPU_TEST, PARAMS, check_against_reference, fresh_seed, look_camera, random_scene,
+                          render_both, rel_l2, to_world)
 
 pytestmark = GPU_TEST
-
-PARAMS = ("means", "quats", "scales", "opacities", "sh")
-
-
-def render_both(scene, width, height, sh_degree, background, grad=True, keep=None):
-    """Both renders and, with grad, both sides' gradients of a random weighting of image and alpha; `keep`
-    (height, width bool) zeroes the weights elsewhere (ambiguous pixels, whose gradients differ by design)."""
-    from backend.render import cuda
-    outs, grads = {}, {}
-    for name, fn in (("cuda", cuda.rasterize), ("reference", reference.rasterize)):
-        params = {k: scene[k].to(DEV).requires_grad_(grad) for k in PARAMS}
-        out = fn(params["means"], params["quats"], params["scales"], params["opacities"], params["sh"],
-                 scene["viewmat"].to(DEV), scene["K"].to(DEV), width, height, sh_degree,
-                 torch.tensor(background, device=DEV))
-        outs[name] = out
-        if grad:
-            gen = torch.Generator(device=DEV).manual_seed(1234)
-            w_img = torch.randn(out.image.shape, generator=gen, device=DEV)
-            w_alpha = torch.randn(out.alpha.shape, generator=gen, device=DEV)
-            if keep is not None:
-                w_img, w_alpha = w_img * keep[..., None], w_alpha * keep
-            loss = (out.image * w_img).sum() + (out.alpha * w_alpha).sum()
-            if name == "cuda" or loss.requires_grad:  # the reference's graph is cut where no splat reaches a pixel
-                loss.backward()
-            grads[name] = {k: params[k].grad for k in PARAMS}
-            grads[name]["means2d"] = out.means2d.grad
-            if name == "reference":
-                grads[name] = {k: g if g is not None else torch.zeros_like(grads["cuda"][k])
-                               for k, g in grads[name].items()}
-    return outs, grads
-
-
-def check_against_reference(scene, width, height, sh_degree=3, background=(0.1, 0.5, 0.9), seed=None,
-                            max_ambiguous=1e-3):
-    """`max_ambiguous`: the largest fraction of the image's pixels left out of the comparison as ambiguous."""
-    msg = f"(seed {seed}, {len(scene['means'])} Gaussians, {width}x{height})"
-    skip = ambiguous_pixels(scene, width, height, sh_degree)
-    assert skip.float().mean() <= max_ambiguous, f"{int(skip.sum())} ambiguous pixels {msg}"
-    keep = ~skip
-    outs, grads = render_both(scene, width, height, sh_degree, background, keep=keep)
-    ours, ref = outs["cuda"], outs["reference"]
-    assert ours.image.shape == (height, width, 3) and ours.alpha.shape == (height, width), msg
-    for name in ("image", "alpha", "depth"):
-        assert torch.isfinite(getattr(ours, name)).all(), f"{name} has unwritten (NaN) values {msg}"
-    assert torch.equal(ours.radii, ref.radii), f"radii differ at {int((ours.radii != ref.radii).sum())} {msg}"
-    assert torch.allclose(ours.means2d, ref.means2d, rtol=1e-5, atol=1e-4), msg
-
-    image_diff = (ours.image - ref.image).abs()[keep].max().item() if keep.any() else 0.0
-    alpha_diff = (ours.alpha - ref.alpha).abs()[keep].max().item() if keep.any() else 0.0
-    depth_scale = max(1.0, ref.depth.abs().max().item())
-    depth_diff = (ours.depth - ref.depth).abs()[keep].max().item() / depth_scale if keep.any() else 0.0
-    assert image_diff <= IMAGE_TOL, f"image max abs diff {image_diff:.2e} {msg}"
-    assert alpha_diff <= IMAGE_TOL, f"alpha max abs diff {alpha_diff:.2e} {msg}"
-    assert depth_diff <= IMAGE_TOL, f"depth max rel diff {depth_diff:.2e} {msg}"
-
-    for name in PARAMS + ("means2d",):
-        g_ours, g_ref = grads["cuda"][name], grads["reference"][name]
-        assert g_ours is not None and g_ours.shape == g_ref.shape, f"{name} grad missing {msg}"
-        assert torch.isfinite(g_ours).all(), f"{name} grad not finite {msg}"
-        err = rel_l2(g_ours, g_ref)
-        assert err <= GRAD_TOL, f"{name} grad relative L2 {err:.2e} {msg}"
-    return outs, grads
-
 
 @pytest.mark.parametrize("n, width, height, sh_degree", [
     (2000, 256, 192, 3),   # multiples of 16

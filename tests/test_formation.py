@@ -11,12 +11,12 @@ import torch
 
 from blender_addon.core.cameras import Camera, intrinsics, look_at
 from backend.gaussians import Gaussians, logit, rgb_to_sh_dc
-from backend.render import camera_tensors, drawn_formation, reference, render
+from backend.render import camera_tensors, reference, render
 from backend.render.constants import ALPHA_MAX, ALPHA_MIN, NEAR_PLANE, RADIUS_SIGMAS, T_STOP, TILE
 from backend.render.formation import (FILM_SPLAT_VARIANCE, FILM_TAPS, SCALE_CLAMP, blackman_harris,
                                       linear_to_srgb, srgb_to_linear)
 from backend.sh import sh_basis
-from helpers import orbit_cameras, random_gaussians
+from helpers import orbit_cameras, random_gaussians, ray_parameters
 
 
 def decode(c):
@@ -207,8 +207,29 @@ def test_means2d_receive_the_screen_space_gradient():
     assert grad is not None and bool((grad.abs().sum(-1) > 0).sum() > 10)
 
 
-def test_the_cuda_rasterizer_draws_the_standard_formation_and_says_so():
-    assert drawn_formation("reference", "blender") == ("blender", "")
-    assert drawn_formation("cuda", "standard") == ("standard", "")
-    formation, note = drawn_formation("cuda", "blender", "trains")
-    assert formation == "standard" and "the GPU trains in the standard one" in note
+def test_the_kernels_ray_parameters_give_the_reference_distances_and_depths():
+    """The CUDA kernels evaluate a splat along a pixel's ray from its ray parameters (helpers.ray_parameters,
+    cuda/rays.cuh's, cuda/raster.cuh's Rays): r = s m + du N0 + dv N1 for the pixel's offset (du, dv) from the
+    projected centre, the squared distance |m x (du N0 + dv N1)|^2 / |r|^2 and the depth m.r / |r|^2. Those are
+    the reference's, which evaluates the ray through the pixel in the splat's frame."""
+    g = random_gaussians(40, seed=5, sh_degree=0, scale=0.2).to(dtype=torch.float64)
+    g.log_scales[:10, 2] -= 3.0  # flat ones too
+    cam = orbit_cameras(1, 40, 30, radius=2.5)[0]
+    proj = reference.project_rays(*args(g, cam, 0, (0.0, 0.0, 0.0))[:10])
+    drawn = (proj.radii > 0).nonzero().squeeze(1)
+    px = torch.rand(len(drawn), 7, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 40
+    py = torch.rand(len(drawn), 7, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) * 30
+    ray, m = reference.splat_rays(proj, drawn, px, py)
+    ray_sq = (ray * ray).sum(-1)
+    expected_dist = (torch.linalg.cross(m.expand_as(ray), ray, dim=-1) ** 2).sum(-1) / ray_sq
+    expected_depth = (m * ray).sum(-1) / ray_sq
+
+    params = ray_parameters(proj)[drawn]
+    m, s, n0, n1 = params[:, None, :3], params[:, None, 3:4], params[:, None, 4:7], params[:, None, 7:10]
+    du = (px - proj.means2d[drawn, 0, None])[..., None]
+    dv = (py - proj.means2d[drawn, 1, None])[..., None]
+    v = du * n0 + dv * n1
+    r = s * m + v
+    r_sq = (r * r).sum(-1)
+    torch.testing.assert_close((torch.linalg.cross(m.expand_as(v), v, dim=-1) ** 2).sum(-1) / r_sq, expected_dist)
+    torch.testing.assert_close((m * r).sum(-1) / r_sq, expected_depth)

@@ -1,5 +1,6 @@
 """The CUDA kernels' constants (cuda/constants.h, cuda/sh.cuh) equal the Python ones (backend/render/constants.py,
-backend/sh.py): read from the headers' text everywhere, and from the compiled extension on a GPU.
+backend/render/formation.py, backend/sh.py): read from the headers' text everywhere, and from the compiled
+extension on a GPU.
 
 Values compare at the kernel's precision: exactly for int and double constants, after rounding the Python value
 to float32 for float ones."""
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from backend import sh
-from backend.render import constants
+from backend.render import constants, formation
 
 CUDA_DIR = Path(__file__).resolve().parent.parent / "cuda"
 KERNEL_ONLY = {"BLOCK_SIZE"}  # threads per tile, TILE * TILE: no Python counterpart
@@ -52,7 +53,8 @@ def at_kernel_precision(ctype: str, value: float) -> float:
 
 
 RASTERIZER = {name: value for name, value in vars(constants).items() if name.isupper()}
-PYTHON = RASTERIZER | sh_coefficients()
+FORMATION = {"SCALE_CLAMP": formation.SCALE_CLAMP, "FILM_SPLAT_VARIANCE": formation.FILM_SPLAT_VARIANCE}
+PYTHON = RASTERIZER | FORMATION | sh_coefficients()
 HEADERS = header_constants("constants.h", "sh.cuh")
 
 
@@ -73,7 +75,7 @@ def test_every_header_constant_has_a_python_counterpart():
 def test_extension_exports_the_python_values():
     from backend.kernels import extension
     exported = extension().constants()
-    assert set(exported) == set(RASTERIZER) | {"SH_C0"}
+    assert set(exported) == set(RASTERIZER) | set(FORMATION) | {"SH_C0"}
     for name, value in exported.items():
         ctype, _ = HEADERS[name]
         assert type(value) is type(PYTHON[name]), name

@@ -4,7 +4,6 @@ only, trains in that one and says so in one line (on the CPU, the rasterizer cho
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -18,7 +17,6 @@ from backend.formats import formation_of, notes, write_any
 from backend.formats.ply import encode_ply, read_ply, write_ply
 from backend.policy import make_config
 from backend.render import render
-from backend.tools import commands
 from backend.tools.cli import main as cli
 from backend.train import Trainer, evaluate, load_checkpoint
 from helpers import formation_config, orbit_cameras, random_gaussians
@@ -57,42 +55,6 @@ def test_a_checkpoint_remembers_the_formation_and_resuming_keeps_it(blender_scen
     assert resumed.cfg.image_formation == "blender"
     assert "trained in image formation 'blender', and training goes on in it" in resumed.note
     assert Trainer.from_checkpoint(train, state, "cpu").note == ""
-
-
-def test_a_gpu_trains_a_blender_model_in_the_standard_formation_and_says_so(blender_scene):
-    trainer = Trainer(load_split(blender_scene, "train"), replace(formation_config(4, "blender"), rasterizer="cuda"))
-    assert trainer.cfg.image_formation == "standard"
-    assert "image formation 'blender' is not in the CUDA kernels yet" in trainer.note
-    assert Trainer(load_split(blender_scene, "train"),
-                   replace(formation_config(4, "standard"), rasterizer="cuda")).note == ""
-
-
-def test_the_cli_says_in_one_line_on_stderr_that_a_gpu_trains_the_standard_formation(blender_scene, tmp_path,
-                                                                                     monkeypatch, capsys):
-    monkeypatch.setattr(commands, "resolve_device", lambda name: ("cpu", "cuda"))
-    monkeypatch.setattr(commands, "run_training", lambda *args: None)
-    monkeypatch.setattr(commands, "finish", lambda trainer, *args, **kw: {"image_formation": trainer.cfg.image_formation})
-    assert cli(["train", str(blender_scene), "--out", str(tmp_path / "out"), "--image-formation", "blender",
-                "--random-init", "--iterations", "2"]) == 0
-    out, err = capsys.readouterr()
-    lines = [line for line in err.splitlines() if "image formation" in line]
-    assert len(lines) == 1 and lines[0].startswith("warning: image formation 'blender' is not in the CUDA kernels")
-    assert json.loads(out.strip().splitlines()[-1]) == {"image_formation": "standard"}
-
-
-def test_the_server_warns_once_that_a_gpu_trains_the_standard_formation(tmp_path, scene, monkeypatch):
-    def step(self):  # a step without the kernels: the trainer's set-up is what is under test
-        self.step += 1
-    monkeypatch.setattr(Trainer, "train_step", step)
-    with serving(tmp_path, "cpu", "cuda") as client:
-        client.call("open_session", name="native")
-        add_scene_views(client, scene)
-        client.call("start_training", iterations=5, init_points=100, image_formation="blender")
-        warning = wait_for(client, lambda e: e["event"] == "warning")
-        assert "image formation 'blender' is not in the CUDA kernels yet" in warning["message"]
-        assert wait_for(client, lambda e: e["event"] == "state" and e["state"] == "finished")
-        assert client.call("status")["settings"]["image_formation"] == "blender"  # as asked
-    assert load_checkpoint(tmp_path / "native" / "checkpoint.pt")["config"]["image_formation"] == "standard"
 
 
 def test_the_ply_names_a_blender_models_formation_in_a_comment_other_readers_ignore(tmp_path):

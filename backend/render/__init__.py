@@ -6,10 +6,9 @@ import functools
 import torch
 
 from blender_addon.core.cameras import Camera
-from blender_addon.core.errors import SplatwrightError
 from ..gaussians import Gaussians
 from . import cuda, reference
-from .formation import STANDARD, check_formation
+from .formation import BLENDER, STANDARD, check_formation
 from .reference import RasterOutput
 
 RASTERIZERS = ("reference", "cuda")
@@ -22,27 +21,12 @@ def camera_tensors(cam: Camera, device, dtype=torch.float32) -> tuple[torch.Tens
 
 
 def rasterizer_fn(name: str, formation: str = STANDARD):
-    """The rasterize function of a rasterizer that draws `formation` (render/formation.py); the CUDA kernels draw
-    the standard one only."""
+    """The rasterize function of a rasterizer that draws `formation` (render/formation.py)."""
     if name == "reference":
         return functools.partial(reference.rasterize, formation=check_formation(formation))
-    if name == "cuda":
-        if check_formation(formation) != STANDARD:
-            raise SplatwrightError(f"the CUDA rasterizer draws the standard image formation only, not {formation!r}; "
-                                   "the reference rasterizer draws both")
-        return cuda.rasterize  # builds the extension at first use
+    if name == "cuda":  # builds the extension at first use
+        return cuda.rasterize_blender if check_formation(formation) == BLENDER else cuda.rasterize
     raise ValueError(f"unknown rasterizer {name!r}; choose one of {RASTERIZERS}")
-
-
-def drawn_formation(rasterizer: str, formation: str, doing: str = "draws") -> tuple[str, str]:
-    """The image formation `rasterizer` draws when asked for `formation`, and a line saying so where that is
-    another ('' where it is not): the CUDA kernels draw the standard formation only, so a GPU draws (and trains,
-    `doing`) in it what is asked for in Blender's, never silently and never refusing."""
-    if rasterizer == "cuda" and check_formation(formation) != STANDARD:
-        return STANDARD, (f"image formation {formation!r} is not in the CUDA kernels yet: the GPU {doing} in the "
-                          f"standard one instead, as 3DGS viewers draw models, not as Blender does (the CPU "
-                          f"reference rasterizer {doing} in {formation!r})")
-    return formation, ""
 
 
 def render(g: Gaussians, cam: Camera, sh_degree: int, background, rasterizer: str = "reference",

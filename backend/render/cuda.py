@@ -1,10 +1,12 @@
-"""CUDA rasterizer: the kernels in cuda/ behind the reference rasterizer's interface.
+"""CUDA rasterizer: the kernels in cuda/ behind the reference rasterizer's interface, in both image formations.
 
-rasterize runs the extension's autograd Functions (cuda/bindings.cpp: the projection, then the rasterization), so
-the output's means2d receives dL/d(means2d) in .grad, which densification reads; the depth image carries no
-gradient. The projection also counts the tiles each footprint meets and starts the binning's entry count on its
-way to the host (the extension's TileCounts), which the rasterization's binning waits for. gradient_step runs the
-same kernels without autograd.
+rasterize (the standard formation) runs the extension's autograd Functions (cuda/bindings.cpp: the projection,
+then the rasterization), so the output's means2d receives dL/d(means2d) in .grad, which densification reads; the
+depth image carries no gradient. The projection also counts the tiles each footprint meets and starts the
+binning's entry count on its way to the host (the extension's TileCounts), which the rasterization's binning
+waits for. gradient_step runs the same kernels without autograd. rasterize_blender (Blender's formation) runs the
+extension's two Functions of that formation, then puts the image over the background and through the film filter
+in torch.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import torch
 from blender_addon.core.errors import SplatwrightError
 from ..gaussians import Gaussians
 from ..kernels import extension
+from .formation import blender_image
 from .reference import RasterOutput
 
 
@@ -73,24 +76,38 @@ def zeros(shape: tuple, device: torch.device) -> torch.Tensor:
     return buffer[:count].view(shape)
 
 
+def kernel_inputs(means, quats, scales, opacities, sh, viewmat, K) -> list[torch.Tensor]:
+    """A model and a camera as the extension takes them: float32, contiguous, on the means' CUDA device (the
+    camera detached). Raises SplatwrightError for means elsewhere or in another precision."""
+    if means.device.type != "cuda":
+        raise SplatwrightError(f"the CUDA rasterizer needs its inputs on a CUDA device, got {means.device}")
+    if means.dtype != torch.float32:
+        raise SplatwrightError(f"the CUDA rasterizer works in float32, got {means.dtype}")
+    tensors = [torch.as_tensor(t, dtype=torch.float32, device=means.device).contiguous()
+               for t in (means, quats, scales, opacities, sh, viewmat, K)]
+    return tensors[:5] + [t.detach() for t in tensors[5:]]
+
+
 def rasterize(means, quats, scales, opacities, sh, viewmat, K, width: int, height: int,
               sh_degree: int, background) -> RasterOutput:
     """Same contract as reference.rasterize, on float32 CUDA tensors. Gradients flow to means, quats, scales,
     opacities and sh; the output's means2d gets dL/d(means2d) in .grad after backward."""
-    device = means.device
-    if device.type != "cuda":
-        raise SplatwrightError(f"the CUDA rasterizer needs its inputs on a CUDA device, got {device}")
-    if means.dtype != torch.float32:
-        raise SplatwrightError(f"the CUDA rasterizer works in float32, got {means.dtype}")
+    inputs = kernel_inputs(means, quats, scales, opacities, sh, viewmat, K)
+    background = torch.broadcast_to(torch.as_tensor(background, dtype=torch.float32, device=inputs[0].device),
+                                    (3,)).detach().contiguous()
+    image, alpha, depth, means2d, radii = extension().rasterize(*inputs, background, int(width), int(height),
+                                                                int(sh_degree))
+    return RasterOutput(image, alpha, depth, means2d, radii)
 
-    def prep(t):
-        return torch.as_tensor(t, dtype=torch.float32, device=device).contiguous()
 
-    means, quats, scales, opacities, sh = (prep(t) for t in (means, quats, scales, opacities, sh))
-    viewmat, K = prep(viewmat).detach(), prep(K).detach()
-    background = torch.broadcast_to(prep(background).detach(), (3,)).contiguous()
-    image, alpha, depth, means2d, radii = extension().rasterize(
-        means, quats, scales, opacities, sh, viewmat, K, background, int(width), int(height), int(sh_degree))
+def rasterize_blender(means, quats, scales, opacities, sh, viewmat, K, width: int, height: int,
+                      sh_degree: int, background) -> RasterOutput:
+    """reference.rasterize's contract in Blender's image formation, on float32 CUDA tensors: the kernels project
+    and composite the splats (the extension's rasterize_blender), then torch puts them over the background and
+    through the film filter as the reference does."""
+    color, alpha, depth, means2d, radii = extension().rasterize_blender(
+        *kernel_inputs(means, quats, scales, opacities, sh, viewmat, K), int(width), int(height), int(sh_degree))
+    image, alpha, depth = blender_image(color, alpha, depth, background)
     return RasterOutput(image, alpha, depth, means2d, radii)
 
 

@@ -13,7 +13,7 @@
   which Cycles converges to, and the same for every pixel of a tile, as a tiled rasterizer draws); and the image seen through Blender's film filter
   (FILM_FILTER_WIDTH), which both engines apply.
 
-The reference rasterizer draws both (reference.rasterize's `formation`); the CUDA kernels draw the standard one.
+The reference rasterizer and the CUDA kernels draw both.
 Why the blender formation is what it is, measured against bpy 5.3: backend/README.md, "Image formation".
 """
 from __future__ import annotations

@@ -12,7 +12,7 @@ from blender_addon.core import protocol
 from blender_addon.core.errors import SplatwrightError
 from ..dynamic import DynamicGaussians
 from ..placement import chosen
-from ..render import camera_tensors, drawn_formation
+from ..render import camera_tensors
 from .frames import QueuedFrame, finish_frame, queue_frame
 from .limits import Limits
 from .render_queue import RenderJob, RenderQueue
@@ -102,10 +102,8 @@ class Renderer:
             self.queue.settle(job)
             if model is None:  # a saved model, loaded here when it is not yet: training goes on meanwhile
                 model = self.saved.get(job.model)
-            # In the model's image formation where this rasterizer draws it (the CUDA kernels: the standard one).
-            formation = drawn_formation(self.rasterizer, model.formation)[0]
             frame = queue_frame(chosen(model.g, job.crop, job.time), camera, model.sh_degree, model.background,
-                                self.rasterizer, view, job.format, job.depth, job.shared, formation)
+                                self.rasterizer, view, job.format, job.depth, job.shared, model.formation)
         fields = {"width": camera.width, "height": camera.height, "format": frame.format, "step": model.step,
                   "dynamic": isinstance(model.g, DynamicGaussians),
                   "sh_degree": model.sh_degree, "background": [float(c) for c in model.background]}

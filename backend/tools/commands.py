@@ -21,7 +21,7 @@ from ..formats import formation_of, read_any, with_sh_degree
 from ..formats.ply import write_ply
 from ..gaussians import Gaussians
 from ..policy import CHECKPOINT, device_name, make_config, resolve_device, system_report
-from ..render import drawn_formation, render
+from ..render import render
 from ..service.limits import Limits
 from ..train import TrainConfig, Trainer, evaluate, load_latest_checkpoint, previous_checkpoint
 from .progress import Progress
@@ -189,9 +189,7 @@ def model_formation(path: str) -> str:
 
 def render_views(args) -> int:
     device, rasterizer = resolve_device(args.device)
-    formation, note = drawn_formation(rasterizer, model_formation(args.splats))
-    if note:
-        print(f"warning: {note}", file=sys.stderr)
+    formation = model_formation(args.splats)
     g = read_model(args.splats).to(device)
     if args.time is not None and not isinstance(g, DynamicGaussians):
         raise SplatwrightError(f"--time: {args.splats} is a static model, the same at every time; give a 4D model "

@@ -20,10 +20,11 @@ from ...train import Trainer
 
 # First match wins; kernel names come from cuda/ and from torch's own kernels.
 STAGES = [
-    ("projection (with the tile counts)", r"projection_(fwd|bwd)|footprint_kernel|sh_colors"),
+    ("projection (with the tile counts)", r"projection_(fwd|bwd)|footprint_kernel|sh_colors|ray_projection"),
     ("motion (4D)", r"motion_(fwd|bwd)"),
     ("binning + sort",
-     r"emit_keys|gather_ids|tile_ranges|tile_batch|batch_tiles|RadixSort|DeviceScan|cub::"),
+     r"emit_keys|emit_ray_keys|rect_tile_counts|gather_ids|tile_ranges|tile_batch|batch_tiles|RadixSort|DeviceScan|"
+     r"cub::"),
     ("rasterize forward", r"rasterize_fwd"),
     ("rasterize backward", r"rasterize_bwd|sum_entry_grads"),
     ("optimizer (Adam)", r"adam"),

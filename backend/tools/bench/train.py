@@ -22,6 +22,7 @@ from ...data.images import parse_background
 from ...gaussians import Gaussians
 from ...metrics import photometric_loss
 from ...policy import PRESETS
+from ...render.formation import FORMATIONS, STANDARD
 from ...render import camera_tensors
 from ...train import (Trainer, TrainConfig, evaluate, fit_to_views, load_checkpoint, random_start, score, warm_up,
                       with_steps)
@@ -49,6 +50,9 @@ def main(argv: list[str]) -> int:
                         "distribution, and one run may be its tail")
     p.add_argument("--repeats", type=int, default=1, metavar="N",
                    help="train ours N times with the first seed: the run repeats exactly, its time varies")
+    p.add_argument("--image-formation", default=None, choices=FORMATIONS,
+                   help="the image formation ours trains and is scored in (default: the preset's, standard); the "
+                        "peer's is the standard one")
     p.add_argument("--resume-check", action="store_true",
                    help="also train ours stopped halfway, checkpointed and resumed, and compare the two")
     args = p.parse_args(argv)
@@ -64,6 +68,8 @@ def main(argv: list[str]) -> int:
         cfg = with_steps(cfg, args.iters)
     if args.background:
         cfg = replace(cfg, background=args.background)
+    if args.image_formation:
+        cfg = replace(cfg, image_formation=args.image_formation)
     cfg = replace(cfg, seed=args.seeds[0])
     train_set = load_split(args.data, "train", cfg.background).to("cuda")
     cfg = fit_to_views(cfg, len(train_set.cameras))  # the schedule as it runs on these views
@@ -133,7 +139,7 @@ def run_ours(train_set: Dataset, test_set: Dataset, cfg: TrainConfig, init: Gaus
         more_seconds, more_peak = measure(lambda: loop(steps))
         seconds, peak = seconds + more_seconds, max(peak, more_peak)
     bar.close()
-    scores = evaluate(trainer.g, test_set, trainer.sh_degree, cfg.background, "cuda")
+    scores = evaluate(trainer.g, test_set, trainer.sh_degree, cfg.background, "cuda", cfg.image_formation)
     return {"steps": trainer.step, "seconds": seconds, **scores, "gaussians": len(trainer.g), "peak_bytes": peak}
 
 
@@ -245,8 +251,9 @@ def ours_runs(rows: dict, kind: str) -> list[dict]:
 
 def report(rows: dict, cfg: TrainConfig, preset: str, scene: str, warm_ups: dict, sfm: bool = False) -> None:
     commit = git_commit()
-    header = (f"{scene}, preset {preset} ({cfg.iterations} steps, seed {cfg.seed}), {torch.cuda.get_device_name()}, "
-              f"commit {commit}, {datetime.now(timezone.utc):%Y-%m-%d}")
+    header = (f"{scene}, preset {preset} ({cfg.iterations} steps, seed {cfg.seed}), ours trained and scored in the "
+              f"{cfg.image_formation} image formation, {torch.cuda.get_device_name()}, commit {commit}, "
+              f"{datetime.now(timezone.utc):%Y-%m-%d}")
     lines = [header, "", "| trainer | steps | train s | PSNR | SSIM | worst view PSNR | Gaussians | peak GB |",
              "|---|---|---|---|---|---|---|---|"]
     for name, r in rows.items():
@@ -284,7 +291,8 @@ def report(rows: dict, cfg: TrainConfig, preset: str, scene: str, warm_ups: dict
     text = "\n".join(lines)
     print(text)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = f"train-{scene}-{preset}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
+    formation = "" if cfg.image_formation == STANDARD else f"-{cfg.image_formation}"
+    stem = f"train-{scene}-{preset}{formation}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
     (RESULTS / f"{stem}.md").write_text(text + "\n")
     (RESULTS / f"{stem}.json").write_text(json.dumps({"header": header, "rows": rows, "warm_up_seconds": warm_ups},
                                                      indent=2))
