@@ -27,7 +27,7 @@ except ImportError:  # not on Windows: building() then takes torch's own lock al
 _PACKAGE = Path(__file__).resolve().parent
 CUDA_DIR = _PACKAGE / "cuda" if (_PACKAGE / "cuda").is_dir() else _PACKAGE.parent / "cuda"  # see above
 SOURCES = ("bindings.cpp", "projection_fwd.cu", "projection_bwd.cu", "motion.cu", "binning.cu", "rasterize_fwd.cu",
-           "rasterize_bwd.cu", "training.cu")
+           "rasterize_bwd.cu", "film.cu", "training.cu")
 CUDA_FLAGS = ["-O3", "-std=c++17", "--ftz=true"]  # flush denormals: leaner exp/rcp in the pixel loops
 CXX_FLAGS = ["-O3", "-std=c++17"]
 

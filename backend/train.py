@@ -164,9 +164,8 @@ class Trainer:
         self.optimizer = self._make_optimizer()
         # A static model on the CUDA rasterizer takes its gradients straight from the kernels (bit-equal to
         # autograd's, for a third less host time a step); a 4D model's motion goes through autograd.
-        # A static model in the standard formation on a GPU: the extension's fused step (render/cuda.py's
-        # gradient_step); otherwise autograd.
-        self.without_autograd = cfg.rasterizer == "cuda" and not self.dynamic and cfg.image_formation == STANDARD
+        # A static model on a GPU: the extension's fused step (render/cuda.py's gradient_step); otherwise autograd.
+        self.without_autograd = cfg.rasterizer == "cuda" and not self.dynamic
         self.strategy = DefaultStrategy(cfg.densify, self.extent)
         # On the CPU, so drawing a view or split noise never waits for the GPU.
         self.generator = torch.Generator().manual_seed(cfg.seed)
@@ -208,7 +207,7 @@ class Trainer:
             if self.without_autograd:
                 loss, image, means2d_grad, radii = gradient_step(self.g, *self.views[i], cam.width, cam.height,
                                                                  self.sh_degree, self.background, gt,
-                                                                 self.cfg.ssim_weight)
+                                                                 self.cfg.ssim_weight, self.cfg.image_formation)
             else:
                 out = render(self.g.at(self.data.time(i)), cam, self.sh_degree, self.background,
                              self.cfg.rasterizer, self.views[i], self.cfg.image_formation)

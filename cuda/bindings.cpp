@@ -198,14 +198,13 @@ std::vector<torch::Tensor> project_backward(const torch::Tensor& means, const to
 // RAY_PARAMS), colors (N, 3) in linear light, opacities as drawn (N,), rects (N, 4) and radii (N,) int32.
 std::vector<torch::Tensor> ray_project_forward(const torch::Tensor& means, const torch::Tensor& quats,
                                                const torch::Tensor& scales, const torch::Tensor& opacities,
-                                               const torch::Tensor& sh, const torch::Tensor& viewmat,
-                                               const torch::Tensor& K, int64_t width, int64_t height,
-                                               int64_t sh_degree) {
+                                               const torch::Tensor& sh_head, const torch::Tensor& sh_tail,
+                                               const torch::Tensor& viewmat, const torch::Tensor& K, int64_t width,
+                                               int64_t height, int64_t sh_degree) {
   const c10::cuda::CUDAGuard guard(means.device());
   check_input(opacities, "opacities");
   TORCH_CHECK(opacities.numel() == means.size(0), "opacities must be (N,)");
-  const torch::Tensor tail = sh.new_empty({sh.size(0), 0, 3});
-  const sw::GaussianArgs g = gaussian_args(means, quats, scales, sh, tail, fptr(opacities), sh_degree);
+  const sw::GaussianArgs g = gaussian_args(means, quats, scales, sh_head, sh_tail, fptr(opacities), sh_degree);
   const sw::CameraArgs cam = camera_args(viewmat, K, width, height);
   const auto f32 = means.options();
   const int64_t n = g.n;
@@ -220,29 +219,29 @@ std::vector<torch::Tensor> ray_project_forward(const torch::Tensor& means, const
   return {means2d, rays, colors, drawn, rects, radii};
 }
 
-// Returns grads w.r.t. means, quats, scales, opacities and sh.
+// Returns grads w.r.t. means, quats, scales, opacities and the SH coefficients' two parts.
 std::vector<torch::Tensor> ray_project_backward(const torch::Tensor& means, const torch::Tensor& quats,
                                                 const torch::Tensor& scales, const torch::Tensor& opacities,
-                                                const torch::Tensor& sh, const torch::Tensor& viewmat,
-                                                const torch::Tensor& K, int64_t width, int64_t height,
-                                                int64_t sh_degree, const torch::Tensor& radii,
+                                                const torch::Tensor& sh_head, const torch::Tensor& sh_tail,
+                                                const torch::Tensor& viewmat, const torch::Tensor& K, int64_t width,
+                                                int64_t height, int64_t sh_degree, const torch::Tensor& radii,
                                                 const torch::Tensor& grad_means2d, const torch::Tensor& grad_rays,
                                                 const torch::Tensor& grad_colors, const torch::Tensor& grad_drawn) {
   const c10::cuda::CUDAGuard guard(means.device());
-  const torch::Tensor tail = sh.new_empty({sh.size(0), 0, 3});
-  const sw::GaussianArgs g = gaussian_args(means, quats, scales, sh, tail, fptr(opacities), sh_degree);
+  const sw::GaussianArgs g = gaussian_args(means, quats, scales, sh_head, sh_tail, fptr(opacities), sh_degree);
   const sw::CameraArgs cam = camera_args(viewmat, K, width, height);
   check_input(radii, "radii", torch::kInt32);
   for (const torch::Tensor* grad : {&grad_means2d, &grad_rays, &grad_colors, &grad_drawn}) check_input(*grad, "grad");
   torch::Tensor gm = new_output(means.sizes(), means.options()), gq = new_output(quats.sizes(), quats.options());
   torch::Tensor gs = new_output(scales.sizes(), scales.options());
   torch::Tensor go = new_output(opacities.sizes(), opacities.options());
-  torch::Tensor gsh = new_output(sh.sizes(), sh.options());
+  torch::Tensor g_head = new_output(sh_head.sizes(), sh_head.options());
+  torch::Tensor g_tail = new_output(sh_tail.sizes(), sh_tail.options());
   check(sw::launch_ray_projection_bwd(g, cam, iptr(radii), fptr(grad_means2d), fptr(grad_rays), fptr(grad_colors),
-                                      fptr(grad_drawn), fptr(gm), fptr(gq), fptr(gs), fptr(go), fptr(gsh),
-                                      fptr(tail), c10::cuda::getCurrentCUDAStream()),
+                                      fptr(grad_drawn), fptr(gm), fptr(gq), fptr(gs), fptr(go), fptr(g_head),
+                                      fptr(g_tail), c10::cuda::getCurrentCUDAStream()),
         "ray projection backward");
-  return {gm, gq, gs, go, gsh};
+  return {gm, gq, gs, go, g_head, g_tail};
 }
 
 sw::MotionArgs motion_args(const std::vector<torch::Tensor>& motion, double time) {
@@ -658,7 +657,8 @@ struct RayProjection : torch::autograd::Function<RayProjection> {
                                const torch::Tensor& scales, const torch::Tensor& opacities, const torch::Tensor& sh,
                                const torch::Tensor& viewmat, const torch::Tensor& K, int64_t width, int64_t height,
                                int64_t sh_degree) {
-    variable_list out = ray_project_forward(means, quats, scales, opacities, sh, viewmat, K, width, height, sh_degree);
+    variable_list out = ray_project_forward(means, quats, scales, opacities, sh, Projection::no_tail(sh), viewmat, K,
+                                            width, height, sh_degree);
     ctx->save_for_backward({means, quats, scales, opacities, sh, viewmat, K, out[5]});
     ctx->saved_data["width"] = width;
     ctx->saved_data["height"] = height;
@@ -675,22 +675,82 @@ struct RayProjection : torch::autograd::Function<RayProjection> {
       return grad.defined() ? grad.contiguous() : torch::zeros({means.size(0), columns}, means.options());
     };
     const std::vector<torch::Tensor> g = ray_project_backward(
-        means, saved[1], saved[2], saved[3], saved[4], saved[5], saved[6], ctx->saved_data["width"].toInt(),
-        ctx->saved_data["height"].toInt(), ctx->saved_data["sh_degree"].toInt(), saved[7], or_zeros(grads[0], 2),
+        means, saved[1], saved[2], saved[3], saved[4], Projection::no_tail(saved[4]), saved[5], saved[6],
+        ctx->saved_data["width"].toInt(), ctx->saved_data["height"].toInt(), ctx->saved_data["sh_degree"].toInt(),
+        saved[7], or_zeros(grads[0], 2),
         or_zeros(grads[1], sw::RAY_PARAMS), or_zeros(grads[2], 3), or_zeros(grads[3], 1).reshape({-1}));
     return {g[0], g[1], g[2], g[3], g[4], {}, {}, {}, {}, {}};
   }
 };
 
+// Blender's formation's film (splatwright.h's launch_film_fwd): the splats' linear composite (color (H, W, 3), alpha
+// and depth (H, W)) over `background` (3 display values) into the image in display values, alpha and depth. Returns
+// those and the filtered linear colour, which film_backward reads.
+std::vector<torch::Tensor> film_forward(const torch::Tensor& color, const torch::Tensor& alpha,
+                                        const torch::Tensor& depth, const torch::Tensor& background) {
+  const c10::cuda::CUDAGuard guard(color.device());
+  for (const torch::Tensor* t : {&color, &alpha, &depth, &background}) check_input(*t, "film input");
+  TORCH_CHECK(color.dim() == 3 && color.size(2) == 3 && alpha.sizes() == color.sizes().slice(0, 2) &&
+                  depth.sizes() == alpha.sizes() && background.numel() == 3,
+              "film: color (H, W, 3), alpha and depth (H, W), background (3,)");
+  const int height = (int)color.size(0), width = (int)color.size(1);
+  torch::Tensor image = new_output(color.sizes(), color.options()), filtered = new_output(color.sizes(), color.options());
+  torch::Tensor alpha_out = new_output(alpha.sizes(), alpha.options()), depth_out = new_output(depth.sizes(), depth.options());
+  check(sw::launch_film_fwd(fptr(color), fptr(alpha), fptr(depth), fptr(background), width, height, fptr(image),
+                            fptr(alpha_out), fptr(depth_out), fptr(filtered), c10::cuda::getCurrentCUDAStream()),
+        "film forward");
+  return {image, alpha_out, depth_out, filtered};
+}
+
+// Returns the gradients w.r.t. film_forward's color and alpha, from those w.r.t. its image and alpha.
+std::vector<torch::Tensor> film_backward(const torch::Tensor& filtered, const torch::Tensor& background,
+                                         const torch::Tensor& grad_image, const torch::Tensor& grad_alpha) {
+  const c10::cuda::CUDAGuard guard(filtered.device());
+  for (const torch::Tensor* t : {&filtered, &background, &grad_image, &grad_alpha}) check_input(*t, "film backward input");
+  TORCH_CHECK(grad_image.sizes() == filtered.sizes() && grad_alpha.sizes() == filtered.sizes().slice(0, 2),
+              "film backward: grad_image (H, W, 3) and grad_alpha (H, W) of the filtered image's size");
+  const int height = (int)filtered.size(0), width = (int)filtered.size(1);
+  torch::Tensor grad_color = new_output(filtered.sizes(), filtered.options());
+  torch::Tensor grad_alpha_in = new_output(grad_alpha.sizes(), grad_alpha.options());
+  check(sw::launch_film_bwd(fptr(filtered), fptr(background), fptr(grad_image), fptr(grad_alpha), width, height,
+                            fptr(grad_color), fptr(grad_alpha_in), c10::cuda::getCurrentCUDAStream()),
+        "film backward");
+  return {grad_color, grad_alpha_in};
+}
+
+// The film with autograd: (color, alpha, depth) -> image, alpha, depth; depth takes no gradient, as the
+// rasterization's does not.
+struct Film : torch::autograd::Function<Film> {
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& color, const torch::Tensor& alpha,
+                               const torch::Tensor& depth, const torch::Tensor& background) {
+    std::vector<torch::Tensor> out = film_forward(color, alpha, depth, background);
+    ctx->save_for_backward({out[3], background});
+    ctx->mark_non_differentiable({out[2]});
+    ctx->set_materialize_grads(false);
+    return {out[0], out[1], out[2]};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor& filtered = saved[0];
+    const auto f32 = filtered.options();
+    const torch::Tensor grad_image = grads[0].defined() ? grads[0].contiguous() : torch::zeros(filtered.sizes(), f32);
+    const torch::Tensor grad_alpha =
+        grads[1].defined() ? grads[1].contiguous() : torch::zeros(filtered.sizes().slice(0, 2), f32);
+    const std::vector<torch::Tensor> g = film_backward(filtered, saved[1], grad_image, grad_alpha);
+    return {g[0], g[1], {}, {}};
+  }
+};
+
 // The rasterizer with autograd in Blender's formation (backend/render/cuda.py's rasterize_blender), on what
-// rasterize takes. Returns the splats' colour (H, W, 3) in linear light over a black background, alpha (H, W),
-// depth (H, W), means2d (N, 2), whose .grad the backward fills where it requires grad (the screen-space gradient:
-// raster.cuh's Rays::store), and radii (N,) int32.
+// rasterize takes. Returns the image (H, W, 3) in display values (the splats over the background in linear light,
+// through the film), alpha (H, W) and depth (H, W) filtered alike, means2d (N, 2), whose .grad the backward fills
+// where it requires grad (the screen-space gradient: raster.cuh's Rays::store), and radii (N,) int32.
 std::vector<torch::Tensor> rasterize_blender(const torch::Tensor& means, const torch::Tensor& quats,
                                              const torch::Tensor& scales, const torch::Tensor& opacities,
                                              const torch::Tensor& sh, const torch::Tensor& viewmat,
-                                             const torch::Tensor& K, int64_t width, int64_t height,
-                                             int64_t sh_degree) {
+                                             const torch::Tensor& K, const torch::Tensor& background, int64_t width,
+                                             int64_t height, int64_t sh_degree) {
   const torch::Tensor flat_opacities = opacities.dim() == 1 ? opacities : opacities.reshape({-1});
   const variable_list projected =
       RayProjection::apply(means, quats, scales, flat_opacities, sh, viewmat, K, width, height, sh_degree);
@@ -700,8 +760,9 @@ std::vector<torch::Tensor> rasterize_blender(const torch::Tensor& means, const t
   const bool record_states = torch::GradMode::is_enabled() && (means2d.requires_grad() || rays.requires_grad() ||
                                                                colors.requires_grad() || drawn.requires_grad());
   const torch::Tensor black = torch::zeros({3}, means.options());
-  const variable_list image = RayRasterization::apply(means2d, rays, colors, drawn, rects, radii, black, width,
-                                                      height, record_states);
+  const variable_list splats = RayRasterization::apply(means2d, rays, colors, drawn, rects, radii, black, width,
+                                                       height, record_states);
+  const variable_list image = Film::apply(splats[0], splats[1], splats[2], background);
   return {image[0], image[1], image[2], means2d, radii};
 }
 
@@ -754,6 +815,18 @@ torch::Tensor loss_backward(const torch::Tensor& image, const torch::Tensor& tar
   return grad_image;
 }
 
+// Adds each gradient to its parameter's .grad (or makes it the .grad), as autograd accumulates them.
+void add_grads(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& grads) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    torch::Tensor& slot = params[i].mutable_grad();
+    if (slot.defined()) {
+      slot.add_(grads[i]);
+    } else {
+      slot = grads[i];
+    }
+  }
+}
+
 // One view's photometric loss of a static model and its gradients, added to each parameter's .grad: the loss's and
 // the rasterizer's kernels forward and backward, then the chain rule of the activations (scales = exp(log_scales),
 // opacities = sigmoid(opacity_logits)). The same kernels and operations in the same order as autograd through
@@ -778,18 +851,40 @@ std::vector<torch::Tensor> gradient_step(const torch::Tensor& means, const torch
   const std::vector<torch::Tensor> g2d = rasterize_backward(saved, false, width, height, grad_image, grad_alpha);
   std::vector<torch::Tensor> g3d = project_backward(means, quats, scales, sh_head, sh_tail, viewmat, K, width,
                                                     height, sh_degree, radii, g2d[0], g2d[1], g2d[2]);
-  const torch::Tensor params[] = {means, quats, log_scales, opacity_logits, sh_head, sh_tail};
-  const torch::Tensor grads[] = {g3d[0], g3d[1], g3d[2].mul_(scales), at::sigmoid_backward(g2d[3], opacities),
-                                 g3d[3], g3d[4]};
-  for (int i = 0; i < 6; ++i) {
-    torch::Tensor& slot = params[i].mutable_grad();
-    if (slot.defined()) {
-      slot.add_(grads[i]);
-    } else {
-      slot = grads[i];
-    }
-  }
+  add_grads({means, quats, log_scales, opacity_logits, sh_head, sh_tail},
+            {g3d[0], g3d[1], g3d[2].mul_(scales), at::sigmoid_backward(g2d[3], opacities), g3d[3], g3d[4]});
   return {loss[0], image, g2d[0], radii};
+}
+
+// gradient_step in Blender's formation: the ray projection, the rasterization over black, the film, the loss, and
+// back, the same kernels in the same order as autograd through rasterize_blender and the loss.
+std::vector<torch::Tensor> gradient_step_blender(const torch::Tensor& means, const torch::Tensor& quats,
+                                                 const torch::Tensor& log_scales, const torch::Tensor& opacity_logits,
+                                                 const torch::Tensor& sh_head, const torch::Tensor& sh_tail,
+                                                 const torch::Tensor& viewmat, const torch::Tensor& K, int64_t width,
+                                                 int64_t height, int64_t sh_degree, const torch::Tensor& background,
+                                                 const torch::Tensor& target, double ssim_weight,
+                                                 const torch::Tensor& grad_loss, const torch::Tensor& grad_alpha) {
+  const torch::NoGradGuard no_grad;
+  const torch::Tensor scales = log_scales.exp(), opacities = opacity_logits.sigmoid();
+  const std::vector<torch::Tensor> p = ray_project_forward(means, quats, scales, opacities, sh_head, sh_tail, viewmat,
+                                                           K, width, height, sh_degree);
+  const torch::Tensor &means2d = p[0], &rays = p[1], &colors = p[2], &drawn = p[3], &rects = p[4], &radii = p[5];
+  const torch::Tensor black = torch::zeros({3}, means.options());
+  const auto [color, alpha, depth, saved] =
+      rasterize_binned(bin_ray_tiles(means2d, rays, rects, radii, width, height), means2d, rays, rects, true, colors,
+                       drawn, black, width, height, true);
+  const std::vector<torch::Tensor> film = film_forward(color, alpha, depth, background);
+  const std::vector<torch::Tensor> loss = loss_forward(film[0], target, ssim_weight);
+  const torch::Tensor grad_image = loss_backward(film[0], target, loss[1], ssim_weight, grad_loss);
+  const std::vector<torch::Tensor> g_film = film_backward(film[3], background, grad_image, grad_alpha);
+  const std::vector<torch::Tensor> g2d = rasterize_backward(saved, true, width, height, g_film[0], g_film[1]);
+  std::vector<torch::Tensor> g3d = ray_project_backward(means, quats, scales, opacities, sh_head, sh_tail, viewmat,
+                                                        K, width, height, sh_degree, radii, g2d[0], g2d[1], g2d[2],
+                                                        g2d[3]);
+  add_grads({means, quats, log_scales, opacity_logits, sh_head, sh_tail},
+            {g3d[0], g3d[1], g3d[2].mul_(scales), at::sigmoid_backward(g3d[3], opacities), g3d[4], g3d[5]});
+  return {loss[0], film[0], g2d[0], radii};
 }
 
 // One Adam step for every parameter tensor, in place, in one launch; step_sizes and inv_sqrt_bias2s are per
@@ -854,6 +949,8 @@ pybind11::dict constants() {
   c["MIN_DEPTH_KEY_BITS"] = sw::MIN_DEPTH_KEY_BITS;
   c["SCALE_CLAMP"] = sw::SCALE_CLAMP;
   c["FILM_SPLAT_VARIANCE"] = sw::FILM_SPLAT_VARIANCE;
+  c["FILM_TAP_SIDE"] = sw::FILM_TAP_SIDE;
+  c["FILM_TAP_CENTRE"] = sw::FILM_TAP_CENTRE;
   c["SH_C0"] = sw::SH_C0;
   return c;
 }
@@ -875,6 +972,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("loss_forward", &loss_forward, without_gil);
   m.def("loss_backward", &loss_backward, without_gil);
   m.def("gradient_step", &gradient_step, without_gil);
+  m.def("gradient_step_blender", &gradient_step_blender, without_gil);
   m.def("adam_step", &adam_step, without_gil);
   m.def("accumulate_grad_stats", &accumulate_grad_stats, without_gil);
   m.def("set_poison_outputs", &set_poison_outputs);

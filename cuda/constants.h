@@ -16,5 +16,7 @@ constexpr int MIN_DEPTH_KEY_BITS = 18;         // depth key bits beside the tile
 // Blender's image formation (backend/render/formation.py):
 constexpr float SCALE_CLAMP = 1e-3f;           // each scale at least this fraction of the splat's largest
 constexpr float FILM_SPLAT_VARIANCE = 0.0725135920020276f;  // px^2 of the film filter that widens each splat
+constexpr float FILM_TAP_SIDE = 0.0500724383374278f;        // the film filter's whole-pixel taps: side, centre, side
+constexpr float FILM_TAP_CENTRE = 0.8998551233251444f;
 
 }  // namespace splatwright

@@ -63,6 +63,18 @@ cudaError_t launch_ray_projection_bwd(const GaussianArgs& g, const CameraArgs& c
                                       float* grad_scales, float* grad_opacities, float* grad_sh_head,
                                       float* grad_sh_tail, cudaStream_t stream);
 
+// Blender's image formation's film (film.cu), one thread per pixel: the splats' linear composite color (h, w, 3)
+// with its alpha and depth (h, w) over the background (3 display values), through the film filter's whole-pixel
+// taps, into the image (h, w, 3) in display values, with alpha and depth filtered alike; `filtered` (h, w, 3) keeps
+// the linear values for the backward, which gives the gradients w.r.t. color and alpha from those w.r.t. the image
+// and the filtered alpha.
+cudaError_t launch_film_fwd(const float* color, const float* alpha, const float* depth, const float* background,
+                            int width, int height, float* image, float* alpha_out, float* depth_out, float* filtered,
+                            cudaStream_t stream);
+cudaError_t launch_film_bwd(const float* filtered, const float* background, const float* grad_image,
+                            const float* grad_alpha_out, int width, int height, float* grad_color, float* grad_alpha,
+                            cudaStream_t stream);
+
 // Gradients of a loss w.r.t. means, quats, scales and the two parts of the SH coefficients, given those w.r.t.
 // means2d, conics and colors. Every output element is written (zeros for culled Gaussians and unused SH
 // coefficients).

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from blender_addon.core.client import Client
-from blender_addon.core.settings import training_settings
+from blender_addon.core.settings import FORMATIONS, training_settings
 from backend.service.engine import Engine
 from backend.service.training import TrainingCopies
 from backend.policy import make_config
@@ -236,12 +236,13 @@ def test_gpu_training_fits_and_resumes_exactly(tiny_scene, tmp_path):
         assert torch.equal(getattr(resumed.g, name), t), name
 
 
+@pytest.mark.parametrize("formation", FORMATIONS)
 @pytest.mark.parametrize("width,height,sh_degree", [(256, 192, 3), (203, 141, 1), (64, 48, 0)])
-def test_gradients_without_autograd_equal_autograds(width, height, sh_degree):
+def test_gradients_without_autograd_equal_autograds(width, height, sh_degree, formation):
     """gradient_step gives the loss, image, screen-space gradient and every parameter's gradient of
-    photometric_loss(render(...)).backward() exactly, and adds to gradients already there (views batched). Its
-    kernels read the SH coefficients in two parts (sh_dc, and sh_rest only where the degree reaches it), autograd's
-    whole rows."""
+    photometric_loss(render(...)).backward() exactly, in either image formation, and adds to gradients already
+    there (views batched). Its kernels read the SH coefficients in two parts (sh_dc, and sh_rest only where the
+    degree reaches it), autograd's whole rows."""
     cams = orbit_cameras(2, width, height)
     gen = torch.Generator().manual_seed(4)
     targets = [torch.randint(0, 256, (height, width, 3), dtype=torch.uint8, generator=gen).to(DEV) for _ in cams]
@@ -253,9 +254,10 @@ def test_gradients_without_autograd_equal_autograds(width, height, sh_degree):
         for cam, target in zip(cams, targets):
             view = camera_tensors(cam, DEV)
             if without_autograd:
-                per_view.append(gradient_step(g, *view, width, height, sh_degree, background, target, 0.2))
+                per_view.append(gradient_step(g, *view, width, height, sh_degree, background, target, 0.2,
+                                              formation))
                 continue
-            out = render(g, cam, sh_degree, background, "cuda", view)
+            out = render(g, cam, sh_degree, background, "cuda", view, formation)
             loss = photometric_loss(out.image, target, 0.2)
             loss.backward()
             per_view.append((loss, out.image, out.means2d.grad, out.radii))
@@ -268,13 +270,15 @@ def test_gradients_without_autograd_equal_autograds(width, height, sh_degree):
         assert torch.equal(direct_grads[name], grad), name
 
 
-def test_training_without_autograd_equals_training_through_it(tiny_scene):
+@pytest.mark.parametrize("formation", FORMATIONS)
+def test_training_without_autograd_equals_training_through_it(tiny_scene, formation):
     """The trainer's step without autograd (a static model on the CUDA rasterizer) and the same step through
-    autograd train the same model bit for bit, densification, opacity reset and SH growth included."""
+    autograd train the same model bit for bit, in either image formation, densification, opacity reset and SH
+    growth included."""
     data = load_split(tiny_scene, "train")
     cfg = make_config("cuda", "cuda", training_settings(iterations=160, init_points=2000))
-    cfg = replace(cfg, sh_interval=40, densify=replace(cfg.densify, start=20, every=20, stop=140,
-                                                       reset_opacity_every=100))
+    cfg = replace(cfg, sh_interval=40, image_formation=formation,
+                  densify=replace(cfg.densify, start=20, every=20, stop=140, reset_opacity_every=100))
     trainers = [Trainer(data, cfg, DEV) for _ in range(2)]
     assert trainers[0].without_autograd
     trainers[1].without_autograd = False

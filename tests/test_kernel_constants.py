@@ -53,7 +53,8 @@ def at_kernel_precision(ctype: str, value: float) -> float:
 
 
 RASTERIZER = {name: value for name, value in vars(constants).items() if name.isupper()}
-FORMATION = {"SCALE_CLAMP": formation.SCALE_CLAMP, "FILM_SPLAT_VARIANCE": formation.FILM_SPLAT_VARIANCE}
+FORMATION = {name: getattr(formation, name)
+             for name in ("SCALE_CLAMP", "FILM_SPLAT_VARIANCE", "FILM_TAP_SIDE", "FILM_TAP_CENTRE")}
 PYTHON = RASTERIZER | FORMATION | sh_coefficients()
 HEADERS = header_constants("constants.h", "sh.cuh")
 

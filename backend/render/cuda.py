@@ -4,9 +4,9 @@ rasterize (the standard formation) runs the extension's autograd Functions (cuda
 then the rasterization), so the output's means2d receives dL/d(means2d) in .grad, which densification reads; the
 depth image carries no gradient. The projection also counts the tiles each footprint meets and starts the
 binning's entry count on its way to the host (the extension's TileCounts), which the rasterization's binning
-waits for. gradient_step runs the same kernels without autograd. rasterize_blender (Blender's formation) runs the
-extension's two Functions of that formation, then puts the image over the background and through the film filter
-in torch.
+waits for. rasterize_blender (Blender's formation) runs the extension's three Functions of that formation: the
+ray projection, the rasterization over black, and the film (the splats over the background in linear light,
+through the film filter, into display values). gradient_step runs the same kernels without autograd, in either.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import torch
 from blender_addon.core.errors import SplatwrightError
 from ..gaussians import Gaussians
 from ..kernels import extension
-from .formation import blender_image
+from .formation import BLENDER, STANDARD
 from .reference import RasterOutput
 
 
@@ -93,22 +93,22 @@ def rasterize(means, quats, scales, opacities, sh, viewmat, K, width: int, heigh
     """Same contract as reference.rasterize, on float32 CUDA tensors. Gradients flow to means, quats, scales,
     opacities and sh; the output's means2d gets dL/d(means2d) in .grad after backward."""
     inputs = kernel_inputs(means, quats, scales, opacities, sh, viewmat, K)
-    background = torch.broadcast_to(torch.as_tensor(background, dtype=torch.float32, device=inputs[0].device),
-                                    (3,)).detach().contiguous()
-    image, alpha, depth, means2d, radii = extension().rasterize(*inputs, background, int(width), int(height),
-                                                                int(sh_degree))
-    return RasterOutput(image, alpha, depth, means2d, radii)
+    return RasterOutput(*extension().rasterize(*inputs, background_tensor(background, inputs[0].device), int(width),
+                                               int(height), int(sh_degree)))
 
 
 def rasterize_blender(means, quats, scales, opacities, sh, viewmat, K, width: int, height: int,
                       sh_degree: int, background) -> RasterOutput:
-    """reference.rasterize's contract in Blender's image formation, on float32 CUDA tensors: the kernels project
-    and composite the splats (the extension's rasterize_blender), then torch puts them over the background and
-    through the film filter as the reference does."""
-    color, alpha, depth, means2d, radii = extension().rasterize_blender(
-        *kernel_inputs(means, quats, scales, opacities, sh, viewmat, K), int(width), int(height), int(sh_degree))
-    image, alpha, depth = blender_image(color, alpha, depth, background)
-    return RasterOutput(image, alpha, depth, means2d, radii)
+    """reference.rasterize's contract in Blender's image formation, on float32 CUDA tensors."""
+    inputs = kernel_inputs(means, quats, scales, opacities, sh, viewmat, K)
+    return RasterOutput(*extension().rasterize_blender(*inputs, background_tensor(background, inputs[0].device),
+                                                       int(width), int(height), int(sh_degree)))
+
+
+def background_tensor(background, device: torch.device) -> torch.Tensor:
+    """A background colour (3 values, or one for all) as the kernels take it: float32 (3,) on `device`."""
+    return torch.broadcast_to(torch.as_tensor(background, dtype=torch.float32, device=device),
+                              (3,)).detach().contiguous()
 
 
 class ViewGradients(NamedTuple):
@@ -120,14 +120,15 @@ class ViewGradients(NamedTuple):
 
 
 def gradient_step(g: Gaussians, viewmat, K, width: int, height: int, sh_degree: int, background, target,
-                  ssim_weight: float) -> ViewGradients:
-    """One view's photometric loss (metrics.photometric_loss) of a static model and its gradients, added to each
-    parameter's .grad, without autograd, in one call of the extension (its gradient_step: the same kernels in the
-    same order as loss.backward() through rasterize, so the gradients are bit-equal to autograd's,
-    tests/test_cuda_training.py, for less host time a step, which is what bounds a step on a fast GPU); the kernels
-    read sh_dc and sh_rest where they are and write their gradients apart. `target`: the view as the loss takes it
-    (uint8 or float32, (H, W, 3))."""
+                  ssim_weight: float, formation: str = STANDARD) -> ViewGradients:
+    """One view's photometric loss (metrics.photometric_loss) of a static model drawn in `formation` and its
+    gradients, added to each parameter's .grad, without autograd, in one call of the extension (its gradient_step or
+    gradient_step_blender: the same kernels in the same order as loss.backward() through rasterize or
+    rasterize_blender, so the gradients are bit-equal to autograd's, tests/test_cuda_training.py, for less host time
+    a step, which is what bounds a step on a fast GPU); the kernels read sh_dc and sh_rest where they are and write
+    their gradients apart. `target`: the view as the loss takes it (uint8 or float32, (H, W, 3))."""
     device = g.means.device
-    return ViewGradients(*extension().gradient_step(
+    step = extension().gradient_step_blender if formation == BLENDER else extension().gradient_step
+    return ViewGradients(*step(
         g.means, g.quats, g.log_scales, g.opacity_logits, g.sh_dc, g.sh_rest, viewmat, K, width, height, sh_degree,
         background, target, ssim_weight, constant((), 1.0, device), zeros((height, width), device)))

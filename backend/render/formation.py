@@ -72,6 +72,7 @@ def _film_parts(width: float) -> tuple[tuple[float, float, float], float]:
 
 
 FILM_TAPS, FILM_SPLAT_VARIANCE = _film_parts(FILM_FILTER_WIDTH)
+FILM_TAP_SIDE, FILM_TAP_CENTRE = FILM_TAPS[:2]  # the kernels' names for them (cuda/constants.h)
 
 
 def film(image: torch.Tensor) -> torch.Tensor:
