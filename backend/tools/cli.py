@@ -21,7 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train Gaussians on a transforms*.json scene")
-    p.add_argument("data", help="scene folder with transforms_train.json (and transforms_test.json)")
+    p.add_argument("data", help="scene folder with transforms_train.json (and transforms_test.json), or a COLMAP "
+                   "capture folder (sparse/0/ and images/)")
     p.add_argument("--out", required=True, help="output folder for splats.ply, metrics.json, checkpoint.pt")
     add_training_arguments(p)
     p.add_argument("--random-init", action="store_true",
