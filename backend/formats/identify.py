@@ -1,0 +1,37 @@
+"""What a file that no splat reader takes looks like, from its first bytes, for the refusal to name it."""
+from __future__ import annotations
+
+# (the bytes a file starts with, at what offset, what it is); the first that matches names it.
+SIGNATURES = (
+    (b"glTF", 0, "a binary glTF (.glb)"),
+    (b"PK\x03\x04", 0, "a zip archive (a SOG bundle of PlayCanvas, a .splatv, or any zip)"),
+    (b"\x89PNG\r\n\x1a\n", 0, "a PNG image"),
+    (b"\xff\xd8\xff", 0, "a JPEG image"),
+    (b"WEBP", 8, "a WebP image (SOG keeps its splats in WebP images beside a meta.json)"),
+    (b"GIF8", 0, "a GIF image"),
+    (b"%PDF", 0, "a PDF document"),
+    (b"\x28\xb5\x2f\xfd", 0, "a zstd stream"),
+    (b"BZh", 0, "a bzip2 stream"),
+    (b"\xfd7zXZ\x00", 0, "an xz stream"),
+    (b"7z\xbc\xaf\x27\x1c", 0, "a 7-Zip archive"),
+    (b"BLENDER", 0, "a .blend file"),
+)
+
+
+def looks_like(head: bytes) -> str | None:
+    """What `head`, a file's first bytes, looks like, in a few words; None for a binary file of no kind known
+    here (a .splat, which has no magic, is one)."""
+    for magic, offset, what in SIGNATURES:
+        if head[offset:offset + len(magic)] == magic:
+            return what
+    if not head:
+        return "an empty file"
+    if head.lstrip()[:1] == b"{":  # JSON, perhaps cut off: told by the keys of its first bytes
+        if b'"asset"' in head:
+            return "a glTF (.gltf)"
+        if b'"means"' in head:
+            return "a SOG's meta.json (PlayCanvas)"
+        return "a JSON file"
+    if all(32 <= b < 127 or b in b"\t\r\n" for b in head[:4096]):
+        return "a text file"
+    return None
