@@ -187,7 +187,8 @@ def test_every_splat_format_imports_and_exports(scenario):
             assert len(warnings) == 1 and "degree 3 view-dependent colour is dropped" in warnings[0], warnings
         else:
             assert warnings == [], warnings
-    for what, words in (("bad_import", "bad.spz: not a splat file"), ("bad_export", "no splat format has this name")):
+    for what, words in (("bad_import", "bad.spz: a text file, not a splat file"),
+                        ("bad_export", "no splat format has this name")):
         errors = [line for line in f[what] if line.startswith("Error: ")]
         assert len(errors) == 1 and words in errors[0], (what, f[what])
 
