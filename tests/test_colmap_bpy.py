@@ -16,6 +16,7 @@ from PIL import Image
 import build_addon
 from backend.data import load_split
 from backend.formats import formation_of, read_any
+from backend.formats.ply import read_ply
 from backend.render import render
 from blender_addon.core import colmap
 from blender_addon.core.cameras import Camera, blender_intrinsics, blender_lens, intrinsics, look_at
@@ -187,6 +188,9 @@ def test_every_splat_format_imports_and_exports(scenario):
             assert len(warnings) == 1 and "degree 3 view-dependent colour is dropped" in warnings[0], warnings
         else:
             assert warnings == [], warnings
+    rub = f["spz_axes"]  # Import Splats' SPZ Axes: Niantic's SPZ, which does not say its axes, read as RUB
+    assert rub["error"] == "" and torch.allclose(read_any(rub["path"]).means, read_ply(SPLATS / "sh3.ply").means,
+                                                 atol=0.5 / 4096 + 1e-6)
     for what, words in (("bad_import", "bad.spz: a text file, not a splat file"),
                         ("bad_export", "no splat format has this name")):
         errors = [line for line in f[what] if line.startswith("Error: ")]

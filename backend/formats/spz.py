@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from blender_addon.core.errors import SplatwrightError
+from blender_addon.core.settings import SPZ_AXES
 from ..gaussians import Gaussians
 from .budget import Budget, Inflater, zstd_available, zstandard
 from .common import (OTHER_COMPONENTS, byte_logit, columns, gaussians_from_columns, round_half_away, sh_degree_of,
@@ -59,7 +60,7 @@ FLAG_EXTENSIONS = 0x2
 COORDINATE_SYSTEM_RECORD = 0xADBE0003
 # Niantic's numbers of the axis conventions 1..8: of n - 1, bit 0 is x right, bit 1 y up, bit 2 z forward.
 RUB, RDF = 4, 6
-AXES = {"ply": RDF, "rub": RUB}  # how a file without a coordinate-system record is read: the default first
+AXES = dict(zip(SPZ_AXES, (RDF, RUB)))  # how a file without a coordinate-system record is read: the default first
 ZSTD_LEVEL = 12  # Niantic's
 COLOR_SCALE = 0.15
 SH_BITS = (5, 4)  # bits kept of degree-1 coefficients and of higher ones

@@ -203,7 +203,8 @@ class Server:
                                                self.engine.limits.budget()),
             "save_checkpoint": lambda m: (self.engine.save_checkpoint(), b""),
             "load_checkpoint": lambda m: (self.engine.load_checkpoint(), b""),
-            "load_ply": lambda m: (self.engine.load_ply(m.payload, m.fields["background"], m.fields["name"]), b""),
+            "load_ply": lambda m: (self.engine.load_ply(m.payload, m.fields["background"], m.fields["name"],
+                                                        m.fields["spz_axes"]), b""),
         }
         self.connection_handlers = {"release_frame": self._release_frame}
 

@@ -1,7 +1,8 @@
 """File > Import and File > Export of splat models in every format the backend reads and writes (the official
-3DGS PLY, PlayCanvas's compressed PLY, Niantic's SPZ and antimatter15's .splat; backend/formats) and of 4D models
-(splats4d.pt, backend/dynamic.py). Import sends the file to the backend, which tells its format from its content,
-keeps the file in a new session named after it and shows the model (a 4D one at the scene's frame); Add Model to
+3DGS PLY, PlayCanvas's compressed PLY, Niantic's SPZ, antimatter15's .splat and, for import, mkkellogg's
+.ksplat; backend/formats) and of 4D models (splats4d.pt, backend/dynamic.py). Import sends the file to the backend,
+which tells its format from its content (an SPZ that does not say its axes read in those SPZ Axes names), keeps the
+file in a new session named after it and shows the model (a 4D one at the scene's frame); Add Model to
 Scene then places it in the scene as it does a trained model, and the .blend keeps it; on Blender 5.3 and later
 Link File instead makes an object that shows the file itself, kept outside the .blend (scene/linked.py), with no
 backend. Export asks the backend for a model in the format the file name's ending picks (*.ply, *.compressed.ply,
@@ -18,7 +19,7 @@ import threading
 from pathlib import Path
 
 import bpy
-from bpy.props import BoolProperty, StringProperty
+from bpy.props import BoolProperty, EnumProperty, StringProperty
 from bpy.types import Operator
 from bpy_extras.io_utils import ExportHelper, ImportHelper
 
@@ -26,6 +27,7 @@ from ..core.client import RemoteError
 from ..core.errors import SplatwrightError
 from ..core.files import (TEMPORARY_SUFFIX, begin_sequence, end_sequence, sequence_paths, sequence_state, sync_folder,
                           write_atomic)
+from ..core.settings import SPZ_AXES
 from ..core.splats import encode_ply_bytes
 from ..logic.dataset import frame_time
 from ..logic.messages import at_step
@@ -36,17 +38,20 @@ from ..scene import linked, live, native, splats
 from ..scene.session import capture_runs, nothing_to_show, not_connected, set_status, training_runs
 from .base import Guarded, add_model_to_scene
 
-SPLAT_FILES = "*.ply;*.spz;*.splat;*.pt"  # what the file browsers list (a compressed PLY ends in .ply too)
+SPLAT_FILES = "*.ply;*.spz;*.splat;*.ksplat;*.pt"  # what the file browsers list (a compressed PLY ends in .ply too)
 DYNAMIC_SUFFIX = ".pt"  # a 4D model's own file (splats4d.pt)
 DEFAULT_EXTENSION = ".ply"  # given to an export name that has none
-MENU_TEXT = "Gaussian Splats (.ply, .spz, .splat, .pt)"
+MENU_TEXT = "Gaussian Splats (.ply, .spz, .splat, .ksplat, .pt)"
+SPZ_AXES_ITEMS = tuple(zip(SPZ_AXES, ("PLY's (SuperSplat)", "RUB (Niantic)"), (
+    "As SuperSplat and splat-transform store them: the PLY's axes, unconverted",
+    "As the SPZ specification says, and Niantic's tools and Splatwright's version 3 store them")))
 PROGRESS_SECONDS = 1.0  # how often a sequence export reports how far it got
 _progress_timers: set = set()  # those of sequence exports, unregistered with the add-on if they still are
 
 
 class SPLATWRIGHT_OT_import_splats(Guarded, Operator, ImportHelper):
-    """Show a Gaussian splat file through the backend: a 3DGS PLY, a compressed PLY, an SPZ, a .splat, or a 4D
-    model (splats4d.pt), shown at the scene's frame. The backend keeps it in a session of its own, which Add
+    """Show a Gaussian splat file through the backend: a 3DGS PLY, a compressed PLY, an SPZ, a .splat, a .ksplat,
+    or a 4D model (splats4d.pt), shown at the scene's frame. The backend keeps it in a session of its own, which Add
     Model to Scene places in the scene (where Blender draws splats itself, the import adds it at once; or with
     Link File, an object that shows the PLY or SPZ file as it is, kept outside the .blend, without the backend)"""
     bl_idname = "splatwright.import_splats"
@@ -56,6 +61,9 @@ class SPLATWRIGHT_OT_import_splats(Guarded, Operator, ImportHelper):
     link_file: BoolProperty(name="Link File", default=False,
                             description="Show the file as it is (a 3DGS PLY or an SPZ), kept outside the .blend, "
                                         "which keeps only its path: no copy, no backend, and no session to follow")
+    spz_axes: EnumProperty(name="SPZ Axes", items=SPZ_AXES_ITEMS, default=SPZ_AXES[0],
+                           description="The axes of an SPZ file that does not say its own (Splatwright's version 4 "
+                                       "files say theirs, which wins); Link File shows an SPZ as Blender reads it")
 
     @classmethod
     def blocked(cls, context):
@@ -68,12 +76,13 @@ class SPLATWRIGHT_OT_import_splats(Guarded, Operator, ImportHelper):
     def draw(self, context):
         if native.available():
             self.layout.prop(self, "link_file")
+        self.layout.prop(self, "spz_axes")
 
     def execute(self, context):
         path = Path(self.filepath)
         if not path.is_file():
             what = "a folder" if path.is_dir() else "no such file"
-            self.report({"ERROR"}, f"{path}: {what}; choose a .ply, .spz, .splat or .pt file")
+            self.report({"ERROR"}, f"{path}: {what}; choose a .ply, .spz, .splat, .ksplat or .pt file")
             return {"CANCELLED"}
         if self.link_file and native.available():
             return self.link(context, path)
@@ -86,9 +95,10 @@ class SPLATWRIGHT_OT_import_splats(Guarded, Operator, ImportHelper):
             self.report({"WARNING"}, sequence.message)
         s = context.scene.splatwright
         background = background_rgb(s.background, s.background_color)
+        spz_axes = self.spz_axes  # the operator is gone by the time the worker runs
 
         def load(client):  # on the worker: the file may be large
-            reply = client.load_ply(path.read_bytes(), background, path.name)
+            reply = client.load_ply(path.read_bytes(), background, path.name, spz_axes)
             return reply, client.call("status")
 
         def loaded(result) -> str:
