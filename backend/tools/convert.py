@@ -24,8 +24,8 @@ def convert(args) -> int:
     if args.sh_degree is not None and args.sh_degree < g.max_sh_degree:
         g = with_sh_degree(g, args.sh_degree)
     elif args.sh_degree is not None and args.sh_degree > g.max_sh_degree:
-        print(f"warning: --sh-degree {args.sh_degree}: {args.input} holds SH up to degree {g.max_sh_degree}, so "
-              f"{args.output} does too (a degree that was not trained cannot be had)", file=sys.stderr)
+        print(f"warning: --sh-degree {args.sh_degree}: SH degree {args.sh_degree} cannot be had, {args.input} holds "
+              f"SH up to degree {g.max_sh_degree} only, so {args.output} does too", file=sys.stderr)
     kept = spz_extras(args.input) if fmt == "spz" else spz.Extras()
     options = dict(spz_version=args.spz_version, spz_kept=kept)
     if args.frames is None:
