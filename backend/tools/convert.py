@@ -54,8 +54,10 @@ def convert(args) -> int:
 
 def spz_extras(path: str) -> spz.Extras:
     """What an SPZ input holds beside its model (spz.extras), for an SPZ output to keep; nothing for another."""
-    data = Path(path).read_bytes()
-    return spz.extras(data, path) if spz.is_spz(data[:4]) else spz.Extras()
+    with open(path, "rb") as f:
+        if not spz.is_spz(f.read(4)):
+            return spz.Extras()
+    return spz.extras(Path(path).read_bytes(), path)
 
 
 def write(g, path: Path, formation: str, quiet: bool = False, **spz_options) -> None:
