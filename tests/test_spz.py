@@ -135,7 +135,7 @@ def test_convert_says_a_higher_sh_degree_cannot_be_had(tmp_path, capsys):
 @pytest.mark.parametrize("name, data, looks", [
     ("model.splat", b"glTF\x02\x00\x00\x00" + bytes(56), "a binary glTF (.glb)"),
     ("model.gltf", b'{"asset": {"version": "2.0"}, "meshes": []}', "a glTF (.gltf)"),
-    ("scene.sog", b"PK\x03\x04" + bytes(60), "a zip archive (a SOG bundle"),
+    ("scene.sog", b"PK\x03\x04" + bytes(60), "a zip archive (such as a SOG bundle"),
     ("meta.json", b'{"version": 2, "count": 4, "means": {"mins": [0, 0, 0]}}', "a SOG's meta.json"),
     ("photo.splat", b"\x89PNG\r\n\x1a\n" + bytes(56), "a PNG image"),
     ("photo.jpg", b"\xff\xd8\xff\xe0" + bytes(60), "a JPEG image"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 # (the bytes a file starts with, at what offset, what it is); the first that matches names it.
 SIGNATURES = (
     (b"glTF", 0, "a binary glTF (.glb)"),
-    (b"PK\x03\x04", 0, "a zip archive (a SOG bundle of PlayCanvas, a .splatv, or any zip)"),
+    (b"PK\x03\x04", 0, "a zip archive (such as a SOG bundle of PlayCanvas)"),
     (b"\x89PNG\r\n\x1a\n", 0, "a PNG image"),
     (b"\xff\xd8\xff", 0, "a JPEG image"),
     (b"WEBP", 8, "a WebP image (SOG keeps its splats in WebP images beside a meta.json)"),
