@@ -7,8 +7,12 @@ found from its content, never from its name alone; the format written is named b
 | PlayCanvas compressed PLY   | formats.compressed_ply   | a "ply" header with a `chunk` element          | *.compressed.ply  |
 | Niantic SPZ                 | formats.spz              | gzip's bytes 1f 8b, or "NGSP" (version 4)      | *.spz             |
 | antimatter15 .splat         | formats.splat            | no magic: a name ending .splat, then checked   | *.splat           |
+| PlayCanvas SOG (version 2)  | formats.sog              | a zip (the bundle), or JSON named *meta.json   | *.sog, *meta.json |
+|                             |                          | or with "means" (a folder's meta.json)         | (a folder)        |
+| glTF KHR_gaussian_splatting | formats.gltf             | "glTF" (a .glb), or other JSON (a .gltf)       | *.glb, *.gltf     |
 
-Each decoder reads against a budget (formats.budget) and returns a model that formats.validate passed.
+Each decoder reads against a budget (formats.budget) and returns a model that formats.validate passed. A SOG
+folder and a .gltf whose buffers are files beside it are read as one file (blender_addon/core/bundles.py).
 """
 from __future__ import annotations
 
@@ -16,18 +20,24 @@ from pathlib import Path
 
 import torch
 
+from blender_addon.core.bundles import bundled, is_sog_meta, write_sog_folder
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.files import write_atomic
 from ..gaussians import Gaussians, sh_coeff_count
 from .budget import Budget
 from .ply import STANDARD, encode_ply, header_formation, read_ply
 from . import compressed_ply, splat, spz
+from . import gltf, sog
 
 FORMATS = ("ply", "compressed_ply", "spz", "splat")
+FORMATS += ("sog", "glb", "gltf")
 # Output names, the longer suffix first.
 SUFFIXES = {".compressed.ply": "compressed_ply", ".ply": "ply", ".spz": "spz", ".splat": "splat"}
+SUFFIXES.update({".sog": "sog", sog.META: "sog", ".glb": "glb", ".gltf": "gltf"})  # *meta.json: a SOG folder
 DECODERS = {"ply": read_ply, "compressed_ply": compressed_ply.decode, "spz": spz.decode, "splat": splat.decode}
+DECODERS.update({"sog": sog.decode, "glb": gltf.decode, "gltf": gltf.decode})
 ENCODERS = {"ply": encode_ply, "compressed_ply": compressed_ply.encode, "spz": spz.encode, "splat": splat.encode}
+ENCODERS.update({"sog": sog.encode, "glb": gltf.encode_glb, "gltf": gltf.encode_gltf})
 _HEAD = 1 << 16  # bytes read to recognise a file: PLY headers end well within them
 
 
@@ -46,13 +56,19 @@ def detect(head: bytes, name: str) -> str:
     """The format of a file from its first bytes (up to 64 KiB); `name` counts only for .splat, which has no magic."""
     if spz.is_spz(head):
         return "spz"
+    if head[:4] == sog.ZIP_MAGIC:
+        return "sog"
+    if gltf.is_glb(head):
+        return "glb"
+    if head.lstrip(b"\xef\xbb\xbf \t\r\n")[:1] == b"{":
+        return "sog" if is_sog_meta(name) or b'"means"' in head else "gltf"
     if head.startswith((b"ply\n", b"ply\r\n")):
         end = head.find(b"end_header")
         header = head[:max(end, 0)].decode("ascii", "replace")
         return "compressed_ply" if compressed_ply.is_compressed_ply(header) else "ply"
     if str(name).lower().endswith(".splat"):
         return "splat"
-    raise SplatwrightError(f"{name}: not a splat file Splatwright reads (not a PLY, not an SPZ, "
+    raise SplatwrightError(f"{name}: not a splat file Splatwright reads (not a PLY, an SPZ, a SOG or a glTF, "
                            "and not named *.splat)")
 
 
@@ -69,7 +85,7 @@ def read_any(source: str | Path | bytes, name: str = "the splat file", fmt: str 
         raise SplatwrightError(f"unknown splat format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if fmt == "ply":
         return read_ply(source, name, budget)  # by path: plyfile maps the file rather than copying it
-    data = source if isinstance(source, bytes) else Path(source).read_bytes()
+    data = source if isinstance(source, bytes) else bundled(source)[0]  # a SOG folder, a .gltf's buffers: inline
     return DECODERS[fmt](data, name, budget)
 
 
@@ -90,7 +106,8 @@ def format_for_path(path: str | Path) -> str:
         if lower.endswith(suffix):
             return fmt
     raise SplatwrightError(f"{path}: no splat format has this name; use *.ply (3DGS PLY), *.compressed.ply "
-                           "(PlayCanvas), *.spz (Niantic) or *.splat (antimatter15)")
+                           "(PlayCanvas), *.spz (Niantic), *.splat (antimatter15), *.sog or a folder's meta.json "
+                           "(PlayCanvas SOG), or *.glb or *.gltf (glTF)")
 
 
 def encode_any(g: Gaussians, fmt: str, formation: str = STANDARD) -> bytes:
@@ -118,7 +135,8 @@ def write_any(path: str | Path, g: Gaussians, formation: str = STANDARD) -> list
     """Write `g`, trained for image formation `formation`, atomically in the format `path` names; returns `notes` on
     what the format left out or changes."""
     fmt = format_for_path(path)
-    write_atomic(path, encode_any(g, fmt, formation))
+    data = encode_any(g, fmt, formation)
+    write_sog_folder(path, data) if fmt == "sog" and is_sog_meta(path) else write_atomic(path, data)
     return notes(g, fmt, formation)
 
 
