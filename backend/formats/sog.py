@@ -28,6 +28,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import warnings
 import zipfile
 
 import numpy as np
@@ -229,9 +230,15 @@ def _decode(z: zipfile.ZipFile, stored: int, name: str, budget: Budget) -> Gauss
                most_rows: int | None = None) -> np.ndarray:
         """The first `least` texels of an image as (least, channels) uint8, its declared size checked first."""
         file = meta[section]["files"][i]
+        content = member(file, cap)
         try:
-            img = Image.open(io.BytesIO(member(file, cap)), formats=IMAGE_FORMATS)
-        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+            with warnings.catch_warnings():  # Pillow's own limit: an error, before ours (far below it) is checked
+                warnings.simplefilter("error", Image.DecompressionBombWarning)
+                img = Image.open(io.BytesIO(content), formats=IMAGE_FORMATS)
+        except (Image.DecompressionBombWarning, Image.DecompressionBombError):
+            raise SplatwrightError(f"{name}: {file} declares more than {Image.MAX_IMAGE_PIXELS:,} texels, beyond "
+                                   "any SOG's images") from None
+        except (OSError, SyntaxError, ValueError) as e:
             raise SplatwrightError(f"{name}: {file} is not a WebP or PNG image ({e})") from None
         w, h = img.size
         too_large = (w != width or h > most_rows) if width is not None else w * h > 2 * least + SPARE_TEXELS
