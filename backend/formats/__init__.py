@@ -136,7 +136,10 @@ def write_any(path: str | Path, g: Gaussians, formation: str = STANDARD) -> list
     what the format left out or changes."""
     fmt = format_for_path(path)
     data = encode_any(g, fmt, formation)
-    write_sog_folder(path, data) if fmt == "sog" and is_sog_meta(path) else write_atomic(path, data)
+    if fmt == "sog" and is_sog_meta(path):
+        write_sog_folder(path, data)
+    else:
+        write_atomic(path, data)
     return notes(g, fmt, formation)
 
 
