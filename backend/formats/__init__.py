@@ -61,7 +61,8 @@ def detect(head: bytes, name: str) -> str:
     if gltf.is_glb(head):
         return "glb"
     if head.lstrip(b"\xef\xbb\xbf \t\r\n")[:1] == b"{":
-        return "sog" if is_sog_meta(name) or b'"means"' in head else "gltf"
+        gltf_keys = b'"accessors"' in head or b'"meshes"' in head  # a glTF's, never a SOG meta.json's
+        return "sog" if is_sog_meta(name) or (b'"means"' in head and not gltf_keys) else "gltf"
     if head.startswith((b"ply\n", b"ply\r\n")):
         end = head.find(b"end_header")
         header = head[:max(end, 0)].decode("ascii", "replace")

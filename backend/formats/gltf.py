@@ -58,6 +58,7 @@ COLOR_SPACE = "srgb_rec709_display"
 TO_GLTF = np.diag([-1.0, -1.0, 1.0, 1.0])  # our axes (RDF) to glTF's (LUF), and back: a half turn about z
 OPACITY_MARGIN = 1e-7  # a stored opacity of 0 or 1 reads as this far inside (0, 1), so its logit is finite
 MAX_NODE_DEPTH = 64
+MAX_TRANSFORM = 1e15  # the largest entry of a node's matrix (beyond, composing them overflows)
 
 
 def attribute(name: str) -> str:
@@ -228,8 +229,8 @@ class _Buffers:
         return data[start:start + length]
 
     def buffer(self, index) -> memoryview:
+        buffer = _entry(self.gltf, "buffers", index, self.name)
         if index not in self.found:
-            buffer = _entry(self.gltf, "buffers", index, self.name)
             uri = buffer.get("uri")
             if uri is None:
                 if index != 0 or self.binary is None:
@@ -255,6 +256,24 @@ class _Buffers:
         return self.found[index]
 
 
+def _object(value, what: str, name: str) -> dict:
+    """`value` if it is a JSON object, {} if absent; else refused."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise SplatwrightError(f"{name}: {what} is not a JSON object")
+    return value
+
+
+def _array(value, what: str, name: str) -> list:
+    """`value` if it is a JSON array, [] if absent; else refused."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise SplatwrightError(f"{name}: {what} is not a JSON array")
+    return value
+
+
 def _whole(value) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
@@ -270,21 +289,21 @@ def _splat_primitives(gltf: dict, name: str) -> list[tuple[dict, np.ndarray]]:
         node = _entry(gltf, "nodes", index, name)
         matrix = parent @ _local_matrix(node, index, name)
         if "mesh" in node:
-            for primitive in _entry(gltf, "meshes", node["mesh"], name).get("primitives", []):
-                if isinstance(primitive, dict) and EXTENSION in (primitive.get("extensions") or {}):
-                    found.append((primitive, matrix))
-        for child in node.get("children", []):
+            found.extend((primitive, matrix) for primitive in splats_of(_entry(gltf, "meshes", node["mesh"], name)))
+        for child in _array(node.get("children"), f"node {index}'s children", name):
             visit(child, matrix, depth + 1)
 
-    scenes = gltf.get("scenes")
-    if isinstance(scenes, list) and scenes:
-        for root in _entry(gltf, "scenes", gltf.get("scene", 0), name).get("nodes", []):
+    def splats_of(mesh: dict) -> list[dict]:
+        primitives = [_object(p, "a mesh primitive", name) for p in _array(mesh.get("primitives"), "a mesh's "
+                                                                            "primitives", name)]
+        return [p for p in primitives if EXTENSION in _object(p.get("extensions"), "a primitive's extensions", name)]
+
+    if _array(gltf.get("scenes"), "scenes", name):
+        for root in _array(_entry(gltf, "scenes", gltf.get("scene", 0), name).get("nodes"), "a scene's nodes", name):
             visit(root, np.eye(4), 0)
     else:
-        for mesh in gltf.get("meshes", []):
-            for primitive in mesh.get("primitives", []) if isinstance(mesh, dict) else []:
-                if isinstance(primitive, dict) and EXTENSION in (primitive.get("extensions") or {}):
-                    found.append((primitive, np.eye(4)))
+        for mesh in _array(gltf.get("meshes"), "meshes", name):
+            found.extend((primitive, np.eye(4)) for primitive in splats_of(_object(mesh, "a mesh", name)))
     return found
 
 
@@ -303,16 +322,14 @@ def _local_matrix(node: dict, index: int, name: str) -> np.ndarray:
             m[:3, 3] = np.array(node.get("translation", [0, 0, 0]), np.float64).reshape(3)
     except (TypeError, ValueError):
         raise SplatwrightError(f"{name}: node {index}'s transform is not numbers of the right count") from None
-    if not np.all(np.isfinite(m)):
-        raise SplatwrightError(f"{name}: node {index}'s transform is not finite")
+    if not np.all(np.abs(m) < MAX_TRANSFORM):
+        raise SplatwrightError(f"{name}: node {index}'s transform is not finite, or beyond {MAX_TRANSFORM:g}")
     return m
 
 
 def _primitive_model(gltf: dict, primitive: dict, buffers: _Buffers, name: str, budget: Budget) -> Gaussians:
     """One splat primitive's model in glTF's axes, before its node's transform."""
-    extension = primitive["extensions"][EXTENSION]
-    if not isinstance(extension, dict):
-        raise SplatwrightError(f"{name}: its {EXTENSION} extension is not a JSON object")
+    extension = _object(primitive["extensions"][EXTENSION], f"its {EXTENSION} extension", name)
     if primitive.get("mode") != POINTS:
         raise SplatwrightError(f"{name}: a splat primitive of mode {primitive.get('mode', 4)!r}; "
                                f"{EXTENSION} primitives are POINTS (mode 0)")
@@ -320,10 +337,11 @@ def _primitive_model(gltf: dict, primitive: dict, buffers: _Buffers, name: str, 
         if extension.get(key, expected) != expected:
             raise SplatwrightError(f"{name}: splats of {key} {extension[key]!r}; Splatwright draws {key} "
                                    f"{expected!r} (3DGS's) only")
-    attributes = primitive.get("attributes") or {}
-    compressed = [e for e in SPZ_EXTENSIONS if e in (extension.get("extensions") or {})]
+    attributes = _object(primitive.get("attributes"), "a splat primitive's attributes", name)
+    inner = _object(extension.get("extensions"), f"its {EXTENSION} extension's extensions", name)
+    compressed = [e for e in SPZ_EXTENSIONS if e in inner]
     if compressed:
-        view = (extension["extensions"][compressed[0]] or {}).get("bufferView")
+        view = _object(inner[compressed[0]], compressed[0], name).get("bufferView")
         g = spz.decode(bytes(buffers.view(view)), f"{name} (its SPZ bufferView {view!r})", budget)
         if "POSITION" in attributes:
             count = _entry(gltf, "accessors", attributes["POSITION"], name).get("count")
@@ -350,9 +368,12 @@ def _primitive_model(gltf: dict, primitive: dict, buffers: _Buffers, name: str, 
         degree += 1
     rest = [read(sh_attribute(d, k), 3) for d in range(1, degree + 1) for k in range(2 * d + 1)]
     p = np.clip(opacity.astype(np.float64), OPACITY_MARGIN, 1.0 - OPACITY_MARGIN)
+    quats = read(attribute("ROTATION"), 4)[:, [3, 0, 1, 2]].astype(np.float64)
+    with np.errstate(all="ignore"):  # in float64, so large values normalise; what is not finite the validator refuses
+        quats /= np.linalg.norm(quats, axis=1, keepdims=True)
     return gaussians_from_columns({
         "means": means,
-        "quats": read(attribute("ROTATION"), 4)[:, [3, 0, 1, 2]],
+        "quats": quats.astype(np.float32),
         "log_scales": np.log(np.maximum(scales, np.finfo(np.float32).tiny)).astype(np.float32),
         "opacity_logits": np.log(p / (1.0 - p)).astype(np.float32),
         "sh_dc": read(sh_attribute(0, 0), 3),
@@ -365,10 +386,10 @@ def _accessor(gltf: dict, index, width: int, semantic: str, buffers: _Buffers, n
     """Accessor `index` as float32 (count, width), its bytes checked to lie within its bufferView first."""
     accessor = _entry(gltf, "accessors", index, name)
     what = f"{semantic} (accessor {index})"
-    if WIDTHS.get(accessor.get("type")) != width:
-        raise SplatwrightError(f"{name}: {what} is of type {accessor.get('type')!r}, not "
-                               f"{'SCALAR' if width == 1 else f'VEC{width}'}")
-    component = COMPONENTS.get(accessor.get("componentType"))
+    kind, component_type = accessor.get("type"), accessor.get("componentType")
+    if not isinstance(kind, str) or WIDTHS.get(kind) != width:
+        raise SplatwrightError(f"{name}: {what} is of type {kind!r}, not {'SCALAR' if width == 1 else f'VEC{width}'}")
+    component = COMPONENTS.get(component_type) if isinstance(component_type, int) else None
     if component is None:
         raise SplatwrightError(f"{name}: {what} has componentType {accessor.get('componentType')!r}")
     count = _whole(accessor.get("count"))

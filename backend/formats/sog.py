@@ -310,7 +310,7 @@ def _meta(raw: bytes, name: str) -> dict:
             _numbers(meta[section].get("codebook"), f"{section}.codebook", name, 1, CODEBOOK)
     if "shN" in meta:
         bands, entries = meta["shN"].get("bands"), meta["shN"].get("count")
-        if bands not in COEFFS:
+        if not isinstance(bands, int) or bands not in COEFFS:
             raise SplatwrightError(f"{name}: meta.json's shN.bands is {bands!r}; SH degrees 1-3 are read")
         if not isinstance(entries, int) or not 1 <= entries <= PALETTE:
             raise SplatwrightError(f"{name}: meta.json's shN.count is {entries!r}, not 1 to {PALETTE}")
