@@ -37,9 +37,10 @@ def bundled(path: str | Path) -> tuple[bytes, str]:
 
 
 def write_sog_folder(meta_path: str | Path, bundle: bytes) -> None:
-    """The files of bundled SOG `bundle` beside `meta_path`, each written whole, its meta.json (written as
-    `meta_path`) last: a folder has a meta.json only once the images it names are there."""
+    """The files of bundled SOG `bundle` beside `meta_path` (its folder made where missing), each written whole,
+    its meta.json (written as `meta_path`) last: a folder has a meta.json only once the images it names are there."""
     meta_path = Path(meta_path)
+    meta_path.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(io.BytesIO(bundle)) as z:
         names = [n for n in z.namelist() if n != SOG_META]
         for name in names:
