@@ -541,6 +541,7 @@ def one_label_too_many(meta):
     ("view.glb", glb_edit(bufferViews__0__byteLength=10 ** 9), "bufferView 0"),
     ("type.glb", glb_edit(accessors__0__type="VEC2"), "POSITION (accessor 0) is of type 'VEC2', not VEC3"),
     ("sparse.glb", glb_edit(accessors__0__sparse={"count": 1}), "is sparse or has no bufferView"),
+    ("counts.glb", glb_edit(accessors__2__count=5), "ROTATION has 5 elements, POSITION 20"),
     ("nosplats.glb", glb_edit(meshes__0__primitives__0__extensions={}), "no mesh primitive of its scene has"),
     ("cycle.glb", glb_edit(nodes=[{"children": [0]}]), "its nodes nest deeper than 64"),
     ("version.glb", glb_edit(asset={"version": "1.0"}), "glTF version '1.0'"),

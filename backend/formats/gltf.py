@@ -352,7 +352,11 @@ def _primitive_model(gltf: dict, primitive: dict, buffers: _Buffers, name: str, 
     def read(semantic: str, width: int) -> np.ndarray:
         if semantic not in attributes:
             raise SplatwrightError(f"{name}: a splat primitive without {semantic}")
-        return _accessor(gltf, attributes[semantic], width, semantic, buffers, name, budget)
+        values = _accessor(gltf, attributes[semantic], width, semantic, buffers, name, budget)
+        if semantic != "POSITION" and len(values) != n:
+            raise SplatwrightError(f"{name}: {semantic} has {len(values):,} elements, POSITION {n:,}; a splat "
+                                   "primitive's attributes have one per splat")
+        return values
 
     means = read("POSITION", 3)
     n = len(means)
