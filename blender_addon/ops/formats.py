@@ -1,17 +1,16 @@
-"""File > Import and File > Export of splat models in every format the backend reads and writes (the official
-3DGS PLY, PlayCanvas's compressed PLY and SOG, Niantic's SPZ, antimatter15's .splat and glTF's
-KHR_gaussian_splatting; backend/formats) and of 4D models (splats4d.pt, backend/dynamic.py). Import sends the file to
-the backend (a SOG folder's meta.json as the bundled .sog, a .gltf with its buffers inline: core/bundles.py), which
-tells its format from its content,
-keeps the file in a new session named after it and shows the model (a 4D one at the scene's frame); Add Model to
-Scene then places it in the scene as it does a trained model, and the .blend keeps it; on Blender 5.3 and later
-Link File instead makes an object that shows the file itself, kept outside the .blend (scene/linked.py), with no
-backend. Export asks the backend for a model in the format the file name's ending picks (*.ply, *.compressed.ply,
-*.spz, *.splat, *.sog, *.glb, *.gltf, or a folder's meta.json for a SOG of files side by side; *.pt: a 4D model's
-own file) and reports what that format leaves out (a .splat keeps no SH beyond degree 0). The model is the active splat object's (scene/splats.py), cropped to its crop box unless told otherwise
-and, if asked, in world space as the object places it; with no splat object active, the model the backend shows. A
-4D model is exported at the scene's frame, or as a sequence of files, one per frame of the frame range
-(SequenceExport)."""
+"""File > Import and File > Export of splat models in every format the backend reads and writes (the official 3DGS PLY,
+PlayCanvas's compressed PLY and SOG, Niantic's SPZ, antimatter15's .splat and glTF's KHR_gaussian_splatting;
+backend/formats) and of 4D models (splats4d.pt, backend/dynamic.py). Import sends the file to the backend (a SOG
+folder's meta.json as the bundled .sog, a .gltf with its buffers inline: core/bundles.py), which tells its format
+from its content, keeps the file in a new session named after it and shows the model (a 4D one at the scene's
+frame); Add Model to Scene then places it in the scene as it does a trained model, and the .blend keeps it; on
+Blender 5.3 and later Link File instead makes an object that shows the file itself, kept outside the .blend
+(scene/linked.py), with no backend. Export asks the backend for a model in the format the file name's ending picks
+(*.ply, *.compressed.ply, *.spz, *.splat, *.sog, *.glb, *.gltf, or a folder's meta.json for a SOG of files side by
+side; *.pt: a 4D model's own file) and reports what that format leaves out (a .splat keeps no SH beyond degree 0).
+The model is the active splat object's (scene/splats.py), cropped to its crop box unless told otherwise and, if
+asked, in world space as the object places it; with no splat object active, the model the backend shows. A 4D model
+is exported at the scene's frame, or as a sequence of files, one per frame of the frame range (SequenceExport)."""
 from __future__ import annotations
 
 import os
@@ -49,10 +48,11 @@ _progress_timers: set = set()  # those of sequence exports, unregistered with th
 
 
 class SPLATWRIGHT_OT_import_splats(Guarded, Operator, ImportHelper):
-    """Show a Gaussian splat file through the backend: a 3DGS PLY, a compressed PLY, an SPZ, a .splat, a SOG (a
-    .sog, or a folder's meta.json), a glTF (.glb, .gltf), or a 4D model (splats4d.pt), shown at the scene's frame. The backend keeps it in a session of its own, which Add
-    Model to Scene places in the scene (where Blender draws splats itself, the import adds it at once; or with
-    Link File, an object that shows the PLY or SPZ file as it is, kept outside the .blend, without the backend)"""
+    """Show a Gaussian splat file through the backend: a 3DGS PLY, a compressed PLY, an SPZ, a .splat, a SOG (a .sog,
+    or a folder's meta.json), a glTF (.glb, .gltf), or a 4D model (splats4d.pt), shown at the scene's frame. The
+    backend keeps it in a session of its own, which Add Model to Scene places in the scene (where Blender draws
+    splats itself, the import adds it at once; or with Link File, an object that shows the PLY or SPZ file as it is,
+    kept outside the .blend, without the backend)"""
     bl_idname = "splatwright.import_splats"
     bl_label = "Import Splats"
 
