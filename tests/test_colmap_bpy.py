@@ -179,7 +179,9 @@ def test_every_splat_format_imports_and_exports(scenario):
     assert placed["session"].startswith("sh3-") and placed["objects"] == [placed["session"]], placed
     assert placed["types"] == (["POINTCLOUD"] if scenario["blender"] in NATIVE_SPLATS else ["EMPTY"]), placed
     assert placed["error"] == "", placed
-    degrees = {"out.ply": 3, "out.compressed.ply": 3, "out.spz": 3, "out.splat": 0}
+    degrees = {"out.ply": 3, "out.compressed.ply": 3, "out.spz": 3, "out.splat": 0, "out.sog": 3,
+               "out-sog/meta.json": 3, "out.glb": 3, "out.gltf": 3}
+    assert sorted(f["exported"]) == sorted(degrees)
     for name, exported in f["exported"].items():
         g = read_any(exported["path"])
         assert len(g) == 500 and g.max_sh_degree == degrees[name], name

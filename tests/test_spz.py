@@ -132,11 +132,20 @@ def test_convert_says_a_higher_sh_degree_cannot_be_had(tmp_path, capsys):
     assert formats.read_any(tmp_path / "out.spz").max_sh_degree == 0
 
 
+@pytest.mark.parametrize("name, data, fmt, says", [
+    ("model.splat", b"glTF\x02\x00\x00\x00" + bytes(56), "glb", "a .glb whose first chunk is not its JSON"),
+    ("model.gltf", b'{"asset": {"version": "2.0"}, "meshes": []}', "gltf", "a glTF without Gaussian splats"),
+    ("scene.sog", b"PK\x03\x04" + bytes(60), "sog", "unreadable SOG zip"),
+    ("meta.json", b'{"version": 2, "count": 4, "means": {"mins": [0, 0, 0]}}', "sog", "not a SOG's meta.json"),
+])
+def test_zips_glbs_and_json_go_to_the_sog_and_gltf_readers_which_say_what_is_wrong(tmp_path, name, data, fmt, says):
+    (tmp_path / name).write_bytes(data)
+    assert formats.detect(data, name) == fmt
+    with pytest.raises(SplatwrightError, match=says):
+        formats.read_any(tmp_path / name)
+
+
 @pytest.mark.parametrize("name, data, looks", [
-    ("model.splat", b"glTF\x02\x00\x00\x00" + bytes(56), "a binary glTF (.glb)"),
-    ("model.gltf", b'{"asset": {"version": "2.0"}, "meshes": []}', "a glTF (.gltf)"),
-    ("scene.sog", b"PK\x03\x04" + bytes(60), "a zip archive (such as a SOG bundle"),
-    ("meta.json", b'{"version": 2, "count": 4, "means": {"mins": [0, 0, 0]}}', "a SOG's meta.json"),
     ("photo.splat", b"\x89PNG\r\n\x1a\n" + bytes(56), "a PNG image"),
     ("photo.jpg", b"\xff\xd8\xff\xe0" + bytes(60), "a JPEG image"),
     ("means_l.webp", b"RIFF\x10\x00\x00\x00WEBPVP8L" + bytes(48), "a WebP image"),

@@ -8,9 +8,13 @@ found from its content, never from its name alone; the format written is named b
 | Niantic SPZ (versions 2-4)  | formats.spz              | gzip's bytes 1f 8b, or "NGSP" (version 4)      | *.spz (4; or 3)   |
 | antimatter15 .splat         | formats.splat            | no magic: a name ending .splat, then checked   | *.splat           |
 | mkkellogg .ksplat           | formats.ksplat           | a version 0.1 header with a known compression  | (read only)       |
+| PlayCanvas SOG (version 2)  | formats.sog              | a zip (the bundle), or JSON named *meta.json   | *.sog, *meta.json |
+|                             |                          | or with "means" (a folder's meta.json)         | (a folder)        |
+| glTF KHR_gaussian_splatting | formats.gltf             | "glTF" (a .glb), or other JSON (a .gltf)       | *.glb, *.gltf     |
 
-Each decoder reads against a budget (formats.budget) and returns a model that formats.validate passed. A file
-none of them reads is refused naming what it looks like (formats.identify).
+Each decoder reads against a budget (formats.budget) and returns a model that formats.validate passed. A SOG
+folder and a .gltf whose buffers are files beside it are read as one file (blender_addon/core/bundles.py). A
+file none of them reads is refused naming what it looks like (formats.identify).
 """
 from __future__ import annotations
 
@@ -18,19 +22,22 @@ from pathlib import Path
 
 import torch
 
+from blender_addon.core.bundles import bundled, is_sog_meta, write_sog_folder
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.files import write_atomic
 from ..gaussians import Gaussians, sh_coeff_count
 from .budget import Budget
 from .ply import STANDARD, encode_ply, header_formation, read_ply
-from . import compressed_ply, identify, ksplat, splat, spz
+from . import compressed_ply, gltf, identify, ksplat, sog, splat, spz
 
-FORMATS = ("ply", "compressed_ply", "spz", "splat", "ksplat")
-# Output names, the longer suffix first.
-SUFFIXES = {".compressed.ply": "compressed_ply", ".ply": "ply", ".spz": "spz", ".splat": "splat"}
+FORMATS = ("ply", "compressed_ply", "spz", "splat", "ksplat", "sog", "glb", "gltf")
+# Output names, the longer suffix first; *meta.json: a SOG folder.
+SUFFIXES = {".compressed.ply": "compressed_ply", ".ply": "ply", ".spz": "spz", ".splat": "splat", ".sog": "sog",
+            sog.META: "sog", ".glb": "glb", ".gltf": "gltf"}
 DECODERS = {"ply": read_ply, "compressed_ply": compressed_ply.decode, "spz": spz.decode, "splat": splat.decode,
-            "ksplat": ksplat.decode}
-ENCODERS = {"ply": encode_ply, "compressed_ply": compressed_ply.encode, "spz": spz.encode, "splat": splat.encode}
+            "ksplat": ksplat.decode, "sog": sog.decode, "glb": gltf.decode, "gltf": gltf.decode}
+ENCODERS = {"ply": encode_ply, "compressed_ply": compressed_ply.encode, "spz": spz.encode, "splat": splat.encode,
+            "sog": sog.encode, "glb": gltf.encode_glb, "gltf": gltf.encode_gltf}
 _HEAD = 1 << 16  # bytes read to recognise a file: PLY headers end well within them
 
 
@@ -51,6 +58,13 @@ def detect(head: bytes, name: str) -> str:
         return "spz"
     if ksplat.is_ksplat(head):
         return "ksplat"
+    if head[:4] == sog.ZIP_MAGIC:
+        return "sog"
+    if gltf.is_glb(head):
+        return "glb"
+    if head.lstrip(b"\xef\xbb\xbf \t\r\n")[:1] == b"{":
+        gltf_keys = b'"accessors"' in head or b'"meshes"' in head  # a glTF's, never a SOG meta.json's
+        return "sog" if is_sog_meta(name) or (b'"means"' in head and not gltf_keys) else "gltf"
     if head.startswith((b"ply\n", b"ply\r\n")):
         end = head.find(b"end_header")
         header = head[:max(end, 0)].decode("ascii", "replace")
@@ -59,7 +73,7 @@ def detect(head: bytes, name: str) -> str:
     if str(name).lower().endswith(".splat") and what is None:
         return "splat"
     raise SplatwrightError(f"{name}: {what or 'an unknown binary file'}, not a splat file Splatwright reads (not a "
-                           "PLY, an SPZ or a .ksplat, and not a .splat by its name and content)")
+                           "PLY, an SPZ, a .ksplat, a SOG or a glTF, and not a .splat by its name and content)")
 
 
 def read_any(source: str | Path | bytes, name: str = "the splat file", fmt: str | None = None,
@@ -76,7 +90,7 @@ def read_any(source: str | Path | bytes, name: str = "the splat file", fmt: str 
         raise SplatwrightError(f"unknown splat format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if fmt == "ply":
         return read_ply(source, name, budget)  # by path: plyfile maps the file rather than copying it
-    data = source if isinstance(source, bytes) else Path(source).read_bytes()
+    data = source if isinstance(source, bytes) else bundled(source)[0]  # a SOG folder, a .gltf's buffers: inline
     if fmt == "spz":
         return spz.decode(data, name, budget, spz_axes)
     return DECODERS[fmt](data, name, budget)
@@ -99,7 +113,8 @@ def format_for_path(path: str | Path) -> str:
         if lower.endswith(suffix):
             return fmt
     raise SplatwrightError(f"{path}: no splat format has this name; use *.ply (3DGS PLY), *.compressed.ply "
-                           "(PlayCanvas), *.spz (Niantic) or *.splat (antimatter15)")
+                           "(PlayCanvas), *.spz (Niantic), *.splat (antimatter15), *.sog or a folder's meta.json "
+                           "(PlayCanvas SOG), or *.glb or *.gltf (glTF)")
 
 
 def encode_any(g: Gaussians, fmt: str, formation: str = STANDARD, spz_version: int = spz.VERSIONS[0],
@@ -133,7 +148,11 @@ def write_any(path: str | Path, g: Gaussians, formation: str = STANDARD, spz_ver
     """Write `g`, trained for image formation `formation`, atomically in the format `path` names (an SPZ of
     `spz_version`, keeping `spz_kept`); returns `notes` on what the format left out or changes."""
     fmt = format_for_path(path)
-    write_atomic(path, encode_any(g, fmt, formation, spz_version, spz_kept))
+    data = encode_any(g, fmt, formation, spz_version, spz_kept)
+    if fmt == "sog" and is_sog_meta(path):
+        write_sog_folder(path, data)
+    else:
+        write_atomic(path, data)
     return notes(g, fmt, formation, spz_version, spz_kept)
 
 

@@ -1,13 +1,12 @@
-"""What a file that no splat reader takes looks like, from its first bytes, for the refusal to name it."""
+"""What a file that no splat reader takes looks like, from its first bytes, for the refusal to name it. A zip, a
+.glb and JSON never come here: formats.detect takes them for a SOG or a glTF, whose readers say what is wrong."""
 from __future__ import annotations
 
 # (the bytes a file starts with, at what offset, what it is); the first that matches names it.
 SIGNATURES = (
-    (b"glTF", 0, "a binary glTF (.glb)"),
-    (b"PK\x03\x04", 0, "a zip archive (such as a SOG bundle of PlayCanvas)"),
     (b"\x89PNG\r\n\x1a\n", 0, "a PNG image"),
     (b"\xff\xd8\xff", 0, "a JPEG image"),
-    (b"WEBP", 8, "a WebP image (SOG keeps its splats in WebP images beside a meta.json)"),
+    (b"WEBP", 8, "a WebP image (one of a SOG folder's: open its meta.json)"),
     (b"GIF8", 0, "a GIF image"),
     (b"%PDF", 0, "a PDF document"),
     (b"\x28\xb5\x2f\xfd", 0, "a zstd stream"),
@@ -26,12 +25,6 @@ def looks_like(head: bytes) -> str | None:
             return what
     if not head:
         return "an empty file"
-    if head.lstrip()[:1] == b"{":  # JSON, perhaps cut off: told by the keys of its first bytes
-        if b'"asset"' in head:
-            return "a glTF (.gltf)"
-        if b'"means"' in head:
-            return "a SOG's meta.json (PlayCanvas)"
-        return "a JSON file"
     if all(32 <= b < 127 or b in b"\t\r\n" for b in head[:4096]):
         return "a text file"
     return None

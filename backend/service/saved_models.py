@@ -8,7 +8,7 @@ from pathlib import Path
 
 from blender_addon.core.errors import SplatwrightError
 from ..dynamic import DynamicGaussians, gaussians_from_tensors, read_dynamic
-from ..formats import formation_of, read_any
+from ..formats import formation_of, read_any, sog
 from ..formats.budget import Budget
 from ..gaussians import Gaussians
 from ..policy import CHECKPOINT
@@ -102,10 +102,11 @@ def file_model(data: bytes, name: str, background, device, budget: Budget, spz_a
 
 
 def is_dynamic_file(data: bytes, name: str) -> bool:
-    """Whether a file is a 4D model's (backend.dynamic): named *.pt, or a torch file (a zip) not named as a
-    .splat (the one splat format without magic bytes)."""
+    """Whether a file is a 4D model's (backend.dynamic): named *.pt, or a torch file (a zip) that is neither named
+    as a .splat (the one splat format without magic bytes) nor a bundled SOG (a zip too)."""
     lower = name.lower()
-    return lower.endswith(DYNAMIC_SUFFIX) or (data[:len(ZIP_MAGIC)] == ZIP_MAGIC and not lower.endswith(".splat"))
+    return lower.endswith(DYNAMIC_SUFFIX) or (data[:len(ZIP_MAGIC)] == ZIP_MAGIC and not lower.endswith(".splat")
+                                              and not sog.is_bundle(data))
 
 
 def read_model_file(data: bytes, name: str, budget: Budget = Budget(), spz_axes: str = "ply") -> Gaussians:

@@ -30,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="start from random Gaussians even where the scene has a points3d.ply")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     p.add_argument("--init", default=None, metavar="FILE",
-                   help="start from the Gaussians of a splat file (.ply, .compressed.ply, .spz, .splat or .ksplat)")
+                   help="start from the Gaussians of a splat file (.ply, .compressed.ply, .spz, .splat, .ksplat, "
+                        ".sog, a SOG folder's meta.json, .glb or .gltf)")
     add_spz_axes_argument(p)
     p.add_argument("--dynamic", action="store_true",
                    help="train a 4D model of moving Gaussians (OUT/splats4d.pt) even when the frames have no "
@@ -50,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
                        help=f"most {Limits.meaning(name)}, as the server allows (default: {getattr(Limits(), name):,})")
 
     p = sub.add_parser("render", help="render a splat file through the cameras of a transforms file")
-    p.add_argument("splats", help="splat file: 3DGS PLY, compressed PLY, SPZ, .splat or .ksplat; or a 4D model "
-                   "(splats4d.pt)")
+    p.add_argument("splats", help="splat file: 3DGS PLY, compressed PLY, SPZ, .splat, .ksplat, SOG or glTF; or a 4D "
+                   "model (splats4d.pt)")
     add_spz_axes_argument(p)
     p.add_argument("--time", type=unit_interval, default=None,
                    help="time in [0, 1] over the captured frames at which to render a 4D model (default: 0)")
@@ -64,9 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--downscale", type=float, default=1.0)
 
     p = sub.add_parser("convert", help="convert a splat file to the format OUT's name gives")
-    p.add_argument("input", help="splat file: 3DGS PLY, PlayCanvas compressed PLY, SPZ, .splat or .ksplat (found "
-                   "by content); or a 4D model (splats4d.pt)")
-    p.add_argument("output", help="file to write: *.ply (3DGS), *.compressed.ply, *.spz or *.splat")
+    p.add_argument("input", help="splat file: 3DGS PLY, PlayCanvas compressed PLY, SPZ, .splat, .ksplat, SOG (a .sog "
+                   "or a folder's meta.json) or glTF (.glb, .gltf), found by content; or a 4D model (splats4d.pt)")
+    p.add_argument("output", help="file to write: *.ply (3DGS), *.compressed.ply, *.spz, *.splat, *.sog, "
+                   "meta.json (a SOG folder), *.glb or *.gltf")
     p.add_argument("--sh-degree", type=int, choices=range(4), default=None, help="drop SH bands above this degree")
     add_spz_axes_argument(p)
     p.add_argument("--spz-version", type=int, choices=spz.VERSIONS, default=spz.VERSIONS[0],

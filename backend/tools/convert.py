@@ -1,9 +1,9 @@
 """`python -m backend convert IN OUT [--sh-degree N] [--spz-axes A] [--spz-version V] [--frames N]`: a splat file in
-any supported format to the format OUT's name gives (*.ply, *.compressed.ply, *.spz, *.splat); an SPZ to an SPZ
-keeps its extension records and antialiasing flag (version 4); a 4D model (splats4d.pt) to a sequence of
-files, one per frame (OUT name_0001.ply ...), as PLY-sequence players read them, with a manifest
-(name.sequence.json) that says whether they are all there. The model's image formation goes with it where the
-format has a place for it, and a note says what changes for other viewers."""
+any supported format to the format OUT's name gives (*.ply, *.compressed.ply, *.spz, *.splat, *.sog, a folder's
+meta.json, *.glb, *.gltf); an SPZ to an SPZ keeps its extension records and antialiasing flag (version 4); a 4D
+model (splats4d.pt) to a sequence of files, one per frame (OUT name_0001.ply ...), as PLY-sequence players read them,
+with a manifest (name.sequence.json) that says whether they are all there. The model's image formation goes with it
+where the format has a place for it, and a note says what changes for other viewers."""
 from __future__ import annotations
 
 import sys

@@ -205,7 +205,8 @@ REQUESTS: dict[str, MessageSpec] = {
     # The client is done with the frame in this slot of its shared-memory file: the backend may use it again.
     "release_frame": MessageSpec(Fields(slot=Int(0, SHARED_SLOTS - 1))),
     # `name`: the file the model is exported to, whose ending picks the format (backend/formats: *.ply,
-    # *.compressed.ply, *.spz, *.splat; *.pt: a 4D model's own file, splats4d.pt, refused for a static model).
+    # *.compressed.ply, *.spz, *.splat, *.sog, *.glb, *.gltf, and meta.json, a SOG's folder, sent bundled as a
+    # .sog; *.pt: a 4D model's own file, splats4d.pt, refused for a static model).
     # `placement`: model space into the space the file holds (e.g. the world
     # of a Blender scene), applied to the means, rotations and scales after the crop; null: model space.
     "export_ply": MessageSpec(MODEL_CHOICE.extended(name=optional(Str(255), "splats.ply"),

@@ -19,8 +19,10 @@ import bmesh  # importable once bpy is
 
 from blender.kit import RecordingLayout, addon, blender_reports, op, pump, report, wait_for
 
-FORMATS = ("sh3.ply", "sh3.compressed.ply", "sh3.spz", "ours-sh3.splat", "sh3.ksplat")  # in tests/data/splats
-EXPORTS = ("out.ply", "out.compressed.ply", "out.spz", "out.splat")
+FORMATS = ("sh3.ply", "sh3.compressed.ply", "sh3.spz", "ours-sh3.splat", "sh3.ksplat", "sh3.sog", "sh3-sog/meta.json",
+           "sh3.glb")  # in tests/data/splats
+EXPORTS = ("out.ply", "out.compressed.ply", "out.spz", "out.splat", "out.sog", "out-sog/meta.json", "out.glb",
+           "out.gltf")
 PHOTO_SIDE = 64  # the photos are sent this large, and only every KEEP_POINTS-th point, so that the CPU trains
 KEEP_POINTS = 8  # on them in seconds
 STEPS = 40
