@@ -18,11 +18,12 @@ CHECKPOINT = "checkpoint.pt"  # a training run's checkpoint file, in its output 
 
 
 def resolve_device(name: str) -> tuple[str, str]:
-    """(torch device, rasterizer) for --device auto|cpu|cuda."""
+    """(torch device, rasterizer) for --device auto|cpu|cuda: on a GPU the CUDA kernels, or where they cannot be
+    had (kernels.py) the reference rasterizer on the GPU; the trainer's note then says why it is slow."""
     if name == "cuda" and not torch.cuda.is_available():
         raise SplatwrightError("--device cuda: no CUDA GPU is visible to torch; use --device cpu")
     if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
-        return "cuda", "cuda"
+        return "cuda", "cuda" if is_available()[0] else "reference"
     return "cpu", "reference"
 
 
