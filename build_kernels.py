@@ -164,9 +164,10 @@ def write_wheel(out_dir: Path, module: Path, suffix: str, build: dict) -> Path:
         f"{PREBUILT}/__init__.py": INIT.encode(),
         f"{PREBUILT}/{BUILD_INFO}": json.dumps(build, indent=2).encode(),
         f"{PREBUILT}/_C{suffix}": module.read_bytes(),
-        f"{dist_info}/METADATA": (f"Metadata-Version: 2.1\nName: {PREBUILT}\nVersion: {version}\nSummary: Splatwright's "
-                                  f"CUDA kernels for torch {build['torch']} (CUDA {build['cuda']}), Python "
-                                  f"{build['python']}, GPU architectures {';'.join(build['archs'])}\n").encode(),
+        f"{dist_info}/METADATA": (f"Metadata-Version: 2.1\nName: {PREBUILT}\nVersion: {version}\n"
+                                  f"Summary: Splatwright's CUDA kernels for torch {build['torch']} (CUDA "
+                                  f"{build['cuda']}), Python {build['python']}, GPU architectures "
+                                  f"{';'.join(build['archs'])}\n").encode(),
         f"{dist_info}/WHEEL": (f"Wheel-Version: 1.0\nGenerator: build_kernels.py\nRoot-Is-Purelib: false\n"
                                f"Tag: {tag}-{tag}-{PLATFORM}\n").encode(),
     }

@@ -15,10 +15,11 @@ import pytest
 import torch
 import torch.utils.cpp_extension
 
+import build_addon
 import build_kernels
 from backend import kernels, policy
 from blender_addon.core.errors import SplatwrightError
-from blender_addon.logic.environment import KERNELS_WHEEL
+from blender_addon.logic.environment import KERNELS, KERNELS_WHEEL, SOURCES
 
 CAPABILITY = (9, 0)
 
@@ -146,6 +147,15 @@ def test_the_wheel_says_what_it_was_built_for_and_pip_installs_it(tmp_path):
         installed = tmp_path / "site" / kernels.PREBUILT
         assert (installed / "_C.cpython-311-x86_64-linux-gnu.so").read_bytes() == module.read_bytes()
         assert json.loads((installed / kernels.BUILD_INFO).read_text()) == build
+
+
+def test_the_add_on_carries_the_kernels_wheels_it_is_given(tmp_path):
+    wheel = tmp_path / "splatwright_kernels-0.1.0+torch2.13.0.cu130.src0123456789abcdef-cp311-cp311-linux_x86_64.whl"
+    wheel.write_bytes(b"wheel")
+    with zipfile.ZipFile(build_addon.build(tmp_path / "dist", [wheel])) as z:
+        assert z.read(f"{build_addon.PACKAGE}/{SOURCES}/{KERNELS}/{wheel.name}") == b"wheel"
+    with pytest.raises(SystemExit, match="not wheels of the prebuilt kernels"):
+        build_addon.build(tmp_path / "dist", [tmp_path / "torch-2.13.0-cp311-cp311-linux_x86_64.whl"])
 
 
 def test_architectures_become_nvcc_targets():
