@@ -15,6 +15,7 @@ import argparse
 import base64
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -60,7 +61,7 @@ def gencode(archs: list[str]) -> list[str]:
 
 def find_python(version: str) -> dict:
     """The include folder and extension suffix of a Python `version` that runs here."""
-    pyenv = Path.home() / ".pyenv" / "versions"
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
     candidates = [f"python{version}", *sorted(map(str, pyenv.glob(f"{version}.*/bin/python{version}")), reverse=True)]
     for python in candidates:
         try:
@@ -118,7 +119,7 @@ def compile_cached(argv: list[str], source: Path, cache: Path) -> Path:
     obj = cache / "objects" / f"{source.stem}-{h.hexdigest()[:16]}.o"
     if not obj.exists():
         obj.parent.mkdir(parents=True, exist_ok=True)
-        print(f"compiling {source.name}...", flush=True)
+        print(f"compiling {source.name}...\n", end="", flush=True)  # one write: files compile side by side
         with replacing(obj) as tmp:
             run([*argv, "-c", str(source), "-o", str(tmp)], f"compiling {source.name}")
     return obj
@@ -203,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", nargs="+", default=[f"{sys.version_info.major}.{sys.version_info.minor}"],
                         help="Python versions, one wheel each (default: this Python's)")
     parser.add_argument("--arch", default=ARCHS, help=f"GPU architectures (default: {ARCHS})")
-    parser.add_argument("--torch-wheel", help="torch's wheel to build against, instead of pip's download")
+    parser.add_argument("--torch-wheel", help="torch's wheel to build against, instead of PyPI's")
     parser.add_argument("--out", default=str(ROOT / "dist"), help="output folder (default: dist/)")
     parser.add_argument("--cache", default=str(DEFAULT_CACHE),
                         help="torch's unpacked parts and the compiled objects (default: %(default)s)")

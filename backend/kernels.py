@@ -112,8 +112,8 @@ def prebuilt_mismatch(build: dict, here: dict) -> str:
     return ""
 
 
-def _prebuilt():
-    """(module, where from) for the installed prebuilt kernels where they fit this machine, else (None, why not)."""
+def _fitting_prebuilt() -> tuple[Path | None, str]:
+    """(folder, what for) of installed prebuilt kernels that fit this machine, else (None, why not)."""
     spec = importlib.util.find_spec(PREBUILT)
     if spec is None or spec.origin is None:
         return None, "no prebuilt kernels are installed"
@@ -125,16 +125,32 @@ def _prebuilt():
     why = prebuilt_mismatch(build, this_machine())
     if why:
         return None, f"the prebuilt kernels in {folder} do not fit: {why}"
-    return importlib.import_module(f"{PREBUILT}._C"), (
-        f"prebuilt for torch {build['torch']} with CUDA {build['cuda']}, GPU architectures "
-        f"{';'.join(build['archs'])} ({folder})")
+    return folder, (f"prebuilt for torch {build['torch']} with CUDA {build['cuda']}, GPU architectures "
+                    f"{';'.join(build['archs'])} ({folder})")
+
+
+def _prebuilt():
+    """(module, what for) of installed prebuilt kernels that fit this machine and load, else (None, why not)."""
+    folder, where = _fitting_prebuilt()
+    if folder is None:
+        return None, where
+    try:
+        return importlib.import_module(f"{PREBUILT}._C"), where
+    except ImportError as exc:  # such as a C library older than the build machine's
+        return None, f"the prebuilt kernels in {folder} do not load ({exc})"
+
+
+def _has_nvcc() -> bool:
+    """Whether torch's extension build finds a CUDA toolkit with nvcc."""
+    from torch.utils.cpp_extension import CUDA_HOME  # lazy: it imports setuptools and the compiler's tooling
+    return CUDA_HOME is not None and shutil.which("nvcc", path=str(Path(CUDA_HOME) / "bin")) is not None
 
 
 def _built_here(why_not_prebuilt: str):
     """(module, where from) built from the sources with nvcc (cached); raises SplatwrightError where it cannot."""
-    from torch.utils.cpp_extension import CUDA_HOME, load  # lazy: it imports setuptools and the compiler's tooling
-    if CUDA_HOME is None or shutil.which("nvcc", path=str(Path(CUDA_HOME) / "bin")) is None:
+    if not _has_nvcc():
         raise SplatwrightError(f"{why_not_prebuilt}, and no CUDA toolkit (nvcc) is found to build them")
+    from torch.utils.cpp_extension import load
     directory = build_dir()
     directory.mkdir(parents=True, exist_ok=True)
     try:
@@ -206,11 +222,14 @@ def building(directory: Path):
             fcntl.flock(hold, fcntl.LOCK_UN)
 
 
-def is_available() -> tuple[bool, str]:
+def is_available(build: bool = True) -> tuple[bool, str]:
     """(True, device name and where the kernels came from) if a CUDA device is present and the kernels load,
-    else (False, why not)."""
+    else (False, why not). With build=False, kernels that would be built with nvcc count as available unbuilt
+    (their first use builds them); prebuilt ones load, and a missing toolkit fails, at once."""
     if not torch.cuda.is_available():
         return False, "no CUDA device visible to torch"
+    if not build and _ext is None and _failure is None and _fitting_prebuilt()[0] is None and _has_nvcc():
+        return True, f"{torch.cuda.get_device_name()}; kernels to be built at first use with nvcc"
     try:
         extension()
     except SplatwrightError as exc:

@@ -96,6 +96,14 @@ def test_kernels_from_other_sources_are_built_here_instead(gpu, tmp_path, monkey
     assert len(asked) == 1 and "do not fit: they are built from other kernel sources" in asked[0]
 
 
+def test_prebuilt_kernels_that_do_not_load_are_built_here_instead(gpu, tmp_path, monkeypatch):
+    install_prebuilt(tmp_path, monkeypatch)
+    (tmp_path / kernels.PREBUILT / "_C.py").write_text("raise ImportError('GLIBC_2.34 not found')\n")
+    asked = build_here_records(monkeypatch)
+    assert kernels.extension().PREBUILT is False
+    assert len(asked) == 1 and "do not load (GLIBC_2.34 not found)" in asked[0]
+
+
 def test_without_prebuilt_kernels_or_nvcc_the_gpu_trains_through_the_reference_saying_why(gpu, monkeypatch):
     monkeypatch.setattr(kernels, "PREBUILT", "splatwright_kernels_not_installed")
     monkeypatch.setattr(torch.utils.cpp_extension, "CUDA_HOME", None)  # no CUDA toolkit found
@@ -112,14 +120,34 @@ def test_without_prebuilt_kernels_or_nvcc_the_gpu_trains_through_the_reference_s
     assert "slower" in note
 
 
-def test_a_failed_build_is_reported_with_the_compilers_output(gpu, tmp_path, monkeypatch):
-    monkeypatch.setattr(kernels, "PREBUILT", "splatwright_kernels_not_installed")
-    monkeypatch.setenv("SPLATWRIGHT_EXT_CACHE", str(tmp_path))
-    nvcc = tmp_path / "cuda" / "bin" / "nvcc"
+def fake_toolkit(folder, monkeypatch) -> None:
+    """A CUDA toolkit with an nvcc, where torch's extension build looks for one."""
+    nvcc = folder / "cuda" / "bin" / "nvcc"
     nvcc.parent.mkdir(parents=True)
     nvcc.write_text("#!/bin/sh\n")
     nvcc.chmod(0o755)
-    monkeypatch.setattr(torch.utils.cpp_extension, "CUDA_HOME", str(tmp_path / "cuda"))
+    monkeypatch.setattr(torch.utils.cpp_extension, "CUDA_HOME", str(folder / "cuda"))
+
+
+def test_a_server_counts_kernels_to_be_built_as_there_and_builds_nothing_before_it_answers(gpu, tmp_path,
+                                                                                           monkeypatch):
+    monkeypatch.setattr(kernels, "PREBUILT", "splatwright_kernels_not_installed")
+    fake_toolkit(tmp_path, monkeypatch)
+
+    def load(**_):
+        raise AssertionError("built before the server answered")
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", load)
+    assert policy.resolve_device("auto", build=False) == ("cuda", "cuda")
+    assert kernels.is_available(build=False) == (True, "a GPU; kernels to be built at first use with nvcc")
+    monkeypatch.setattr(torch.utils.cpp_extension, "CUDA_HOME", None)
+    assert policy.resolve_device("auto", build=False) == ("cuda", "reference")
+    assert "no CUDA toolkit (nvcc)" in kernels.fallback_note()
+
+
+def test_a_failed_build_is_reported_with_the_compilers_output(gpu, tmp_path, monkeypatch):
+    monkeypatch.setattr(kernels, "PREBUILT", "splatwright_kernels_not_installed")
+    monkeypatch.setenv("SPLATWRIGHT_EXT_CACHE", str(tmp_path))
+    fake_toolkit(tmp_path, monkeypatch)
 
     def load(**_):
         raise RuntimeError("error: identifier 'x' is undefined")

@@ -1,8 +1,8 @@
 """The backend's own Python environment, made from Blender: a venv in the add-on's per-user data folder holding
 torch for this machine (a CUDA build where an NVIDIA driver answers, else the CPU build), the backend's other
 requirements, which travel in the add-on beside the backend's sources, and the prebuilt CUDA kernels where the
-add-on carries a wheel of them that fits that torch. Free of bpy: the preferences pass in
-the folders and the Python to build from, and plain pytest checks the rest."""
+add-on carries a wheel of them that fits that torch. Free of bpy: the preferences pass in the folders and the
+Python to build from, and plain pytest checks the rest."""
 from __future__ import annotations
 
 import json
