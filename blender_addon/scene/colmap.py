@@ -32,7 +32,8 @@ CAMERA_SIZE = 0.03  # cameras are drawn this large, relative to the model's exte
 
 def import_model(context, directory: str, up_axis: str, centre: bool, scale: float) -> tuple[object, str]:
     """The Empty holding the model's cameras and points, and a line on what came in. Refused (nothing made) when
-    the model cannot be read or has a camera model with lens distortion."""
+    the model cannot be read or has a camera model with lens distortion (Import COLMAP undistorts such a model
+    first, ops/colmap.py)."""
     root, folder = colmap.capture_folders(directory)
     model = colmap.read_model(folder)
     images = colmap.split_images(model, "all")
