@@ -22,7 +22,7 @@ from blender_addon.core.cameras import Camera, blender_intrinsics, blender_lens,
 from blender_addon.core.codecs import camera_from_wire
 from blender_addon.core.errors import SplatwrightError
 from blender.runner import BLENDERS, NATIVE_SPLATS, SCENARIOS, run_scenario
-from helpers import ROOT
+from helpers import ROOT, simple_radial_capture
 
 pytestmark = pytest.mark.blender
 
@@ -85,23 +85,10 @@ def test_the_backend_trains_on_the_real_capture_as_the_add_on_splits_it(model):
     assert [colmap.split_of(i) for i in range(len(names))].count("test") == len(test) == 9
 
 
-def simple_radial_capture(folder: Path) -> Path:
-    """The skull's photos with its model's camera made SIMPLE_RADIAL (a small k), as `colmap mapper` leaves a
-    capture (test_photos.py trains the same on the command line)."""
-    pycolmap = pytest.importorskip("pycolmap", reason="pycolmap makes the distorted model")
-    shutil.copytree(DATA / "images", folder / "images")
-    model = pycolmap.Reconstruction(str(DATA / "sparse"))
-    fx, fy, cx, cy = model.cameras[1].params
-    model.cameras[1].model = pycolmap.CameraModelId.SIMPLE_RADIAL
-    model.cameras[1].params = [(fx + fy) / 2, cx, cy, 0.02]
-    (folder / "sparse" / "0").mkdir(parents=True)
-    model.write(str(folder / "sparse" / "0"))
-    return folder
-
-
 @pytest.fixture(scope="module", params=BLENDERS)
 def scenario(request, tmp_path_factory) -> dict:
     home = tmp_path_factory.mktemp(f"colmap-{request.param}")
+    pytest.importorskip("pycolmap", reason="pycolmap makes the distorted model")
     distorted = simple_radial_capture(home / "distorted")
     result = run_scenario(SCENARIO, home, "--zip", str(build_addon.build(home / "dist")), "--out", str(home / "out"),
                           "--colmap", str(DATA), "--distorted", str(distorted), "--python", sys.executable,

@@ -177,3 +177,42 @@ def test_the_video_trains_as_well_as_its_exact_cameras(capture, reconstruction):
     print(f"held-out PSNR: {sfm_score:.2f} dB from the video's cameras, {exact_score:.2f} dB from the exact ones")
     assert sfm_score >= 25.0
     assert sfm_score >= exact_score - 1.0
+
+
+def noise_video(path: Path, frames: int = 20, size: tuple[int, int] = (64, 48), fps: int = 10) -> Path:
+    """A video of random pixels that change every frame."""
+    rng = np.random.default_rng(0)
+    return encode([rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8) for _ in range(frames)], path, fps)
+
+
+def test_a_video_goes_through_the_upload_limits(tmp_path, capsys):
+    video = noise_video(tmp_path / "v.mp4")  # 20 frames of 64x48 in 2 s
+    with pytest.raises(SplatwrightError, match="--max-views"):
+        extract_frames(video, tmp_path / "a", Limits(views=5).check, lambda *a: None, rate=10)
+    with pytest.raises(SplatwrightError, match="--max-view-pixels"):
+        extract_frames(video, tmp_path / "b", Limits(view_pixels=64 * 47).check, lambda *a: None)
+    assert cli.main(["photos", str(video), "--out", str(tmp_path / "c"), "--max-video-seconds", "1"]) == 1
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("error: ") and "run photos with --max-video-seconds N to allow more" in error
+    frames = extract_frames(video, tmp_path / "d", CHECK, lambda *a: None, rate=1.5)  # at 0, 2/3 and 4/3 s
+    assert (frames.sampled, frames.kept) == (3, 3)
+    assert sorted(p.name for p in frames.folder.iterdir()) == ["00000000.jpg", "00000700.jpg", "00001400.jpg"]
+
+
+def test_too_few_registered_frames_say_how_many_and_why_in_one_line(tmp_path, capsys):
+    video = noise_video(tmp_path / "noise.mp4")
+    assert cli.main(["photos", str(video), "--out", str(tmp_path / "out"), "--rate", "10"]) == 1
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("error: ") and "registered" in error and "of 20 frames" in error
+    assert "the camera likely moves too fast or too little" in error
+
+
+def test_a_reconstruction_stops_when_cancelled(tmp_path):
+    video = noise_video(tmp_path / "noise.mp4")
+    cancel = threading.Event()
+
+    def progress(stage, done, total):
+        if stage == "features":
+            cancel.set()
+    with pytest.raises(Cancelled, match="cancelled during features"):
+        reconstruct(video, tmp_path / "out", CHECK, progress, rate=10, cancel=cancel)
