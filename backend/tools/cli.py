@@ -9,11 +9,8 @@ from blender_addon.core.schema import Float, Str
 from blender_addon.core.settings import TRAINING
 from ..data.images import parse_background
 from ..data.photos import EXHAUSTIVE_UP_TO
-<<<<<<< ours
-from ..formats import spz
-=======
 from ..data.video import DEFAULT_RATE, MAX_RATE
->>>>>>> theirs
+from ..formats import spz
 from ..service import server
 from ..service.arguments import Parser, add_serve_arguments, positive_int, run
 from ..service.limits import Limits

@@ -46,7 +46,8 @@ def import_model(context, directory: str, up_axis: str, centre: bool, scale: flo
     (width, height), _ = sizes.most_common(1)[0]
     extent = model_extent(cameras, model.xyz)
 
-    empty = bpy.data.objects.new(f"{EMPTY_PREFIX}{root.name}", None)
+    name = root.parent.name if root.name == colmap.UNDISTORTED else root.name  # an undistorted copy: its capture's
+    empty = bpy.data.objects.new(f"{EMPTY_PREFIX}{name}", None)
     empty.empty_display_type, empty.empty_display_size = "ARROWS", 0.1 * extent
     empty[MODEL_KEY], empty[PHOTOS_KEY] = str(folder), str(photos)
     collection.objects.link(empty)
@@ -63,7 +64,7 @@ def import_model(context, directory: str, up_axis: str, centre: bool, scale: flo
             show_photo(obj.data, photo)
             found += 1
     if len(model.xyz):
-        points = point_cloud(f"{root.name} Points", model.xyz, model.rgb)
+        points = point_cloud(f"{name} Points", model.xyz, model.rgb)
         points.parent = empty
         collection.objects.link(points)
 
