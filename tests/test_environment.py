@@ -94,7 +94,8 @@ def test_requirements_come_from_the_bundled_file(sources, tmp_path):
     torch, others = env.read_requirements(sources)
     pinned = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["splatwright"]["torch"]
     assert torch == f"torch=={pinned}"
-    assert [env.requirement_name(r) for r in others] == ["numpy", "ninja", "plyfile", "pillow", "pycolmap", "zstandard", "av"]
+    assert [env.requirement_name(r) for r in others] == ["numpy", "ninja", "plyfile", "pillow", "pycolmap", "zstandard",
+                                                          "av"]
     with pytest.raises(SplatwrightError, match="reinstall the add-on"):
         env.read_requirements(tmp_path / "nowhere")
     (sources / env.REQUIREMENTS).write_text("numpy\n")

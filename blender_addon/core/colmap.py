@@ -8,8 +8,8 @@ top-left pixel at (0.5, 0.5). So poses and intrinsics carry over as they are; th
 PINHOLE and SIMPLE_PINHOLE cameras are read. A model whose cameras have lens distortion (UNDISTORTABLE) is
 read from its undistorted copy, `undistorted/` beside its images, which pycolmap's undistortion makes (undistort,
 given the pycolmap module: the backend imports it, Blender's Python rarely has it); other distortion models are
-refused, with the command that undistorts them. Images are taken in name order and every 8th (the first, the ninth, ...) is held out for
-testing, as 3DGS does with such captures.
+refused, with the command that undistorts them. Images are taken in name order and every 8th (the first, the
+ninth, ...) is held out for testing, as 3DGS does with such captures.
 
 Models come from anywhere, so what they declare is checked before it is used: a binary file's record counts
 against the bytes the file holds, before anything is allocated for them; camera sides against MAX_IMAGE_SIDE, as
