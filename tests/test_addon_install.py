@@ -84,7 +84,7 @@ def test_legacy_install_sets_up_its_backend_in_the_user_folder(legacy):
     assert Path(setup["venv"]) == data / "venv" and Path(legacy["addon"]["python"]) == data / "venv" / "bin" / "python"
     assert setup["state"] == "done", setup["log"][-20:]
     assert setup["found"]["torch"].startswith("2.13.0") and setup["found"]["cuda"] is None
-    assert set(setup["found"]["packages"]) == {"numpy", "ninja", "plyfile", "pillow", "pycolmap", "zstandard"}
+    assert set(setup["found"]["packages"]) == {"numpy", "ninja", "plyfile", "pillow", "pycolmap", "zstandard", "av"}
     assert "no NVIDIA driver answered nvidia-smi: installing torch's CPU build" in "\n".join(setup["log"])
     assert (data / "setup.log").read_text().splitlines()[-1] == "set-up done"
     # the preferences show the progress and the log while it runs, then what it installed

@@ -97,7 +97,8 @@ def test_requirements_come_from_the_bundled_file(sources, tmp_path):
     torch, others = env.read_requirements(sources)
     pinned = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["splatwright"]["torch"]
     assert torch == f"torch=={pinned}"
-    assert [env.requirement_name(r) for r in others] == ["numpy", "ninja", "plyfile", "pillow", "pycolmap", "zstandard"]
+    assert [env.requirement_name(r) for r in others] == ["numpy", "ninja", "plyfile", "pillow", "pycolmap", "zstandard",
+                                                          "av"]
     with pytest.raises(SplatwrightError, match="reinstall the add-on"):
         env.read_requirements(tmp_path / "nowhere")
     (sources / env.REQUIREMENTS).write_text("numpy\n")
@@ -110,7 +111,7 @@ def test_install_steps_make_the_venv_then_torch_then_the_rest(sources, tmp_path)
     python = str(env.venv_python(venv))
     steps = env.install_steps("/opt/python3.11", venv, sources, env.torch_build((12, 8)), reuse_venv=False)
     assert [s.label for s in steps] == ["Creating the environment", "Installing torch (CUDA 12.8 build)",
-                                        "Installing numpy, ninja, plyfile, pillow, pycolmap, zstandard"]
+                                        "Installing numpy, ninja, plyfile, pillow, pycolmap, zstandard, av"]
     assert steps[0].argv == ["/opt/python3.11", "-m", "venv", "--clear", str(venv)]
     assert steps[1].argv[:4] == [python, "-m", "pip", "install"]
     assert steps[1].argv[-3:] == [env.read_requirements(sources)[0], "--index-url",
@@ -119,7 +120,7 @@ def test_install_steps_make_the_venv_then_torch_then_the_rest(sources, tmp_path)
     assert steps[2].argv[-len(others):] == others
     reused = env.install_steps("/opt/python3.11", venv, sources, env.torch_build(None), reuse_venv=True)
     assert [s.label for s in reused] == ["Installing torch (CPU build)",
-                                         "Installing numpy, ninja, plyfile, pillow, pycolmap, zstandard"]
+                                         "Installing numpy, ninja, plyfile, pillow, pycolmap, zstandard, av"]
 
 
 def test_blenders_python_is_found_even_where_sys_executable_is_blender(tmp_path):
@@ -152,11 +153,11 @@ def test_set_up_creates_installs_checks_and_is_then_ready(fake_python, sources, 
         ["-m", "venv", "--clear", str(folder / env.VENV)],
         ["-m", "pip", "install", "--disable-pip-version-check", "--no-input", torch],
         ["-m", "pip", "install", "--disable-pip-version-check", "--no-input", *others],
-        ["-c", env.CHECK, "numpy", "ninja", "plyfile", "pillow", "pycolmap", "zstandard"]]
+        ["-c", env.CHECK, "numpy", "ninja", "plyfile", "pillow", "pycolmap", "zstandard", "av"]]
     assert calls(tmp_path) and Path(venv_python).is_file()
     found = env.readiness(folder / env.VENV, sources)
     assert found == job.found and found["torch"] == "2.13.0+cpu" and set(found["packages"]) == {
-        "numpy", "ninja", "plyfile", "pillow", "pycolmap", "zstandard"}
+        "numpy", "ninja", "plyfile", "pillow", "pycolmap", "zstandard", "av"}
     log = (folder / env.LOG).read_text().splitlines()
     assert log[0].startswith("no NVIDIA driver answered nvidia-smi: installing torch's CPU build")
     assert "== Installing torch (CPU build)" in log and log[-1] == "set-up done"
@@ -254,7 +255,7 @@ def test_a_failed_install_says_where(fake_python, sources, tmp_path, monkeypatch
     assert job.state == "failed" and job.returncode == 1
     assert "ERROR: No matching distribution found" in job.log.last(3)
     assert job.log.last(1) == [
-        "set-up failed at 'Installing numpy, ninja, plyfile, pillow, pycolmap, zstandard' (exit code 1)"]
+        "set-up failed at 'Installing numpy, ninja, plyfile, pillow, pycolmap, zstandard, av' (exit code 1)"]
     assert env.readiness(tmp_path / "data" / env.VENV, sources) is None
 
 

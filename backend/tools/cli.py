@@ -9,6 +9,7 @@ from blender_addon.core.schema import Float, Str
 from blender_addon.core.settings import TRAINING
 from ..data.images import parse_background
 from ..data.photos import EXHAUSTIVE_UP_TO
+from ..data.video import DEFAULT_RATE, MAX_RATE
 from ..formats import spz
 from ..service import server
 from ..service.arguments import Parser, add_serve_arguments, positive_int, run
@@ -37,16 +38,21 @@ def main(argv: list[str] | None = None) -> int:
                    help="train a 4D model of moving Gaussians (OUT/splats4d.pt) even when the frames have no "
                    "'time'; frames with times always train one")
 
-    p = sub.add_parser("photos", help="structure from motion: a folder of photos to a COLMAP dataset to train on")
-    p.add_argument("photos", help=f"folder of photos (.jpg, .png, .tif) of one scene; up to {EXHAUSTIVE_UP_TO} are "
-                   "matched every one with every other, more each with its neighbours in name order")
+    p = sub.add_parser("photos", help="structure from motion: a folder of photos, or a video, to a COLMAP dataset to "
+                       "train on")
+    p.add_argument("photos", help=f"folder of photos (.jpg, .png, .tif) of one scene, or a video (.mp4, .mov, .mkv, "
+                   f"...); up to {EXHAUSTIVE_UP_TO} photos are matched every one with every other, more photos and a "
+                   "video's frames each with its neighbours in name (time) order")
     p.add_argument("--out", required=True,
                    help="output folder: the dataset (images/, sparse/), and the COLMAP database that a second run "
                    "reuses")
     p.add_argument("--max-image-size", type=positive_int, default=MAX_IMAGE_SIDE, metavar="N",
                    help=f"longest side, in pixels, at which features are found (default: {MAX_IMAGE_SIDE}); smaller "
                    "is faster")
-    for name in ("views", "view_pixels"):
+    p.add_argument("--rate", type=frame_rate, default=DEFAULT_RATE, metavar="FPS",
+                   help=f"for a video, frames taken a second of it (default: {DEFAULT_RATE:g}); of each run of "
+                   "near-duplicates (the camera paused) only the sharpest stays")
+    for name in ("views", "view_pixels", "video_seconds"):
         p.add_argument(Limits.flag(name), type=positive_int, default=getattr(Limits(), name), metavar="N",
                        help=f"most {Limits.meaning(name)}, as the server allows (default: {getattr(Limits(), name):,})")
 
@@ -119,6 +125,16 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
         else:
             p.add_argument(*flags, dest=name, default=field.default, type=setting_parser(name, field.kind),
                            help=f"{field.help} (default: {field.default})" if field.default is not None else field.help)
+
+
+def frame_rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 < value <= MAX_RATE:
+        raise argparse.ArgumentTypeError(f"{value} is not a rate in (0, {MAX_RATE:g}] frames a second")
+    return value
 
 
 def unit_interval(text: str) -> float:

@@ -88,8 +88,9 @@ def train(args) -> int:
 
 
 def photos(args) -> int:
-    """Structure from motion: the photos in args.photos to a COLMAP dataset in --out, a progress bar per stage."""
-    limits = Limits(views=args.max_views, view_pixels=args.max_view_pixels)
+    """Structure from motion: the photos (or the video) args.photos to a COLMAP dataset in --out, a progress bar
+    per stage."""
+    limits = Limits(views=args.max_views, view_pixels=args.max_view_pixels, video_seconds=args.max_video_seconds)
     bars: dict[str, Progress] = {}
     closed: set[str] = set()
 
@@ -106,11 +107,14 @@ def photos(args) -> int:
     out = output_folder(args.out)
     try:
         result = reconstruct(args.photos, out, lambda *a: limits.check(*a, command="photos"), progress,
-                             args.max_image_size)
+                             args.max_image_size, args.rate)
     finally:
         for stage in bars.keys() - closed:
             bars[stage].close()
-    print(f"registered {result.registered} of {result.photos} photos, {result.points} points; the dataset is "
+    taken = "photos" if result.sampled is None else (
+        f"frames ({result.sampled} taken at {args.rate:g} a second, {result.sampled - result.photos} near-duplicates "
+        "dropped)")
+    print(f"registered {result.registered} of {result.photos} {taken}, {result.points} points; the dataset is "
           f"{result.folder} (train on it: python -m backend train {result.folder} --out DIR)")
     return 0
 
