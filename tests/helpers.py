@@ -27,6 +27,7 @@ from backend.render.constants import NEAR_PLANE
 
 ROOT = Path(__file__).resolve().parent.parent
 DONUT = ROOT.parent / "shared" / "data" / "splats" / "donut_sh0.ply"
+SKULL = ROOT / "tests" / "data" / "colmap_skull"
 
 
 def orbit_cameras(n: int, width: int, height: int, radius: float = 3.0, fov_x: float = 0.9) -> list[Camera]:
@@ -330,3 +331,17 @@ def similarity(source: np.ndarray, target: np.ndarray) -> tuple[float, np.ndarra
     rotation = u @ flip @ vt
     scale = float(np.trace(np.diag(d) @ flip) / (a ** 2).sum(axis=1).mean())
     return scale, rotation, mu_t - scale * rotation @ mu_s
+
+
+def simple_radial_capture(folder: Path) -> Path:
+    """The skull's photos with its model's camera made SIMPLE_RADIAL (a small k), as `colmap mapper` leaves a
+    capture; made with pycolmap."""
+    import pycolmap  # only the tests that make a distorted model need it, and they skip without it
+    shutil.copytree(SKULL / "images", folder / "images")
+    model = pycolmap.Reconstruction(str(SKULL / "sparse"))
+    fx, fy, cx, cy = model.cameras[1].params
+    model.cameras[1].model = pycolmap.CameraModelId.SIMPLE_RADIAL
+    model.cameras[1].params = [(fx + fy) / 2, cx, cy, 0.02]
+    (folder / "sparse" / "0").mkdir(parents=True)
+    model.write(str(folder / "sparse" / "0"))
+    return folder

@@ -9,14 +9,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from blender_addon.logic import colors, dataset, defaults, frames, messages, training
+from blender_addon.logic import colors, dataset, defaults, frames, messages, training, undistortion
 from blender_addon.core import codecs, protocol, settings
 from blender_addon.core.settings import TRAINING, training_settings
 from blender_addon.core.cameras import Camera, intrinsics
 from blender_addon.core.client import RemoteError
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.protocol import REQUESTS
-from helpers import wait_until
+from helpers import ROOT, wait_until
 from server_helpers import FakeClient
 
 # ---- capture geometry and the dataset ----
@@ -368,3 +368,21 @@ def test_the_machines_device_is_a_gpu_where_nvidias_driver_is_loaded(monkeypatch
         found[system, driver_loaded] = defaults.machine_device()
     defaults.machine_device.cache_clear()
     assert found == {("Linux", True): defaults.GPU, ("Linux", False): defaults.CPU, ("Darwin", True): defaults.CPU}
+
+
+# ---- undistorting a COLMAP import ----
+
+def test_an_undistortion_without_pycolmap_or_a_backend_says_what_to_do(tmp_path):
+    with pytest.raises(SplatwrightError, match="needs pycolmap, which Blender's Python lacks, or the backend's Python: "
+                                               "press Set Up Backend"):
+        undistortion.Undistortion(tmp_path, None, str(tmp_path / "no-python"), ROOT)
+
+
+def test_the_backends_undistortion_error_is_told_in_its_words(tmp_path):
+    """The backend's Python run on a folder without a COLMAP model: its `error:` line is the result's message."""
+    import sys
+    job = undistortion.Undistortion(tmp_path, None, sys.executable, ROOT)
+    assert job.how == undistortion.BY_BACKEND
+    with pytest.raises(SplatwrightError) as e:
+        job.wait()
+    assert job.finished and str(e.value).startswith(f"{tmp_path}:") and "error:" not in str(e.value)

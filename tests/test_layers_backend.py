@@ -18,6 +18,7 @@ LAZY = {
     "torch.utils.cpp_extension": "the CUDA extension's build, at first use; importing it loads setuptools",
     "pycolmap": "structure from motion (data/photos.py): a large native library that only the photos command and "
                 "distorted COLMAP models need, so a backend without it trains and serves as before",
+    "av": "PyAV, a video's frames for structure from motion (data/video.py): only a video needs it",
     "gsplat": "the peer the benchmarks compare against: optional, and importing it may build its CUDA code",
 }
 

@@ -1,10 +1,14 @@
 """Structure from motion from a folder of photos (backend/data/photos.py, through pycolmap): the skull's photos
 (tests/data/colmap_skull) without their model register, and their cameras agree with the shipped model after a
-similarity alignment; the dataset written loads, and a SIMPLE_RADIAL model loads after the loader undistorts it;
+similarity alignment; the dataset written loads, and a SIMPLE_RADIAL model loads and trains after the loader
+undistorts it;
 too few photos, or photos over the upload limits, end with a message that says what to do."""
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,7 +21,7 @@ from backend.data.photos import DISTORTED, reconstruct
 from backend.service.limits import Limits
 from backend.tools import cli
 from blender_addon.core.errors import SplatwrightError
-from helpers import similarity
+from helpers import ROOT, simple_radial_capture, similarity
 
 pycolmap = pytest.importorskip("pycolmap", reason="pycolmap is not installed (pyproject.toml's dependencies have it)")
 
@@ -109,15 +113,7 @@ def test_the_dataset_written_loads_every_registered_photo(skull):
 def test_a_simple_radial_model_loads_after_undistortion(tmp_path):
     """The skull's model with its camera made SIMPLE_RADIAL (a small k), beside the photos, as `colmap mapper`
     leaves a capture: training reads the undistorted copy the loader makes, once."""
-    capture = tmp_path / "capture"
-    shutil.copytree(SKULL / "images", capture / "images")
-    model = pycolmap.Reconstruction(str(SKULL / "sparse"))
-    camera = model.cameras[1]
-    fx, fy, cx, cy = camera.params
-    camera.model = pycolmap.CameraModelId.SIMPLE_RADIAL
-    camera.params = [(fx + fy) / 2, cx, cy, 0.02]
-    (capture / "sparse" / "0").mkdir(parents=True)
-    model.write(str(capture / "sparse" / "0"))
+    capture = simple_radial_capture(tmp_path / "capture")
     assert {cam.model for cam in colmap.read_model(colmap.find_model(capture)).cameras.values()} == {"SIMPLE_RADIAL"}
     note = prepare(capture)
     assert "SIMPLE_RADIAL" in note and str(capture / colmap.UNDISTORTED) in note
@@ -126,6 +122,25 @@ def test_a_simple_radial_model_loads_after_undistortion(tmp_path):
     assert len(train.cameras) + len(test.cameras) == 65
     undistorted = colmap.read_model(colmap.find_model(capture / colmap.UNDISTORTED))
     assert {cam.model for cam in undistorted.cameras.values()} == {"PINHOLE"}
+    assert sorted(p.name for p in (capture / colmap.UNDISTORTED).iterdir()) == ["images", "sparse"]
+
+
+def test_a_simple_radial_capture_trains_on_the_command_line_and_undistorts_alone(tmp_path, capsys):
+    """`train` on the SIMPLE_RADIAL capture undistorts it as it starts and trains; `python -m backend.data`, what
+    the add-on runs where Blender's Python has no pycolmap, makes the same copy and prints where it is."""
+    capture = simple_radial_capture(tmp_path / "capture")
+    assert cli.main(["train", str(capture), "--out", str(tmp_path / "trained"), "--device", "cpu", "--iterations", "3",
+                     "--downscale", "8"]) == 0
+    assert "undistorted to pinhole cameras" in capsys.readouterr().err
+    metrics = json.loads((tmp_path / "trained" / "metrics.json").read_text())
+    assert metrics["iterations"] == 3 and np.isfinite(metrics["psnr"])
+    again = simple_radial_capture(tmp_path / "again")
+    done = subprocess.run([sys.executable, "-m", "backend.data", str(again)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip().splitlines()[-1] == str(again / colmap.UNDISTORTED)
+    assert {cam.model for cam in colmap.read_model(colmap.find_model(again / colmap.UNDISTORTED)).cameras.values()} == {
+        "PINHOLE"}
 
 
 def unrelated_photos(folder: Path, count: int) -> Path:

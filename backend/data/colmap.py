@@ -3,17 +3,18 @@ blender_addon/core/colmap.py (shared with the add-on, which imports the same mod
 docstring states the conventions: poses and intrinsics carry over as they are, and every 8th image by name is
 held out for testing. A model whose cameras have lens distortion (UNDISTORTABLE) is undistorted here, through
 pycolmap, into the folder `undistorted/` beside its images, once: the loaders read that folder instead.
+`python -m backend.data CAPTURE` does that alone (the add-on runs it where Blender's Python has no pycolmap).
 """
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
 
 from blender_addon.core.cameras import Camera
-from blender_addon.core.colmap import (IMAGES_FOLDER, ColmapCamera, ColmapImage, Model, camera_of, find_model,
-                                       image_path, read_model, split_images)
+from blender_addon.core.colmap import (IMAGES_FOLDER, UNDISTORTED, ColmapCamera, ColmapImage, Model, camera_of,
+                                       distortion, find_model, image_path, make_undistorted, read_model,
+                                       split_images, undistorted_copy)
 from blender_addon.core.errors import SplatwrightError
 from . import photos
 from .dataset import Dataset
@@ -23,38 +24,20 @@ from .images import BACKGROUND, check_downscale, load_rgb, quantise, resized
 __all__ = ["ColmapCamera", "ColmapImage", "Model", "camera_of", "find_model", "read_model", "split_images",
            "load_split", "load_cameras", "read_points", "undistorted"]
 
-PINHOLE = ("SIMPLE_PINHOLE", "PINHOLE")
-UNDISTORTABLE = ("SIMPLE_RADIAL", "RADIAL", "OPENCV", "FULL_OPENCV", "OPENCV_FISHEYE")
-UNDISTORTED = "undistorted"  # beside images/: a distorted model's capture, undistorted
-
-
 def undistorted(root: str | Path) -> tuple[Path, str | None]:
     """The capture folder to read for `root`: `root` itself where its cameras are pinhole ones; else
     root/undistorted, made (pycolmap's undistortion) where it is missing or older than the model, with a note that
     says so (None where nothing was made)."""
     root = Path(root)
-    folder = find_model(root)
-    distorted = sorted({cam.model for cam in read_model(folder).cameras.values()} - set(PINHOLE))
+    distorted = distortion(root, read_model(find_model(root)))
     if not distorted:
         return root, None
-    unknown = [name for name in distorted if name not in UNDISTORTABLE]
-    if unknown:
-        raise SplatwrightError(
-            f"{root}: COLMAP camera model {', '.join(unknown)} has lens distortion that is not undistorted here "
-            f"({', '.join(UNDISTORTABLE)} are); undistort the capture first: colmap image_undistorter --image_path "
-            "images --input_path sparse/0 --output_path undistorted, then use the undistorted folder")
-    cache = root / UNDISTORTED
-    made = find_model(cache)
-    newest_input = max(path.stat().st_mtime for path in folder.iterdir() if path.is_file())
-    if made is not None and min(path.stat().st_mtime for path in made.iterdir()) >= newest_input:
-        return cache, None
-    partial = root / (UNDISTORTED + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    photos.undistort(folder, root / IMAGES_FOLDER, partial)
-    shutil.rmtree(cache, ignore_errors=True)
-    partial.rename(cache)
-    return cache, (f"{root}: the COLMAP model's {', '.join(distorted)} camera has lens distortion; its images were "
-                   f"undistorted to pinhole cameras into {cache}, which is what trains")
+    made = undistorted_copy(root)
+    if made is not None:
+        return made, None
+    made = make_undistorted(photos.pycolmap_module(), root)
+    return made, (f"{root}: the COLMAP model's {', '.join(distorted)} camera has lens distortion; its images were "
+                  f"undistorted to pinhole cameras into {made}, which is what trains")
 
 
 def load_split(root: str | Path, split: str, background=BACKGROUND, downscale: float = 1.0) -> Dataset | None:

@@ -1,25 +1,30 @@
-"""Structure from motion through pycolmap: a folder of photos to a COLMAP capture folder that the COLMAP loader
-(colmap.py) reads, with undistorted images and the sparse points that seed training.
+"""Structure from motion through pycolmap: a folder of photos, or a video, to a COLMAP capture folder that the
+COLMAP loader (colmap.py) reads, with undistorted images and the sparse points that seed training.
 
 The stages, each reporting progress as (stage, done, total):
 
+0. decoding, for a video: its frames taken at a rate into OUT/frames (video.py), the photos from then on.
 1. features: SIFT on each photo. Photos of one camera share one camera model (SIMPLE_RADIAL, its focal length
    from EXIF where the photo has it, else pycolmap's guess): photos whose sizes and EXIF make, model and focal
    length agree are one camera.
-2. matching: every pair of photos up to EXHAUSTIVE_UP_TO photos; beyond, each photo with its neighbours in name
-   order (sequential matching, for photos taken walking around); guided by each pair's verified geometry.
+2. matching: every pair of photos up to EXHAUSTIVE_UP_TO photos; beyond, and for a video's frames whatever their
+   count, each photo with its neighbours in name order (sequential matching, for photos taken walking around);
+   guided by each pair's verified geometry.
 3. mapping: incremental mapping; the model that registers the most photos is kept, before undistortion in
    OUT/distorted/sparse/0.
 4. undistortion: the kept model's photos resampled to a pinhole camera, into OUT/images and OUT/sparse, the
-   layout `colmap image_undistorter` writes.
+   layout `colmap image_undistorter` writes (without its stereo/ folder and scripts, which training needs not;
+   blender_addon/core/colmap.py's undistort, which the add-on also runs).
 
 The COLMAP database (OUT/database.db) stays in the output folder: run again, the features and matches it holds
 are reused and only mapping and undistortion run again. pycolmap is imported only where it is used: a backend
-without it trains and serves as before.
+without it trains and serves as before. A run stops at its next progress report once its `cancel` event is set.
 """
 from __future__ import annotations
 
+import json
 import shutil
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,18 +33,24 @@ from typing import Callable
 from PIL import Image
 
 from blender_addon.core.codecs import MAX_IMAGE_SIDE
-from blender_addon.core.colmap import IMAGES_FOLDER
+from blender_addon.core import colmap as core_colmap
 from blender_addon.core.errors import SplatwrightError
+from .video import DEFAULT_RATE, VIDEO_SUFFIXES, extract_frames, is_video
 
 DATABASE = "database.db"
 DISTORTED = "distorted"  # OUT/distorted/sparse/0: the mapper's model, before undistortion
 PAIRS = "pairs.txt"  # the image pairs matched last, one "name1 name2" a line
+VIDEO_RECORD = "video.json"  # which video, and at which rate, the database's frames were taken from
 PHOTO_SUFFIXES = {".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp"}
-STAGES = ("features", "matching", "mapping", "undistortion")
+STAGES = ("decoding", "features", "matching", "mapping", "undistortion")
 EXHAUSTIVE_UP_TO = 100  # photos matched every pair with every pair; more are matched sequentially
 EXTRACT_CHUNK = 8  # photos per feature-extraction call, between progress reports
 MATCH_CHUNK = 200  # image pairs per matching call, between progress reports
 MIN_REGISTERED = 3  # a model needs at least this many photos, and at least half of them, to train on
+PHOTOS_ADVICE = ("the photos likely overlap too little or are blurred: take them closer together, each seeing much of "
+                 "what its neighbours see, sharp and well lit")
+VIDEO_ADVICE = ("the camera likely moves too fast or too little, or the frames are blurred: move slowly around the "
+                "subject, sharp and well lit, or take more frames a second")
 
 # (stage, done, total), called as each stage goes on
 ProgressCallback = Callable[[str, int, int], None]
@@ -47,13 +58,18 @@ ProgressCallback = Callable[[str, int, int], None]
 LimitCheck = Callable[[str, int, str, str], None]
 
 
+class Cancelled(SplatwrightError):
+    """A reconstruction stopped because its cancel event was set."""
+
+
 @dataclass(frozen=True)
 class Reconstruction:
     folder: Path  # the capture folder: images/ and sparse/
     registered: int  # photos in the model
-    photos: int  # photos in the input folder
+    photos: int  # photos in the input folder, or frames taken from the video
     points: int  # sparse 3D points
     seconds: dict[str, float]  # time each stage took
+    sampled: int | None = None  # for a video: the frames taken at the rate, before near-duplicates were dropped
 
 
 @dataclass(frozen=True)
@@ -68,7 +84,8 @@ def list_photos(folder: Path, check: LimitCheck) -> list[Photo]:
     """The photos of `folder` (not its subfolders), in name order, each read only as far as its size and EXIF;
     the count and each photo's pixels checked against the upload limits `views` and `view_pixels`."""
     if not folder.is_dir():
-        raise SplatwrightError(f"{folder}: not a folder; give the folder that holds the photos")
+        raise SplatwrightError(f"{folder}: neither a folder of photos nor a video ({', '.join(sorted(VIDEO_SUFFIXES))}"
+                               " files)")
     files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in PHOTO_SUFFIXES)
     if not files:
         raise SplatwrightError(f"{folder}: no photos ({', '.join(sorted(PHOTO_SUFFIXES))} files)")
@@ -88,55 +105,85 @@ def list_photos(folder: Path, check: LimitCheck) -> list[Photo]:
     return photos
 
 
-def reconstruct(photos_folder: str | Path, out: str | Path, check: LimitCheck,
+def reconstruct(source: str | Path, out: str | Path, check: LimitCheck,
                 progress: ProgressCallback = lambda stage, done, total: None,
-                max_image_size: int = MAX_IMAGE_SIDE) -> Reconstruction:
-    """Structure from motion from the photos in `photos_folder` to a COLMAP capture folder `out` (the module's
-    docstring says how). `max_image_size`: the longest side features are found at (photos are scaled down to it
-    for SIFT; the undistorted images keep their size up to MAX_IMAGE_SIDE)."""
-    pycolmap = _pycolmap()
-    photos_folder, out = Path(photos_folder), Path(out)
-    photos = list_photos(photos_folder, check)
+                max_image_size: int = MAX_IMAGE_SIDE, rate: float = DEFAULT_RATE,
+                cancel: threading.Event | None = None) -> Reconstruction:
+    """Structure from motion from the photos in the folder `source`, or from the frames of the video `source`
+    taken `rate` a second, to a COLMAP capture folder `out` (the module's docstring says how).
+    `max_image_size`: the longest side features are found at (photos are scaled down to it for SIFT; the
+    undistorted images keep their size up to MAX_IMAGE_SIDE). Cancelled once `cancel` is set."""
+    pycolmap = pycolmap_module()
+    source, out = Path(source), Path(out)
     out.mkdir(parents=True, exist_ok=True)
     database = out / DATABASE
     seconds, started = {}, [time.monotonic()]
+
+    def report(stage: str, done: int, total: int) -> None:
+        if cancel is not None and cancel.is_set():
+            raise Cancelled(f"structure from motion of {source} cancelled during {stage}")
+        progress(stage, done, total)
 
     def stage_done(stage: str) -> None:
         now = time.monotonic()
         seconds[stage] = round(now - started[0], 2)
         started[0] = now
 
-    _extract(pycolmap, database, photos_folder, photos, max_image_size, progress)
+    frames = None
+    if is_video(source):
+        _forget_another_video(out, source, rate)
+        frames = extract_frames(source, out, check, report, rate)
+        stage_done("decoding")
+    folder = frames.folder if frames else source
+    photos = list_photos(folder, check)
+    _extract(pycolmap, database, folder, photos, max_image_size, report)
     stage_done("features")
-    _match(pycolmap, database, out / PAIRS, len(photos), progress)
+    _match(pycolmap, database, out / PAIRS, len(photos), frames is not None, report)
     stage_done("matching")
-    model = _map(pycolmap, database, photos_folder, out / DISTORTED, len(photos), progress)
+    model = _map(pycolmap, database, folder, out / DISTORTED, len(photos), report)
+    registered = model.num_reg_images() if model is not None else 0
+    if registered < MIN_REGISTERED or 2 * registered < len(photos):
+        raise SplatwrightError(
+            f"{source}: structure from motion registered {registered} of {len(photos)} "
+            f"{'frames' if frames else 'photos'}, too few to train on (at least {MIN_REGISTERED} and half of them); "
+            + (VIDEO_ADVICE if frames else PHOTOS_ADVICE))
     stage_done("mapping")
-    progress("undistortion", 0, model.num_reg_images())
-    undistort(model_folder=out / DISTORTED / "sparse" / "0", images=photos_folder, out=out)
-    progress("undistortion", model.num_reg_images(), model.num_reg_images())
+    report("undistortion", 0, model.num_reg_images())
+    undistort(model_folder=out / DISTORTED / "sparse" / "0", images=folder, out=out)
+    report("undistortion", model.num_reg_images(), model.num_reg_images())
     stage_done("undistortion")
-    return Reconstruction(out, model.num_reg_images(), len(photos), model.num_points3D(), seconds)
+    return Reconstruction(out, model.num_reg_images(), len(photos), model.num_points3D(), seconds,
+                          frames.sampled if frames else None)
 
 
 def undistort(model_folder: Path, images: Path, out: Path) -> None:
-    """The model in `model_folder` with its photos in `images` undistorted to pinhole cameras, written as
-    `colmap image_undistorter` writes them: OUT/images and OUT/sparse, sides at most MAX_IMAGE_SIDE."""
-    pycolmap = _pycolmap()
-    for old in (out / IMAGES_FOLDER, out / "sparse"):
-        shutil.rmtree(old, ignore_errors=True)
-    options = pycolmap.UndistortCameraOptions()
-    options.max_image_size = MAX_IMAGE_SIDE
-    pycolmap.undistort_images(str(out), str(model_folder), str(images), undistort_options=options)
+    """colmap.undistort through this backend's pycolmap."""
+    core_colmap.undistort(pycolmap_module(), model_folder, images, out)
 
 
-def _pycolmap():
+def _forget_another_video(out: Path, video: Path, rate: float) -> None:
+    """Remove the database of another video, or of other frames of this one: its features belong to the frames'
+    names, which name other frames now."""
+    stat = video.stat()
+    taken = {"video": str(video.resolve()), "bytes": stat.st_size, "modified_ns": stat.st_mtime_ns, "rate": rate}
+    record = out / VIDEO_RECORD
+    try:
+        before = json.loads(record.read_text())
+    except (OSError, ValueError):
+        before = None
+    if before != taken:
+        (out / DATABASE).unlink(missing_ok=True)
+        record.write_text(json.dumps(taken))
+
+
+def pycolmap_module():
+    """pycolmap, quiet and seeded."""
     try:
         import pycolmap
     except ImportError:
         raise SplatwrightError("structure from motion needs pycolmap, which this backend's environment lacks: "
                                "pip install pycolmap, or press Set Up Backend in the add-on's preferences") from None
-    pycolmap.logging.minloglevel = pycolmap.logging.ERROR  # COLMAP's own log lines: the progress says enough
+    pycolmap.logging.minloglevel = pycolmap.logging.FATAL  # COLMAP's own log lines: the progress and errors say enough
     pycolmap.set_random_seed(0)  # RANSAC and the mapper's choices: a run repeats
     return pycolmap
 
@@ -168,10 +215,12 @@ def _extract(pycolmap, database: Path, folder: Path, photos: list[Photo], max_im
             progress("features", done, len(photos))
 
 
-def _match(pycolmap, database: Path, pairs_file: Path, count: int, progress: ProgressCallback) -> None:
-    """Match the pairs of photos the pairing chooses; pairs matched before are not matched again."""
+def _match(pycolmap, database: Path, pairs_file: Path, count: int, sequential: bool,
+           progress: ProgressCallback) -> None:
+    """Match the pairs of photos the pairing chooses (`sequential`: each with its neighbours, whatever the count);
+    pairs matched before are not matched again."""
     with pycolmap.Database.open(str(database)) as db:
-        if count <= EXHAUSTIVE_UP_TO:
+        if count <= EXHAUSTIVE_UP_TO and not sequential:
             generator = pycolmap.ExhaustivePairGenerator(pycolmap.ExhaustivePairingOptions(), db)
         else:
             generator = pycolmap.SequentialPairGenerator(pycolmap.SequentialPairingOptions(), db)
@@ -191,8 +240,8 @@ def _match(pycolmap, database: Path, pairs_file: Path, count: int, progress: Pro
 
 
 def _map(pycolmap, database: Path, folder: Path, out: Path, count: int, progress: ProgressCallback):
-    """Incremental mapping; the model registering the most photos, written to OUT/sparse/0 (`out` is the
-    distorted folder). SplatwrightError where it registers too few to train on."""
+    """Incremental mapping; the model registering the most photos (None where it made none), written to
+    OUT/sparse/0 (`out` is the distorted folder)."""
     shutil.rmtree(out, ignore_errors=True)
     models = out / "models"
     models.mkdir(parents=True)
@@ -205,12 +254,8 @@ def _map(pycolmap, database: Path, folder: Path, out: Path, count: int, progress
     progress("mapping", 0, count)
     found = pycolmap.incremental_mapping(str(database), str(folder), str(models), next_image_callback=next_image)
     model = max(found.values(), key=lambda m: m.num_reg_images(), default=None)
-    registered = model.num_reg_images() if model is not None else 0
-    if registered < MIN_REGISTERED or 2 * registered < count:
-        raise SplatwrightError(
-            f"{folder}: structure from motion registered {registered} of {count} photos, too few to train on "
-            f"(at least {MIN_REGISTERED} and half of them); the photos likely overlap too little or are blurred: "
-            "take them closer together, each seeing much of what its neighbours see, sharp and well lit")
+    if model is None:
+        return None
     progress("mapping", count, count)
     final = out / "sparse" / "0"
     final.mkdir(parents=True)

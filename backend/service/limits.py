@@ -26,6 +26,7 @@ class Limits:
     queued_renders: int = _limit(64, "renders one connection may have waiting over all its streams (a stream keeps "
                                      "only its newest one waiting)")
     imported_sessions: int = _limit(32, "imported models' sessions kept in the sessions folder")
+    video_seconds: int = _limit(1800, "seconds of one video that structure from motion takes frames from")
 
     @staticmethod
     def flag(name: str) -> str:

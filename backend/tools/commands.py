@@ -76,7 +76,7 @@ def train(args) -> int:
         trainer = Trainer.from_checkpoint(train_set, state, device, cfg)
         print(f"resuming at step {trainer.step}", file=sys.stderr)
     else:
-        initial = (init_gaussians(args.init, cfg) if args.init
+        initial = (init_gaussians(args.init, cfg, args.spz_axes) if args.init
                    else None if args.random_init else scene_points(args.data, cfg, device))
         trainer = Trainer(train_set, cfg, device, initial)
     if trainer.note:
@@ -88,8 +88,9 @@ def train(args) -> int:
 
 
 def photos(args) -> int:
-    """Structure from motion: the photos in args.photos to a COLMAP dataset in --out, a progress bar per stage."""
-    limits = Limits(views=args.max_views, view_pixels=args.max_view_pixels)
+    """Structure from motion: the photos (or the video) args.photos to a COLMAP dataset in --out, a progress bar
+    per stage."""
+    limits = Limits(views=args.max_views, view_pixels=args.max_view_pixels, video_seconds=args.max_video_seconds)
     bars: dict[str, Progress] = {}
     closed: set[str] = set()
 
@@ -106,11 +107,14 @@ def photos(args) -> int:
     out = output_folder(args.out)
     try:
         result = reconstruct(args.photos, out, lambda *a: limits.check(*a, command="photos"), progress,
-                             args.max_image_size)
+                             args.max_image_size, args.rate)
     finally:
         for stage in bars.keys() - closed:
             bars[stage].close()
-    print(f"registered {result.registered} of {result.photos} photos, {result.points} points; the dataset is "
+    taken = "photos" if result.sampled is None else (
+        f"frames ({result.sampled} taken at {args.rate:g} a second, {result.sampled - result.photos} near-duplicates "
+        "dropped)")
+    print(f"registered {result.registered} of {result.photos} {taken}, {result.points} points; the dataset is "
           f"{result.folder} (train on it: python -m backend train {result.folder} --out DIR)")
     return 0
 
@@ -143,9 +147,10 @@ def scene_points(folder: str | Path, cfg: TrainConfig, device: str) -> Gaussians
     return Gaussians.from_point_cloud(xyz, rgb, cfg.sh_degree, device)
 
 
-def init_gaussians(path: str, cfg: TrainConfig) -> Gaussians:
-    """The Gaussians of a splat file (any supported format), with SH bands fitted to the configured degree."""
-    g = read_any(path)
+def init_gaussians(path: str, cfg: TrainConfig, spz_axes: str = "ply") -> Gaussians:
+    """The Gaussians of a splat file (any supported format; an SPZ without a coordinate-system record read in
+    `spz_axes`), with SH bands fitted to the configured degree."""
+    g = read_any(path, spz_axes=spz_axes)
     print(f"starting from the {len(g)} Gaussians of {path}", file=sys.stderr)
     return with_sh_degree(g, cfg.sh_degree)
 
@@ -170,12 +175,13 @@ def save_png(path: Path, image: torch.Tensor) -> None:
     Image.fromarray(array).save(path)
 
 
-def read_model(path: str) -> Gaussians:
-    """The model of a splat file, or the 4D model of a splats4d.pt (any *.pt) file; a frame of a sequence that its
-    manifest says is incomplete is read with a warning."""
+def read_model(path: str, spz_axes: str = "ply") -> Gaussians:
+    """The model of a splat file (an SPZ without a coordinate-system record read in `spz_axes`), or the 4D model of
+    a splats4d.pt (any *.pt) file; a frame of a sequence that its manifest says is incomplete is read with a
+    warning."""
     if Path(path).suffix == ".pt":
         return read_dynamic(path)
-    g = read_any(path)
+    g = read_any(path, spz_axes=spz_axes)
     state = sequence_state(path)
     if state is not None and not state.complete:
         print(f"warning: {state.message}", file=sys.stderr)
@@ -190,7 +196,7 @@ def model_formation(path: str) -> str:
 def render_views(args) -> int:
     device, rasterizer = resolve_device(args.device)
     formation = model_formation(args.splats)
-    g = read_model(args.splats).to(device)
+    g = read_model(args.splats, args.spz_axes).to(device)
     if args.time is not None and not isinstance(g, DynamicGaussians):
         raise SplatwrightError(f"--time: {args.splats} is a static model, the same at every time; give a 4D model "
                                f"({DYNAMIC_FILE} from training on views with times)")

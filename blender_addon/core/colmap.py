@@ -5,9 +5,11 @@ image_undistorter` writes) of a capture folder whose `images/` holds the photos.
 COLMAP's conventions are ours: images store world-to-camera rotations (as quaternions w, x, y, z) and
 translations of OpenCV-style cameras (x right, y down, z forward), and pixel coordinates put the centre of the
 top-left pixel at (0.5, 0.5). So poses and intrinsics carry over as they are; the world frame is COLMAP's.
-PINHOLE and SIMPLE_PINHOLE cameras are read; models with lens distortion are refused, with the command that
-undistorts them. Images are taken in name order and every 8th (the first, the ninth, ...) is held out for
-testing, as 3DGS does with such captures.
+PINHOLE and SIMPLE_PINHOLE cameras are read. A model whose cameras have lens distortion (UNDISTORTABLE) is
+read from its undistorted copy, `undistorted/` beside its images, which pycolmap's undistortion makes (undistort,
+given the pycolmap module: the backend imports it, Blender's Python rarely has it); other distortion models are
+refused, with the command that undistorts them. Images are taken in name order and every 8th (the first, the
+ninth, ...) is held out for testing, as 3DGS does with such captures.
 
 Models come from anywhere, so what they declare is checked before it is used: a binary file's record counts
 against the bytes the file holds, before anything is allocated for them; camera sides against MAX_IMAGE_SIDE, as
@@ -16,6 +18,7 @@ rendered frames are; and image names, which COLMAP writes relative to the images
 """
 from __future__ import annotations
 
+import shutil
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +31,9 @@ from .errors import SplatwrightError
 
 IMAGES_FOLDER = "images"
 TEST_EVERY = 8
+PINHOLE = ("SIMPLE_PINHOLE", "PINHOLE")
+UNDISTORTABLE = ("SIMPLE_RADIAL", "RADIAL", "OPENCV", "FULL_OPENCV", "OPENCV_FISHEYE")
+UNDISTORTED = "undistorted"  # beside images/: a distorted model's capture, undistorted
 # COLMAP's camera models: id -> (name, number of parameters).
 MODELS = {0: ("SIMPLE_PINHOLE", 3), 1: ("PINHOLE", 4), 2: ("SIMPLE_RADIAL", 4), 3: ("RADIAL", 5), 4: ("OPENCV", 8),
           5: ("OPENCV_FISHEYE", 8), 6: ("FULL_OPENCV", 12), 7: ("FOV", 5), 8: ("SIMPLE_RADIAL_FISHEYE", 4),
@@ -151,6 +157,52 @@ def capture_folders(folder: str | Path) -> tuple[Path, Path]:
         raise SplatwrightError(f"{folder}: no COLMAP model (cameras.bin or cameras.txt) here or in sparse/0 or "
                                "sparse; choose the capture folder or its model folder")
     return folder, model
+
+
+def distortion(root: Path, model: Model) -> list[str]:
+    """The camera models with lens distortion of the capture `root`'s model (none for a pinhole one); refused where
+    one is not UNDISTORTABLE."""
+    distorted = sorted({cam.model for cam in model.cameras.values()} - set(PINHOLE))
+    unknown = [name for name in distorted if name not in UNDISTORTABLE]
+    if unknown:
+        raise SplatwrightError(
+            f"{root}: COLMAP camera model {', '.join(unknown)} has lens distortion that is not undistorted here "
+            f"({', '.join(UNDISTORTABLE)} are); undistort the capture first: colmap image_undistorter --image_path "
+            "images --input_path sparse/0 --output_path undistorted, then use the undistorted folder")
+    return distorted
+
+
+def undistorted_copy(root: Path) -> Path | None:
+    """root/UNDISTORTED where it holds a model at least as new as the capture's own, else None."""
+    made, folder = find_model(root / UNDISTORTED), find_model(root)
+    newest_input = max(path.stat().st_mtime for path in folder.iterdir() if path.is_file())
+    if made is not None and min(path.stat().st_mtime for path in made.iterdir()) >= newest_input:
+        return root / UNDISTORTED
+    return None
+
+
+def make_undistorted(pycolmap, root: Path) -> Path:
+    """root/UNDISTORTED made anew from the capture `root` (undistort), atomically: a half-made copy is never read."""
+    partial = root / (UNDISTORTED + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    undistort(pycolmap, find_model(root), root / IMAGES_FOLDER, partial)
+    shutil.rmtree(root / UNDISTORTED, ignore_errors=True)
+    partial.rename(root / UNDISTORTED)
+    return root / UNDISTORTED
+
+
+def undistort(pycolmap, model_folder: Path, images: Path, out: Path) -> None:
+    """The model in `model_folder` with its photos in `images` undistorted to pinhole cameras by `pycolmap` (the
+    module), written as `colmap image_undistorter` writes them: OUT/images and OUT/sparse, sides at most
+    MAX_IMAGE_SIDE; its stereo/ folder and scripts, for COLMAP's dense reconstruction, are removed."""
+    for old in (out / IMAGES_FOLDER, out / "sparse"):
+        shutil.rmtree(old, ignore_errors=True)
+    options = pycolmap.UndistortCameraOptions()
+    options.max_image_size = MAX_IMAGE_SIDE
+    pycolmap.undistort_images(str(out), str(model_folder), str(images), undistort_options=options)
+    shutil.rmtree(out / "stereo", ignore_errors=True)
+    for script in out.glob("run-colmap-*.sh"):
+        script.unlink()
 
 
 # --- in Blender -------------------------------------------------------------------------------------------------

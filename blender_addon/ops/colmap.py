@@ -8,6 +8,8 @@ from bpy.types import Operator
 
 from ..core import colmap
 from ..core.errors import SplatwrightError
+from ..logic.undistortion import Undistortion
+from ..scene.addon import prefs, sources
 from ..scene.colmap import import_model
 from .base import Guarded
 
@@ -21,7 +23,8 @@ assert [item[0] for item in UP_AXIS_ITEMS] == list(colmap.UP_AXES)
 
 class SPLATWRIGHT_OT_import_colmap(Guarded, Operator):
     """Import a COLMAP model (cameras, images and points3D, .bin or .txt, with its images folder) as cameras with
-    their photos as background images and a point cloud, under one Empty that places them in the scene"""
+    their photos as background images and a point cloud, under one Empty that places them in the scene; a model
+    with lens distortion is undistorted first, into undistorted/ beside its images"""
     bl_idname = "splatwright.import_colmap"
     bl_label = "Import COLMAP"
     bl_options = {"REGISTER", "UNDO"}
@@ -40,8 +43,60 @@ class SPLATWRIGHT_OT_import_colmap(Guarded, Operator):
         return {"RUNNING_MODAL"}
 
     def execute(self, context):
+        """A model with lens distortion is undistorted first (logic/undistortion.py): waiting here without a
+        window, else while the operator runs modal, Esc cancelling."""
         try:
-            empty, summary = import_model(context, self.directory, self.up_axis, self.centre, self.scale)
+            root, folder = colmap.capture_folders(self.directory)
+            distorted = colmap.distortion(root, colmap.read_model(folder))
+            made = colmap.undistorted_copy(root) if distorted else None
+            if not distorted or made is not None:
+                return self.finish(context, made or self.directory, made and self.note(distorted, made))
+            job = Undistortion(root, blenders_pycolmap(), prefs(context).backend_python(), sources())
+        except SplatwrightError as e:
+            self.report({"ERROR"}, str(e))
+            return {"CANCELLED"}
+        self.distorted, self.job = distorted, job
+        started = f"Undistorting the {', '.join(distorted)} camera's photos of {root} {job.how}..."
+        if bpy.app.background or context.window is None:
+            print(started, flush=True)
+            return self.undistorted(context)
+        self.report({"INFO"}, started)
+        context.workspace.status_text_set(started + " (Esc cancels)")
+        self._timer = context.window_manager.event_timer_add(0.2, window=context.window)
+        context.window_manager.modal_handler_add(self)
+        return {"RUNNING_MODAL"}
+
+    def modal(self, context, event):
+        if event.type == "ESC":
+            self.job.cancel()
+            self.stop_modal(context)
+            self.report({"WARNING"}, "Import COLMAP cancelled while undistorting")
+            return {"CANCELLED"}
+        if event.type != "TIMER" or not self.job.finished:
+            return {"PASS_THROUGH"}
+        self.stop_modal(context)
+        return self.undistorted(context)
+
+    def stop_modal(self, context) -> None:
+        context.window_manager.event_timer_remove(self._timer)
+        context.workspace.status_text_set(None)
+
+    def undistorted(self, context):
+        try:
+            made = self.job.wait()
+        except SplatwrightError as e:
+            self.report({"ERROR"}, str(e))
+            return {"CANCELLED"}
+        return self.finish(context, made, self.note(self.distorted, made, self.job.how))
+
+    @staticmethod
+    def note(distorted: list[str], made, how: str = "") -> str:
+        return (f"the {', '.join(distorted)} camera's photos {'were undistorted ' + how if how else 'are undistorted'}"
+                f" to pinhole cameras in {made}, which is what came in")
+
+    def finish(self, context, directory, note: str | None):
+        try:
+            empty, summary = import_model(context, str(directory), self.up_axis, self.centre, self.scale)
         except SplatwrightError as e:
             self.report({"ERROR"}, str(e))
             return {"CANCELLED"}
@@ -49,8 +104,17 @@ class SPLATWRIGHT_OT_import_colmap(Guarded, Operator):
             obj.select_set(False)
         empty.select_set(True)
         context.view_layer.objects.active = empty
-        self.report({"INFO"}, summary)
+        self.report({"INFO"}, f"{summary}; {note}" if note else summary)
         return {"FINISHED"}
+
+
+def blenders_pycolmap():
+    """pycolmap where Blender's Python has it (imported only for a distorted model: it is large), else None."""
+    try:
+        import pycolmap
+    except ImportError:
+        return None
+    return pycolmap
 
 
 def import_menu(self, context):

@@ -32,7 +32,8 @@ CAMERA_SIZE = 0.03  # cameras are drawn this large, relative to the model's exte
 
 def import_model(context, directory: str, up_axis: str, centre: bool, scale: float) -> tuple[object, str]:
     """The Empty holding the model's cameras and points, and a line on what came in. Refused (nothing made) when
-    the model cannot be read or has a camera model with lens distortion."""
+    the model cannot be read or has a camera model with lens distortion (Import COLMAP undistorts such a model
+    first, ops/colmap.py)."""
     root, folder = colmap.capture_folders(directory)
     model = colmap.read_model(folder)
     images = colmap.split_images(model, "all")
@@ -45,7 +46,8 @@ def import_model(context, directory: str, up_axis: str, centre: bool, scale: flo
     (width, height), _ = sizes.most_common(1)[0]
     extent = model_extent(cameras, model.xyz)
 
-    empty = bpy.data.objects.new(f"{EMPTY_PREFIX}{root.name}", None)
+    name = root.parent.name if root.name == colmap.UNDISTORTED else root.name  # an undistorted copy: its capture's
+    empty = bpy.data.objects.new(f"{EMPTY_PREFIX}{name}", None)
     empty.empty_display_type, empty.empty_display_size = "ARROWS", 0.1 * extent
     empty[MODEL_KEY], empty[PHOTOS_KEY] = str(folder), str(photos)
     collection.objects.link(empty)
@@ -62,7 +64,7 @@ def import_model(context, directory: str, up_axis: str, centre: bool, scale: flo
             show_photo(obj.data, photo)
             found += 1
     if len(model.xyz):
-        points = point_cloud(f"{root.name} Points", model.xyz, model.rgb)
+        points = point_cloud(f"{name} Points", model.xyz, model.rgb)
         points.parent = empty
         collection.objects.link(points)
 

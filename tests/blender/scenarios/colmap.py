@@ -1,7 +1,8 @@
 """Import COLMAP, the splat formats and Send Photos in real Blender (the bpy module), with the built zip installed
 as a legacy add-on: the File menus' entries, a COLMAP model imported (its cameras as the add-on converts them, its
-point cloud in the world) and a distorted one refused; then, through a CPU backend run by --python, every splat
-format imported and exported, bad files refused, and the COLMAP photos sent and trained a few steps. Prints
+point cloud in the world), and a distorted one undistorted as it comes in; then, through a CPU backend run by --python, every splat
+format imported and exported, bad files refused, and the COLMAP photos sent and trained a few steps, the
+undistorted import's too. Prints
 `RESULT <json>`.
 
     PYTHONPATH=tests python tests/blender/scenarios/colmap.py --zip Z --out DIR --colmap FOLDER --distorted FOLDER \
@@ -10,6 +11,7 @@ format imported and exported, bad files refused, and the COLMAP photos sent and 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -19,11 +21,14 @@ import bmesh  # importable once bpy is
 
 from blender.kit import RecordingLayout, addon, blender_reports, op, pump, report, wait_for
 
-FORMATS = ("sh3.ply", "sh3.compressed.ply", "sh3.spz", "ours-sh3.splat")  # in tests/data/splats
-EXPORTS = ("out.ply", "out.compressed.ply", "out.spz", "out.splat")
+FORMATS = ("sh3.ply", "sh3.compressed.ply", "sh3.spz", "ours-sh3.splat", "sh3.ksplat", "sh3.sog", "sh3-sog/meta.json",
+           "sh3.glb")  # in tests/data/splats
+EXPORTS = ("out.ply", "out.compressed.ply", "out.spz", "out.splat", "out.sog", "out-sog/meta.json", "out.glb",
+           "out.gltf")
 PHOTO_SIDE = 64  # the photos are sent this large, and only every KEEP_POINTS-th point, so that the CPU trains
 KEEP_POINTS = 8  # on them in seconds
 STEPS = 40
+DISTORTED_STEPS = 5  # the undistorted import's photos train this many steps
 
 
 def reports_since(start: int) -> list[str]:
@@ -76,6 +81,11 @@ def import_colmap(folder: Path, **options) -> tuple[list[str], str]:
 def formats(live, splats: Path, out: Path) -> dict:
     """Import each format, export the SH 3 model in each, and refuse bad files, each in one report line."""
     result = {"loaded": {}, "exported": {}}
+    op("import_splats", filepath=str(splats / "sh3.niantic-v4.spz"), spz_axes="rub")  # RUB, not saying so
+    wait_for(lambda: not live.backend.in_flight, "import sh3.niantic-v4.spz")
+    op("export_splats", filepath=str(out / "niantic-rub.ply"))
+    wait_for(lambda: not live.backend.in_flight, "export niantic-rub.ply")
+    result["spz_axes"] = {"path": str(out / "niantic-rub.ply"), "error": live.backend.last_error}
     for name in FORMATS:
         op("import_splats", filepath=str(splats / name))
         wait_for(lambda: not live.backend.in_flight, f"import {name}")
@@ -122,21 +132,36 @@ def photos(live, empty, out: Path) -> dict:
     edit.free()
     start = len(blender_reports.lines)
     began = time.perf_counter()
-    s.source = "PHOTOS"  # Send to Backend sends the selected import's photos
-    op("send_views")
-    wait_for(lambda: not live.backend.in_flight, "send photos")
-    result = {"sent": reports_since(start), "status": dict(live.backend.status), "session": s.session,
-              "send_seconds": time.perf_counter() - began, "points": addon().scene.colmap.world_points(empty)[0].tolist()}
+    result = train_photos(live, 0)
+    result.update(send_seconds=time.perf_counter() - began, sent=reports_since(start),
+                  points=addon().scene.colmap.world_points(empty)[0].tolist())
     for steps, name in ((1, "first_step.ply"), (STEPS, "trained.ply")):
-        s.iterations = steps
-        op("train_start", start="OVER")  # the second time from the same start (its seed) again
-        wait_for(lambda: live.backend.status.get("state") == "finished" and live.backend.status.get("step") == steps
-                 and not live.backend.in_flight, f"training to step {steps}", 240)
+        train(live, steps)
         op("export_splats", filepath=str(out / name))
         wait_for(lambda: not live.backend.in_flight, f"export {name}")
         result[name] = str(out / name)
     result["final_status"], result["errors"] = dict(live.backend.status), live.backend.last_error
     return result
+
+
+def train_photos(live, steps: int) -> dict:
+    """Send the photos of the import of the active object (From: Photos), then train `steps` steps (0: none)."""
+    s = bpy.context.scene.splatwright
+    s.source = "PHOTOS"  # Send to Backend sends the selected import's photos
+    op("send_views")
+    wait_for(lambda: not live.backend.in_flight, "send photos")
+    result = {"status": dict(live.backend.status), "session": s.session}
+    if steps:
+        train(live, steps)
+        result.update(final_status=dict(live.backend.status), errors=live.backend.last_error)
+    return result
+
+
+def train(live, steps: int) -> None:
+    bpy.context.scene.splatwright.iterations = steps
+    op("train_start", start="OVER")  # the second time from the same start (its seed) again
+    wait_for(lambda: live.backend.status.get("state") == "finished" and live.backend.status.get("step") == steps
+             and not live.backend.in_flight, f"training to step {steps}", 240)
 
 
 def run(zip_path: Path, out: Path, colmap: Path, distorted: Path, python: str, splats: Path) -> dict:
@@ -149,7 +174,8 @@ def run(zip_path: Path, out: Path, colmap: Path, distorted: Path, python: str, s
     def lap(what: str) -> None:
         nonlocal began
         result["seconds"][what], began = time.perf_counter() - began, time.perf_counter()
-    result["distorted"] = import_colmap(distorted) + (len(bpy.context.scene.objects),)
+    prefs = bpy.context.preferences.addons["splatwright"].preferences
+    prefs.python, prefs.workdir = python, str(out / "sessions")  # the backend's Python undistorts too
     result["import"] = import_colmap(colmap / "sparse", up_axis="CAMERAS", centre=True, scale=2.0)
     empty = bpy.context.view_layer.objects.active
     lap("import")
@@ -158,9 +184,13 @@ def run(zip_path: Path, out: Path, colmap: Path, distorted: Path, python: str, s
     result["drawn"] = [t for t in draw_panels() if "photos" in t or t.startswith("COLMAP")]
     bpy.context.scene.splatwright.source = "ORBIT"
     lap("cameras")
+    result["distorted"] = import_colmap(distorted)
+    undistorted = bpy.context.view_layer.objects.active
+    result["undistorted"] = {"empty": undistorted.name, "model": undistorted["splatwright_colmap"],
+                             "photos": undistorted["splatwright_photos"],
+                             "pycolmap_in_blender": importlib.util.find_spec("pycolmap") is not None}
+    lap("undistortion")
     live = addon().scene.live
-    prefs = bpy.context.preferences.addons["splatwright"].preferences
-    prefs.python, prefs.workdir = python, str(out / "sessions")
     op("backend_start")
     wait_for(lambda: live.backend.connection == "connected", "backend start", 120)
     lap("backend_start")
@@ -169,6 +199,9 @@ def run(zip_path: Path, out: Path, colmap: Path, distorted: Path, python: str, s
     bpy.context.view_layer.objects.active = empty.children[0]  # Send Photos finds the import from a child
     result["photos"] = photos(live, empty, out)
     lap("photos")
+    bpy.context.view_layer.objects.active = undistorted
+    result["undistorted"]["trained"] = train_photos(live, DISTORTED_STEPS)
+    lap("undistorted photos")
     op("backend_stop")
     wait_for(lambda: live.backend.connection == "disconnected" and not live.backend.in_flight, "stop")
     pump()
@@ -189,7 +222,7 @@ def main() -> int:
     parser.add_argument("--zip", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--colmap", required=True, help="a COLMAP capture folder with images/ and sparse/")
-    parser.add_argument("--distorted", required=True, help="a COLMAP model folder with a distorted camera model")
+    parser.add_argument("--distorted", required=True, help="a COLMAP capture folder whose camera has lens distortion")
     parser.add_argument("--python", required=True, help="the backend's Python (with torch)")
     parser.add_argument("--splats", required=True, help="tests/data/splats")
     args = parser.parse_args()
