@@ -73,9 +73,11 @@ class DefaultStrategy:
             self.grad_sum, self.count = torch.zeros_like(self.grad_sum), torch.zeros_like(self.count)
         return state
 
-    def load_state_dict(self, state: dict, device: torch.device) -> None:
+    def load_state_dict(self, state: dict, device: torch.device, group: Group = SINGLE) -> None:
+        """The statistics of a checkpoint (of any number of processes): the leader holds them, the others start
+        from zero, as after state_dict."""
         def place(t):
-            return None if t is None else t.to(device)
+            return None if t is None else t.to(device) if group.leader else torch.zeros_like(t, device=device)
         self.grad_sum, self.count = place(state["grad_sum"]), place(state["count"])
 
     def accumulate(self, step: int, means2d_grad: torch.Tensor | None, radii: torch.Tensor, width: int, height: int,

@@ -268,14 +268,16 @@ class Trainer:
         }
 
     @classmethod
-    def from_checkpoint(cls, data: Dataset, state: dict, device, cfg: TrainConfig | None = None) -> "Trainer":
+    def from_checkpoint(cls, data: Dataset, state: dict, device, cfg: TrainConfig | None = None,
+                        group: Group = SINGLE) -> "Trainer":
         """A trainer continuing a checkpoint (load_checkpoint), with the checkpoint's config or `cfg`; in the image
-        formation its model was trained in either way, which it remembers."""
+        formation its model was trained in either way, which it remembers, and with its views per step, so that a
+        checkpoint continues alike on any number of processes."""
         saved = TrainConfig.from_dict(state["config"])
         asked = (cfg or saved).image_formation
-        cfg = replace(cfg or saved, image_formation=saved.image_formation)
+        cfg = replace(cfg or saved, image_formation=saved.image_formation, batch_views=saved.batch_views)
         gaussians = gaussians_from_tensors(state["gaussians"])
-        trainer = cls(data, cfg, device, gaussians)
+        trainer = cls(data, cfg, device, gaussians, group)
         if asked != saved.image_formation:
             trainer.note = "; ".join(filter(None, [
                 f"the checkpoint's model was trained in image formation {saved.image_formation!r}, and training "
@@ -284,7 +286,7 @@ class Trainer:
             raise SplatwrightError("the checkpoint holds a static model, but these views have times (or the "
                                    "configuration says dynamic); train the 4D model from scratch (without --resume)")
         trainer.optimizer.load_state_dict(state["optimizer"])
-        trainer.strategy.load_state_dict(state["strategy"], trainer.device)
+        trainer.strategy.load_state_dict(state["strategy"], trainer.device, group)
         trainer.generator.set_state(state["generator"])
         trainer.step = state["step"]
         trainer.train_seconds = trainer.checkpointed_at = state["train_seconds"]
@@ -292,15 +294,20 @@ class Trainer:
 
     def checkpoint_due(self, every_steps: int, every_seconds: float) -> bool:
         """Whether a checkpoint is due after this step: every `every_steps` steps and every `every_seconds`
-        of training time since the last one (0 turns either off)."""
+        of training time since the last one (0 turns either off). In a group only the leader's clock counts:
+        the others say False for time, and Group.agree makes it the group's decision."""
         return bool((every_steps and self.step % every_steps == 0)
-                    or (every_seconds and self.train_seconds - self.checkpointed_at >= every_seconds))
+                    or (self.group.leader and every_seconds
+                        and self.train_seconds - self.checkpointed_at >= every_seconds))
 
     def save_checkpoint(self, path: str | Path) -> None:
         """Durably, keeping the checkpoint it replaces as previous_checkpoint(path) until this one is on the
         disk; any failure to write (a full disk, a read-only folder) raises SplatwrightError naming the file and
-        leaves the checkpoints on the disk as they were."""
-        torch_files.save(path, self.state_dict(), "the checkpoint", previous_checkpoint(path))
+        leaves the checkpoints on the disk as they were. In a group every process takes part (the statistics are
+        gathered) and the leader alone writes."""
+        state = self.state_dict()
+        if self.group.leader:
+            torch_files.save(path, state, "the checkpoint", previous_checkpoint(path))
         self.checkpointed_at = self.train_seconds
 
 
