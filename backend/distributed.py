@@ -35,6 +35,7 @@ class Group:
 
     def __init__(self, rank: int = 0, world: int = 1, device: str | torch.device = "cpu"):
         self.rank, self.world, self.device = rank, world, torch.device(device)
+        self.sent = 0  # bytes this process has put into collectives
 
     @property
     def leader(self) -> bool:
@@ -50,11 +51,35 @@ class Group:
         if self.world == 1 or not tensors:
             return
         flat = torch.cat([t.reshape(-1) for t in tensors])
+        self.sent += flat.numel() * flat.element_size()
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         offset = 0
         for t in tensors:
             t.copy_(flat[offset:offset + t.numel()].view_as(t))
             offset += t.numel()
+
+    def gather(self, rows: torch.Tensor) -> list[torch.Tensor]:
+        """Every process's `rows` (a count of its own of the same trailing shape and dtype), by rank."""
+        if self.world == 1:
+            return [rows]
+        count = torch.tensor([rows.shape[0]], dtype=torch.int64, device=self.device)
+        counts = [torch.zeros_like(count) for _ in range(self.world)]
+        dist.all_gather(counts, count)
+        sizes = [int(c) for c in counts]
+        padded = rows.new_zeros((max(sizes),) + rows.shape[1:])
+        padded[:len(rows)] = rows
+        out = [torch.empty_like(padded) for _ in range(self.world)]
+        self.sent += count.element_size() + rows.numel() * rows.element_size()
+        dist.all_gather(out, padded)
+        return [o[:n] for o, n in zip(out, sizes)]
+
+    def broadcast_(self, tensor: torch.Tensor, source: int) -> None:
+        """`tensor` on every process becomes the one of process `source`."""
+        if self.world == 1:
+            return
+        if self.rank == source:
+            self.sent += tensor.numel() * tensor.element_size()
+        dist.broadcast(tensor, source)
 
     def barrier(self) -> None:
         if self.world > 1:
@@ -66,6 +91,7 @@ class Group:
         if self.world == 1:
             return list(flags)
         t = torch.tensor([int(f) for f in flags], dtype=torch.int32, device=self.device)
+        self.sent += t.numel() * t.element_size()
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return [bool(v) for v in t.tolist()]
 

@@ -63,7 +63,8 @@ def run_training(trainer: Trainer, checkpoint: Path | None, checkpoint_every: in
                     return False
                 if due:
                     trainer.save_checkpoint(checkpoint)
-                bar.update(trainer.step, loss=trainer.last["loss"], psnr=trainer.last["psnr"], gaussians=len(trainer.g))
+                bar.update(trainer.step, loss=trainer.last["loss"], psnr=trainer.last["psnr"],
+                           gaussians=trainer.share.total if trainer.share else len(trainer.g))
     except FloatingPointError as e:
         raise SplatwrightError(f"training diverged: {e}; try a lower learning rate or check the input images") from e
     finally:
@@ -119,7 +120,7 @@ def train_in_group(group: Group, device: str | torch.device, args) -> int:
     with quiet_unless_leader(group):
         kind = torch.device(device).type
         cfg = training_config(args, kind, "cuda" if kind == "cuda" else "reference")
-        cfg = replace(cfg, batch_views=args.views_per_step or group.world)
+        cfg = replace(cfg, batch_views=args.views_per_step or group.world, parallel=args.parallel)
         if group.leader:  # made once, then found by the others (on another host with a copy: made there too)
             print_note(prepare(args.data))
         group.barrier()
@@ -144,12 +145,14 @@ def train_in_group(group: Group, device: str | torch.device, args) -> int:
         if trainer.note:
             print(f"warning: {trainer.note}", file=sys.stderr)
         if group.world > 1:
-            print(f"training in {group.world} processes, {trainer.cfg.batch_views} views a step", file=sys.stderr)
+            print(f"training in {group.world} processes ({trainer.cfg.parallel} parallel), "
+                  f"{trainer.cfg.batch_views} views a step", file=sys.stderr)
         if not run_training(trainer, checkpoint, args.checkpoint_every, args.checkpoint_seconds):
             return 130
+        model = trainer.whole_model()  # every process takes part
         if group.leader:
-            extra = {"processes": group.world} if group.world > 1 else {}
-            print(json.dumps(finish(trainer, test_set or train_set, out, kind, **extra)))
+            extra = {"processes": group.world, "parallel": trainer.cfg.parallel} if group.world > 1 else {}
+            print(json.dumps(finish(trainer, test_set or train_set, out, kind, model, **extra)))
         return 0
 
 
@@ -231,17 +234,20 @@ def init_gaussians(path: str, cfg: TrainConfig) -> Gaussians:
     return with_sh_degree(g, cfg.sh_degree)
 
 
-def finish(trainer: Trainer, eval_set: Dataset, out: Path, device: str, **extra) -> dict:
-    """Write splats.ply and metrics.json (with `extra` fields) for a finished run, and a 4D model's
-    splats4d.pt (then splats.ply holds its time 0); returns the metrics."""
+def finish(trainer: Trainer, eval_set: Dataset, out: Path, device: str, model: Gaussians | None = None,
+           **extra) -> dict:
+    """Write splats.ply and metrics.json (with `extra` fields) for a finished run of the trainer's model (or
+    `model`, a partitioned group's whole one), and a 4D model's splats4d.pt (then splats.ply holds its time 0);
+    returns the metrics."""
+    model = trainer.g if model is None else model
     if trainer.dynamic:
-        write_dynamic(out / DYNAMIC_FILE, trainer.g)
+        write_dynamic(out / DYNAMIC_FILE, model)
     formation = trainer.cfg.image_formation
-    write_ply(out / "splats.ply", trainer.g.at(0.0), formation)
-    scores = evaluate(trainer.g, eval_set, trainer.sh_degree, trainer.cfg.background, trainer.cfg.rasterizer,
+    write_ply(out / "splats.ply", model.at(0.0), formation)
+    scores = evaluate(model, eval_set, trainer.sh_degree, trainer.cfg.background, trainer.cfg.rasterizer,
                       formation)
     metrics = {**scores, "iterations": trainer.step, "train_seconds": round(trainer.train_seconds, 3),
-               "gaussians": len(trainer.g), "device": device_name(device), "image_formation": formation, **extra}
+               "gaussians": len(model), "device": device_name(device), "image_formation": formation, **extra}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     return metrics
 
