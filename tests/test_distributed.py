@@ -1,6 +1,7 @@
-"""Data-parallel training (backend/distributed.py): two gloo processes on the CPU train the model that one
-process trains on the same batches, bit for bit, with every training option: the image formations, views of
-mixed sizes, 4D models. One launch of two processes trains all of them (a launch costs more than a run)."""
+"""Training in a group (backend/distributed.py): two gloo processes on the CPU train the model that one process
+trains on the same batches, bit for bit, data-parallel with every training option (the image formations, views of
+mixed sizes, 4D models) and partitioned (backend/partition.py: each process holds half of the Gaussians and sends
+less a step than the model). One launch of two processes trains all of them (a launch costs more than a run)."""
 from __future__ import annotations
 
 from dataclasses import asdict, replace
@@ -34,21 +35,25 @@ RUNS = {
     "blender formation": ("tiny", config(20, image_formation="blender")),
     "mixed sizes": ("mixed", config(20)),
     "4D": ("tiny", config(20, dynamic=True)),
+    "partitioned": ("tiny", config(parallel="partitioned")),
 }
 
 
 def train_and_save(group, device, jobs):
     """In each process, for each job: train, and the leader writes the checkpoint (also a little past halfway,
-    which gathers the statistics mid-run)."""
+    which gathers the statistics mid-run); each process writes the Gaussians it holds and the bytes it sent in
+    the last step."""
     for scene, cfg_dict, out in jobs:
         cfg = TrainConfig.from_dict(cfg_dict)
         trainer = Trainer(load_split(scene, "train"), cfg, device, group=group)
         while trainer.step < cfg.iterations:
+            sent = group.sent
             trainer.train_step()
             if trainer.step == cfg.iterations // 2 + 3:
                 state = trainer.state_dict()  # every process takes part in gathering the statistics
                 if group.leader:
                     torch.save(state, out + ".half")
+        torch.save({"held": len(trainer.g), "sent": group.sent - sent}, f"{out}.{group.rank}")
         trainer.save_checkpoint(out)  # every process takes part, the leader writes
 
 
@@ -73,18 +78,20 @@ def scenes(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def two_processes(scenes, tmp_path_factory) -> dict:
-    """Every run of RUNS trained by two gloo processes: its final checkpoint by name."""
+    """Every run of RUNS trained by two gloo processes: its final checkpoint, and what each process held and sent
+    in the last step, by name."""
     out = tmp_path_factory.mktemp("runs")
     jobs = [(str(scenes[scene]), asdict(cfg), str(out / f"{i}.pt")) for i, (scene, cfg) in enumerate(RUNS.values())]
     launch(train_and_save, 2, "cpu", jobs)
-    return {name: load_checkpoint(job[2]) for name, job in zip(RUNS, jobs)}
+    return {name: (load_checkpoint(job[2]), [torch.load(f"{job[2]}.{rank}") for rank in (0, 1)])
+            for name, job in zip(RUNS, jobs)}
 
 
 @pytest.mark.parametrize("name", RUNS)
 def test_two_processes_train_the_model_one_process_trains(name, scenes, two_processes):
     scene, cfg = RUNS[name]
     single = train_alone(scenes[scene], cfg)
-    state = two_processes[name]
+    state = two_processes[name][0]
     assert state["step"] == cfg.iterations
     assert type(single.g).__name__ == ("DynamicGaussians" if cfg.dynamic else "Gaussians")
     assert len(state["gaussians"]["means"]) == len(single.g) != 400  # densification ran, and agreed
@@ -93,6 +100,27 @@ def test_two_processes_train_the_model_one_process_trains(name, scenes, two_proc
     # The statistics add the same terms in another order (per process, then across): equal to rounding.
     torch.testing.assert_close(state["strategy"]["count"], single.strategy.count, rtol=0, atol=0)
     torch.testing.assert_close(state["strategy"]["grad_sum"], single.strategy.grad_sum, rtol=1e-5, atol=1e-9)
+    if cfg.parallel == "partitioned":  # each process's statistics are whole for its own rows: the same sums
+        assert torch.equal(state["strategy"]["grad_sum"], single.strategy.grad_sum)
+    moments = single.optimizer.state_dict()["state"]
+    for i, m in state["optimizer"]["state"].items():
+        assert torch.equal(m["exp_avg"], moments[i]["exp_avg"]) and torch.equal(m["exp_avg_sq"], moments[i]["exp_avg_sq"])
+
+
+def test_partitioned_processes_hold_half_the_gaussians_and_send_less_than_the_model(two_processes):
+    state, processes = two_processes["partitioned"]
+    total = len(state["gaussians"]["means"])
+    assert [p["held"] for p in processes] != [total, total] and sum(p["held"] for p in processes) == total
+    for p in processes:
+        assert abs(p["held"] - total / 2) <= 0.1 * total / 2
+    for p in processes:
+        assert p["sent"] < model_bytes(state), (p["sent"], model_bytes(state))
+    replicated, processes = two_processes["standard"]
+    assert [p["sent"] for p in processes] == [model_bytes(replicated)] * 2  # data-parallel: every gradient
+
+
+def model_bytes(state: dict) -> int:
+    return sum(t.numel() * t.element_size() for t in state["gaussians"].values())
 
 
 def test_a_group_needs_a_view_per_process(scenes):

@@ -1,6 +1,6 @@
 """The train command in several processes (gloo on the CPU): `train --gpus N --device cpu` on this host, two
-torchrun "nodes" on this host, checkpoints by time resumed on another number of processes after a kill, a stop
-the group agrees on, and what --gpus says without CUDA. Each ends with the model one uninterrupted process
+torchrun "nodes" on this host, checkpoints by time resumed on another number of processes (and in the other
+parallel mode) after a kill, a stop the group agrees on, and what --gpus says without CUDA. Each ends with the model one uninterrupted process
 trains on the same batches, bit for bit."""
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from backend.tools.cli import main
 from backend.train import load_checkpoint
 from helpers import ROOT, orbit_cameras, random_gaussians, wait_until, write_scene
 
-STEPS = 60
+STEPS = 30
 
 
 def train_args(scene: Path, out: Path, *extra: str) -> list[str]:
@@ -80,7 +80,7 @@ def test_a_killed_process_ends_two_and_one_process_resumes_them(scene, uninterru
     assert_model(tmp_path, uninterrupted)
 
 
-def test_one_process_killed_resumes_on_two_which_stop_together_and_resume(scene, uninterrupted, tmp_path):
+def test_one_process_killed_resumes_on_two_partitioned_which_stop_together_and_resume(scene, uninterrupted, tmp_path):
     alone = backend("backend", *train_args(scene, tmp_path, "--checkpoint-seconds", "0.3"))
     wait_until(lambda: checkpoint_step(tmp_path) > 0, timeout=300)
     alone.kill()
@@ -88,7 +88,8 @@ def test_one_process_killed_resumes_on_two_which_stop_together_and_resume(scene,
     killed_at = checkpoint_step(tmp_path)
     assert 0 < killed_at < STEPS
 
-    two = backend("backend", *train_args(scene, tmp_path, "--resume", "--gpus", "2", "--checkpoint-seconds", "0.3"))
+    two = backend("backend", *train_args(scene, tmp_path, "--resume", "--gpus", "2", "--parallel", "partitioned",
+                                         "--checkpoint-seconds", "0.3"))
     wait_until(lambda: checkpoint_step(tmp_path) > killed_at, timeout=300)
     os.killpg(two.pid, signal.SIGINT)  # Ctrl-C in a terminal reaches every process of the group
     err = two.communicate(timeout=300)[1]
