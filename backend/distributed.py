@@ -175,13 +175,22 @@ def launch(work: Callable[..., None], world: int, device: str, *args) -> bool:
             pass
         return bool(interrupted)
     except mp.ProcessExitedException as e:
-        how = f"was killed by {e.signal_name}" if e.signal_name else f"exited with code {e.exit_code}"
-        raise SplatwrightError(f"process {e.error_index} of {world} {how}, which ended the training; "
-                               "resume from its last checkpoint with --resume") from None
+        raise died(e.error_index, world, e.exit_code) from None
     except mp.ProcessRaisedException as e:
+        # A peer of a process that died can fail first, in a collective: the death is the reason.
+        dead = [(i, p.exitcode) for i, p in enumerate(context.processes)
+                if p.exitcode is not None and p.exitcode < 0 and p.exitcode != -signal.SIGTERM]
+        if dead:
+            raise died(*dead[0], world) from None
         raise SplatwrightError(f"process {e.error_index} of {world} failed: {raised(e.msg)}") from None
     finally:
         signal.signal(signal.SIGINT, waiting)
+
+
+def died(index: int, world: int, exit_code: int) -> SplatwrightError:
+    how = (f"was killed by {signal.Signals(-exit_code).name}" if exit_code < 0 else f"exited with code {exit_code}")
+    return SplatwrightError(f"process {index} of {world} {how}, which ended the training; resume from its last "
+                            "checkpoint with --resume")
 
 
 def raised(traceback_text: str) -> str:

@@ -120,3 +120,16 @@ def test_gpus_without_cuda_says_what_it_needs(scene, tmp_path, capsys):
     err = capsys.readouterr().err
     assert re.fullmatch(r"error: --gpus 2: needs 2 CUDA GPUs, and torch sees (none|1); add --device cpu to train in "
                         r"2 processes on the CPU\n", err), err
+
+
+def test_bench_train_gpus_reports_seconds_psnr_and_scaling(scene, tmp_path, monkeypatch):
+    from backend.tools.bench import scaling
+    monkeypatch.setattr(scaling, "RESULTS", tmp_path)
+    rows = scaling.scaling(str(scene), 2, "cpu", "quality", 4, 0)
+    assert list(rows) == ["1 process", "2 processes, data", "2 processes, partitioned"]
+    assert rows["1 process"]["efficiency"] == 1.0
+    for row in rows.values():
+        assert row["seconds"] > 0 and 5 < row["psnr"] < 60 and row["gaussians"] == rows["1 process"]["gaussians"]
+    assert rows["2 processes, partitioned"]["sent_per_step"] < rows["2 processes, data"]["sent_per_step"]
+    report = next(tmp_path.glob("train-gpus-2-*.md")).read_text()
+    assert "| 2 processes, partitioned |" in report and "commit" in report.splitlines()[0]
