@@ -16,14 +16,14 @@ from backend.train import TrainConfig, Trainer, load_checkpoint
 from blender_addon.core.errors import SplatwrightError
 from helpers import MIXED_SIZES, cameras_of_sizes, orbit_cameras, random_gaussians, write_scene
 
-STEPS = 40
+STEPS = 24
 
 
 def config(steps: int = STEPS, **changes) -> TrainConfig:
     """Two views a step, densification every quarter of the steps and an opacity reset, so that gradients,
     statistics and the decisions made from them all have to agree across the processes."""
     cfg = cpu_config(steps)
-    return replace(cfg, init_points=400, sh_interval=10, log_every=10, batch_views=2,
+    return replace(cfg, init_points=200, sh_interval=10, log_every=10, batch_views=2,
                    densify=replace(cfg.densify, start=5, every=steps // 4, stop=steps,
                                    reset_opacity_every=3 * steps // 4), **changes)
 
@@ -32,9 +32,9 @@ def config(steps: int = STEPS, **changes) -> TrainConfig:
 # run's densification and reset already test.
 RUNS = {
     "standard": ("tiny", config()),
-    "blender formation": ("tiny", config(20, image_formation="blender")),
-    "mixed sizes": ("mixed", config(20)),
-    "4D": ("tiny", config(20, dynamic=True)),
+    "blender formation": ("tiny", config(12, image_formation="blender")),
+    "mixed sizes": ("mixed", config(12)),
+    "4D": ("tiny", config(12, dynamic=True)),
     "partitioned": ("tiny", config(parallel="partitioned")),
 }
 
@@ -94,7 +94,7 @@ def test_two_processes_train_the_model_one_process_trains(name, scenes, two_proc
     state = two_processes[name][0]
     assert state["step"] == cfg.iterations
     assert type(single.g).__name__ == ("DynamicGaussians" if cfg.dynamic else "Gaussians")
-    assert len(state["gaussians"]["means"]) == len(single.g) != 400  # densification ran, and agreed
+    assert len(state["gaussians"]["means"]) == len(single.g) != 200  # densification ran, and agreed
     for key, t in single.g.tensors().items():  # bit for bit: a sum of two gradients has one rounding
         assert torch.equal(state["gaussians"][key], t.detach()), key
     # The statistics add the same terms in another order (per process, then across): equal to rounding.

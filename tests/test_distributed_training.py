@@ -20,12 +20,12 @@ from backend.tools.cli import main
 from backend.train import load_checkpoint
 from helpers import ROOT, orbit_cameras, random_gaussians, wait_until, write_scene
 
-STEPS = 30
+STEPS = 20
 
 
 def train_args(scene: Path, out: Path, *extra: str) -> list[str]:
     """A short CPU training of two views a step, checkpointed by time only where `extra` says."""
-    return ["train", str(scene), "--out", str(out), "--device", "cpu", "--iters", str(STEPS), "--init-points", "300",
+    return ["train", str(scene), "--out", str(out), "--device", "cpu", "--iters", str(STEPS), "--init-points", "200",
             "--sh-degree", "1", "--views-per-step", "2", "--checkpoint-every", "0", "--checkpoint-seconds", "0",
             *extra]
 

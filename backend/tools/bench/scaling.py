@@ -31,8 +31,9 @@ def scaling(data: str, gpus: int, device: str, preset: str, iters: int | None, s
         for world, parallel in ((1, "data"), (gpus, "data"), (gpus, "partitioned")):
             out = Path(folder) / f"{world}-{parallel}.json"
             launch(_train, world, kind, data, asdict(replace(cfg, parallel=parallel)), str(out))
-            rows[f"{world} {'GPU' if kind == 'cuda' else 'process'}{'s' if world > 1 else ''}"
-                 + (f", {parallel}" if world > 1 else "")] = {"processes": world, **json.loads(out.read_text())}
+            unit = ("GPU" if kind == "cuda" else "process") if world == 1 else ("GPUs" if kind == "cuda" else "processes")
+            name = f"{world} {unit}" + (f", {parallel}" if world > 1 else "")
+            rows[name] = {"processes": world, **json.loads(out.read_text())}
     one = next(iter(rows.values()))
     for row in rows.values():
         row["efficiency"] = one["seconds"] / (row["processes"] * row["seconds"])
