@@ -3,8 +3,10 @@
 The zip holds the package splatwright/: the files of blender_addon/ as they are in the tree (core/ among
 them, the modules the add-on shares with the backend), and in splatwright/backend_src/ everything the backend
 needs to run from the zip alone: the backend/ package, the CUDA sources in cuda/, the blender_addon package's
-__init__.py and core/ (the backend imports them as blender_addon.core) and requirements.txt, the backend's
-requirements from pyproject.toml. Nothing in it names a path of the build machine.
+__init__.py and core/ (the backend imports them as blender_addon.core), requirements.txt, the backend's
+requirements from pyproject.toml, and in kernels/ the prebuilt kernels' wheels given with --kernels
+(build_kernels.py makes them; Set Up Backend installs the one that fits). Nothing in it names a path of the
+build machine.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import zipfile
 from pathlib import Path
 
 from blender_addon.core.files import replacing
-from blender_addon.logic.environment import REQUIREMENTS, SOURCES
+from blender_addon.logic.environment import KERNELS, KERNELS_WHEEL, REQUIREMENTS, SOURCES
 
 ROOT = Path(__file__).resolve().parent
 ADDON = ROOT / "blender_addon"
@@ -54,8 +56,11 @@ def tree(folder: Path) -> list[Path]:
             and p.suffix != ".pyc"]
 
 
-def build(out_dir: Path) -> Path:
+def build(out_dir: Path, kernels: list[Path] = ()) -> Path:
     v = version()
+    wrong = [p.name for p in kernels if not KERNELS_WHEEL.fullmatch(p.name)]
+    if wrong:
+        raise SystemExit(f"not wheels of the prebuilt kernels (build_kernels.py makes them): {', '.join(wrong)}")
     files = {f"{PACKAGE}/{p.relative_to(ADDON).as_posix()}": p for p in tree(ADDON)}
     heavy = [name for name, p in files.items() if p.suffix == ".py" and torch_imports(p)]
     if heavy:
@@ -63,6 +68,7 @@ def build(out_dir: Path) -> Path:
     backend = [*(p for p in tree(ROOT / "backend") if ROOT / "backend" / "tools" not in p.parents),  # no tools
                *tree(ROOT / "cuda"), ADDON / "__init__.py", *tree(ADDON / "core")]
     files.update({f"{PACKAGE}/{SOURCES}/{p.relative_to(ROOT).as_posix()}": p for p in backend})
+    files.update({f"{PACKAGE}/{SOURCES}/{KERNELS}/{p.name}": p for p in kernels})
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / f"{PACKAGE}-{v}.zip"
     with replacing(target) as tmp, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
@@ -75,7 +81,10 @@ def build(out_dir: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "dist"), help="output folder (default: dist/)")
-    target = build(Path(parser.parse_args(argv).out))
+    parser.add_argument("--kernels", nargs="*", default=[], type=Path,
+                        help="wheels of the prebuilt CUDA kernels to carry (build_kernels.py makes them)")
+    args = parser.parse_args(argv)
+    target = build(Path(args.out), args.kernels)
     print(target)
     return 0
 

@@ -21,7 +21,7 @@ from . import torch_files
 from .formats.budget import Budget
 from .formats.validate import validated
 from .gaussians import Gaussians, quat_multiply
-from .kernels import extension
+from .kernels import extension, handles
 
 DYNAMIC_FILE = "splats4d.pt"  # a trained 4D model, beside the splats.ply of its first frame
 _FILE_TAG = "splatwright-4d-gaussians"
@@ -50,7 +50,7 @@ class DynamicGaussians(Gaussians):
 
     def at(self, time: float) -> Gaussians:
         motion = [getattr(self, name) for name in MOTION_INPUTS]
-        means, quats, logits = (_Motion.apply(float(time), *motion) if self.means.is_cuda
+        means, quats, logits = (_Motion.apply(float(time), *motion) if handles(self.means)
                                 else reference_motion(time, *motion))
         return Gaussians(means=means, log_scales=self.log_scales, quats=quats, opacity_logits=logits,
                          sh_dc=self.sh_dc, sh_rest=self.sh_rest)

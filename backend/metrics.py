@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from .data.images import as_float
-from .kernels import extension
+from .kernels import extension, handles
 
 
 def psnr(img: torch.Tensor, gt: torch.Tensor) -> float:
@@ -43,7 +43,7 @@ def photometric_loss(img: torch.Tensor, gt: torch.Tensor, ssim_weight: float = 0
     """(1 - w) L1 + w (1 - SSIM), the 3DGS training loss; differentiable w.r.t. img. On CUDA (float32) it runs
     as five fused kernels (cuda/training.cu) instead of some sixty torch launches, reading a uint8 target as it
     is; elsewhere in torch, on the target as float (as_float)."""
-    if img.is_cuda and img.dtype == torch.float32:
+    if handles(img) and img.dtype == torch.float32:
         gt = gt if gt.dtype == torch.uint8 else gt.float()
         return _FusedPhotometricLoss.apply(img.contiguous(), gt.contiguous(), float(ssim_weight))
     return torch_photometric_loss(img, gt, ssim_weight)

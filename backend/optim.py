@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from .kernels import extension
+from .kernels import extension, handles
 
 
 class Adam(torch.optim.Optimizer):
@@ -36,7 +36,7 @@ class Adam(torch.optim.Optimizer):
                 exp_avg_sqs.append(state["exp_avg_sq"])
                 step_sizes.append(group["lr"] / (1 - beta1 ** state["step"]))
                 inv_sqrt_bias2s.append(1 / math.sqrt(1 - beta2 ** state["step"]))
-        if params and params[0].is_cuda:
+        if params and handles(params[0]):
             extension().adam_step(params, grads, exp_avgs, exp_avg_sqs, step_sizes, inv_sqrt_bias2s, beta1, beta2,
                                   self.eps)
             return

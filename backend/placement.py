@@ -19,7 +19,7 @@ import torch
 
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.protocol import SCALE_TOLERANCE, affine_placement, placement_scale
-from .dynamic import DynamicGaussians
+from . import dynamic  # the module, not its class: dynamic imports formats, whose glTF reader places splats
 from .gaussians import Gaussians, quat_multiply
 from .render.reference import quat_to_rotmat
 from .sh import rotate_sh
@@ -60,7 +60,7 @@ def placed(g: Gaussians, placement: np.ndarray | None) -> Gaussians:
     try:
         scale = placement_scale(placement)
     except ValueError:
-        if isinstance(g, DynamicGaussians):
+        if isinstance(g, dynamic.DynamicGaussians):
             raise SplatwrightError("a 4D model is placed only by a rotation, a translation and one scale for all "
                                    "axes: its motion has no uneven scale, shear or mirror") from None
         return affine_placed(g, placement)
@@ -70,7 +70,7 @@ def placed(g: Gaussians, placement: np.ndarray | None) -> Gaussians:
     moved = replace(g, means=g.means @ m[:3, :3].T + m[:3, 3], log_scales=g.log_scales + math.log(scale),
                     quats=quat_multiply(turn.expand_as(g.quats), g.quats),
                     sh_rest=rotate_sh(g.sh_rest, torch.as_tensor(rotation)))
-    if isinstance(g, DynamicGaussians):  # velocities and accelerations scale and turn, angular velocities turn
+    if isinstance(g, dynamic.DynamicGaussians):  # velocities and accelerations scale and turn, angular velocities turn
         turned = torch.as_tensor(rotation, dtype=g.means.dtype, device=g.means.device)
         moved = replace(moved, velocities=g.velocities @ m[:3, :3].T, accelerations=g.accelerations @ m[:3, :3].T,
                         angular_velocities=g.angular_velocities @ turned.T)

@@ -13,7 +13,7 @@ import torch
 from .distributed import SINGLE, Group
 from .dynamic import DynamicGaussians, split_in_time
 from .gaussians import Gaussians, logit
-from .kernels import extension
+from .kernels import extension, handles
 from .render.reference import quat_to_rotmat
 
 
@@ -94,7 +94,7 @@ class DefaultStrategy:
             self.grad_sum = torch.zeros(n, device=means2d_grad.device)
             self.count = torch.zeros(n, device=means2d_grad.device)
         grad = means2d_grad.detach()
-        if grad.is_cuda:  # one kernel instead of eight launches per step
+        if handles(grad):  # one kernel instead of eight launches per step
             extension().accumulate_grad_stats(grad.contiguous(), radii, width, height, self.grad_sum, self.count)
             return
         ndc_norm = torch.hypot(grad[:, 0] * (0.5 * width), grad[:, 1] * (0.5 * height))  # pixels -> NDC units

@@ -16,6 +16,7 @@ from .data.images import as_float, quantise
 from .distributed import SINGLE, Group
 from .dynamic import DynamicGaussians, gaussians_from_tensors
 from .gaussians import Gaussians
+from .kernels import fallback_note
 from .metrics import photometric_loss, psnr, ssim
 from .optim import Adam
 from .partition import (PartitionedStrategy, own_optimizer_state, take_share, train_views, whole_optimizer_state,
@@ -158,6 +159,8 @@ class Trainer:
         cfg = fit_to_views(cfg, 0 if over_time else len(data.cameras))
         self.cfg, self.group = cfg, group
         self.device = torch.device(device)
+        if self.device.type == "cuda" and cfg.rasterizer == "reference":
+            self.note = "; ".join(filter(None, [fallback_note(), self.note]))
         self.data = data.to(self.device)
         self.views = [camera_tensors(c, self.device) for c in data.cameras]
         self.extent = camera_extent(data.cameras)

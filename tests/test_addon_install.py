@@ -7,7 +7,9 @@ The set-up (a venv and torch) takes about a minute: it runs once, in the 4.5 cas
 the environment it made, as a user who has one would."""
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -82,13 +84,23 @@ def test_legacy_install_sets_up_its_backend_in_the_user_folder(legacy):
     assert Path(setup["venv"]) == data / "venv" and Path(legacy["addon"]["python"]) == data / "venv" / "bin" / "python"
     assert setup["state"] == "done", setup["log"][-20:]
     assert setup["found"]["torch"].startswith("2.13.0") and setup["found"]["cuda"] is None
-    assert set(setup["found"]["packages"]) == {"numpy", "ninja", "plyfile", "pillow", "pycolmap"}
+    assert set(setup["found"]["packages"]) == {"numpy", "ninja", "plyfile", "pillow", "pycolmap", "zstandard"}
     assert "no NVIDIA driver answered nvidia-smi: installing torch's CPU build" in "\n".join(setup["log"])
     assert (data / "setup.log").read_text().splitlines()[-1] == "set-up done"
     # the preferences show the progress and the log while it runs, then what it installed
     assert any(t.startswith("[") and "Installing" in t for t in setup["drawn_running"]), setup["drawn_running"]
     assert any(t.startswith("Ready: Python 3.11") and "CPU" in t for t in setup["drawn_done"])
     assert "set-up done" in setup["drawn_done"]
+
+
+def test_the_backend_environment_set_up_reads_spz_version_4(legacy):
+    """SPZ version 4 is zstd-compressed: the environment Set Up Backend made reads it with the bundled sources."""
+    addon = legacy["addon"]
+    read = "import sys; from backend.formats import read_any; print(len(read_any(sys.argv[1])))"
+    r = subprocess.run([addon["python"], "-c", read, str(REPO / "tests" / "data" / "splats" / "sh3-v4.spz")],
+                       cwd=addon["sources"], env={**os.environ, "PYTHONPATH": addon["sources"]}, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.split()[-1:] == ["500"], r.stderr[-2000:]
 
 
 def test_legacy_set_up_cancels_and_reruns_safely(legacy):

@@ -16,6 +16,7 @@ from PIL import Image
 import build_addon
 from backend.data import load_split
 from backend.formats import formation_of, read_any
+from backend.formats.ply import read_ply
 from backend.render import render
 from blender_addon.core import colmap
 from blender_addon.core.cameras import Camera, blender_intrinsics, blender_lens, intrinsics, look_at
@@ -178,7 +179,9 @@ def test_every_splat_format_imports_and_exports(scenario):
     assert placed["session"].startswith("sh3-") and placed["objects"] == [placed["session"]], placed
     assert placed["types"] == (["POINTCLOUD"] if scenario["blender"] in NATIVE_SPLATS else ["EMPTY"]), placed
     assert placed["error"] == "", placed
-    degrees = {"out.ply": 3, "out.compressed.ply": 3, "out.spz": 3, "out.splat": 0}
+    degrees = {"out.ply": 3, "out.compressed.ply": 3, "out.spz": 3, "out.splat": 0, "out.sog": 3,
+               "out-sog/meta.json": 3, "out.glb": 3, "out.gltf": 3}
+    assert sorted(f["exported"]) == sorted(degrees)
     for name, exported in f["exported"].items():
         g = read_any(exported["path"])
         assert len(g) == 500 and g.max_sh_degree == degrees[name], name
@@ -187,7 +190,11 @@ def test_every_splat_format_imports_and_exports(scenario):
             assert len(warnings) == 1 and "degree 3 view-dependent colour is dropped" in warnings[0], warnings
         else:
             assert warnings == [], warnings
-    for what, words in (("bad_import", "bad.spz: not a splat file"), ("bad_export", "no splat format has this name")):
+    rub = f["spz_axes"]  # Import Splats' SPZ Axes: Niantic's SPZ, which does not say its axes, read as RUB
+    assert rub["error"] == "" and torch.allclose(read_any(rub["path"]).means, read_ply(SPLATS / "sh3.ply").means,
+                                                 atol=0.5 / 4096 + 1e-6)
+    for what, words in (("bad_import", "bad.spz: a text file, not a splat file"),
+                        ("bad_export", "no splat format has this name")):
         errors = [line for line in f[what] if line.startswith("Error: ")]
         assert len(errors) == 1 and words in errors[0], (what, f[what])
 

@@ -4,6 +4,7 @@ stand-in Python that records its calls; the real venv and pip run in tests/test_
 from __future__ import annotations
 
 import json
+import platform
 import sys
 import time
 import tomllib
@@ -20,7 +21,8 @@ NVIDIA_SMI = """+---------------------------------------------------------------
 | NVIDIA-SMI 570.86.10              Driver Version: 570.86.10      CUDA Version: 12.8     |
 |-----------------------------------------+------------------------+----------------------+"""
 # A Python as far as Set Up Backend uses one: venv makes a copy of it, pip installs after a pause of
-# FAKE_PIP_SECONDS (or fails for FAKE_PIP_FAIL), and the check prints its report. Every call goes to FAKE_CALLS.
+# FAKE_PIP_SECONDS (or fails for FAKE_PIP_FAIL), and the check prints its report (a CPU torch, or FAKE_FOUND's
+# entries over it). Every call goes to FAKE_CALLS.
 FAKE_PYTHON = """#!{python}
 import json, os, shutil, sys, time
 args = sys.argv[1:]
@@ -37,7 +39,8 @@ elif args[:3] == ["-m", "pip", "install"]:
     print("Successfully installed")
 elif args[0] == "-c":
     print(json.dumps({{"python": "3.11.9", "torch": "2.13.0+cpu", "cuda": None,
-                       "packages": {{name: "1.0" for name in args[2:]}}}}))
+                       "packages": {{name: "1.0" for name in args[2:]}}, "kernels": None,
+                       **json.loads(os.environ.get("FAKE_FOUND", "{{}}"))}}))
 """
 
 
@@ -94,7 +97,7 @@ def test_requirements_come_from_the_bundled_file(sources, tmp_path):
     torch, others = env.read_requirements(sources)
     pinned = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["splatwright"]["torch"]
     assert torch == f"torch=={pinned}"
-    assert [env.requirement_name(r) for r in others] == ["numpy", "ninja", "plyfile", "pillow", "pycolmap"]
+    assert [env.requirement_name(r) for r in others] == ["numpy", "ninja", "plyfile", "pillow", "pycolmap", "zstandard"]
     with pytest.raises(SplatwrightError, match="reinstall the add-on"):
         env.read_requirements(tmp_path / "nowhere")
     (sources / env.REQUIREMENTS).write_text("numpy\n")
@@ -107,7 +110,7 @@ def test_install_steps_make_the_venv_then_torch_then_the_rest(sources, tmp_path)
     python = str(env.venv_python(venv))
     steps = env.install_steps("/opt/python3.11", venv, sources, env.torch_build((12, 8)), reuse_venv=False)
     assert [s.label for s in steps] == ["Creating the environment", "Installing torch (CUDA 12.8 build)",
-                                        "Installing numpy, ninja, plyfile, pillow, pycolmap"]
+                                        "Installing numpy, ninja, plyfile, pillow, pycolmap, zstandard"]
     assert steps[0].argv == ["/opt/python3.11", "-m", "venv", "--clear", str(venv)]
     assert steps[1].argv[:4] == [python, "-m", "pip", "install"]
     assert steps[1].argv[-3:] == [env.read_requirements(sources)[0], "--index-url",
@@ -115,7 +118,8 @@ def test_install_steps_make_the_venv_then_torch_then_the_rest(sources, tmp_path)
     others = env.read_requirements(sources)[1]
     assert steps[2].argv[-len(others):] == others
     reused = env.install_steps("/opt/python3.11", venv, sources, env.torch_build(None), reuse_venv=True)
-    assert [s.label for s in reused] == ["Installing torch (CPU build)", "Installing numpy, ninja, plyfile, pillow, pycolmap"]
+    assert [s.label for s in reused] == ["Installing torch (CPU build)",
+                                         "Installing numpy, ninja, plyfile, pillow, pycolmap, zstandard"]
 
 
 def test_blenders_python_is_found_even_where_sys_executable_is_blender(tmp_path):
@@ -148,11 +152,11 @@ def test_set_up_creates_installs_checks_and_is_then_ready(fake_python, sources, 
         ["-m", "venv", "--clear", str(folder / env.VENV)],
         ["-m", "pip", "install", "--disable-pip-version-check", "--no-input", torch],
         ["-m", "pip", "install", "--disable-pip-version-check", "--no-input", *others],
-        ["-c", env.CHECK, "numpy", "ninja", "plyfile", "pillow", "pycolmap"]]
+        ["-c", env.CHECK, "numpy", "ninja", "plyfile", "pillow", "pycolmap", "zstandard"]]
     assert calls(tmp_path) and Path(venv_python).is_file()
     found = env.readiness(folder / env.VENV, sources)
     assert found == job.found and found["torch"] == "2.13.0+cpu" and set(found["packages"]) == {
-        "numpy", "ninja", "plyfile", "pillow", "pycolmap"}
+        "numpy", "ninja", "plyfile", "pillow", "pycolmap", "zstandard"}
     log = (folder / env.LOG).read_text().splitlines()
     assert log[0].startswith("no NVIDIA driver answered nvidia-smi: installing torch's CPU build")
     assert "== Installing torch (CPU build)" in log and log[-1] == "set-up done"
@@ -165,6 +169,58 @@ def test_set_up_creates_installs_checks_and_is_then_ready(fake_python, sources, 
 
     (sources / env.REQUIREMENTS).write_text(build_addon.requirements() + "tqdm\n")  # a newer add-on needs more
     assert env.readiness(folder / env.VENV, sources) is None
+
+
+KERNELS_VERSION = "0.1.0+torch2.13.0.cu130.src0123456789abcdef"
+CUDA_TORCH = {"python": "3.11.9", "torch": "2.13.0+cu130", "cuda": "13.0"}
+
+
+def carry_kernels(sources: Path) -> Path:
+    """Wheels of prebuilt kernels in the add-on: for torch 2.13.0 with CUDA 13.0 and 12.8 on Python 3.11, and
+    with CUDA 13.0 on 3.13; returns the first."""
+    (sources / env.KERNELS).mkdir()
+    names = [f"splatwright_kernels-{KERNELS_VERSION}-cp311-cp311-linux_x86_64.whl",
+             "splatwright_kernels-0.1.0+torch2.13.0.cu128.src0123456789abcdef-cp311-cp311-linux_x86_64.whl",
+             f"splatwright_kernels-{KERNELS_VERSION}-cp313-cp313-linux_x86_64.whl"]
+    for name in names:
+        (sources / env.KERNELS / name).write_bytes(b"")
+    return sources / env.KERNELS / names[0]
+
+
+@pytest.mark.skipif((sys.platform, platform.machine()) != ("linux", "x86_64"),
+                    reason="the prebuilt kernels are for Linux x86_64")
+def test_the_carried_kernels_that_fit_the_installed_torch_are_chosen(sources):
+    wheel = carry_kernels(sources)
+    assert env.kernels_wheel(sources, CUDA_TORCH) == wheel
+    assert env.kernels_wheel(sources, {**CUDA_TORCH, "python": "3.13.1"}).name.endswith("-cp313-cp313-linux_x86_64.whl")
+    assert "cu128" in env.kernels_wheel(sources, {**CUDA_TORCH, "torch": "2.13.0+cu128", "cuda": "12.8"}).name
+    for other in ({"cuda": "12.6", "torch": "2.13.0+cu126"}, {"torch": "2.12.0+cu130"}, {"python": "3.12.3"},
+                  {"cuda": None, "torch": "2.13.0+cpu"}):
+        assert env.kernels_wheel(sources, {**CUDA_TORCH, **other}) is None, other
+    assert env.kernels_report(CUDA_TORCH, wheel) == f"prebuilt ({KERNELS_VERSION})"
+    assert "built at first use where the CUDA toolkit (nvcc) is installed, else the GPU trains through the slower " \
+           "torch rasterizer" in env.kernels_report(CUDA_TORCH, None)
+    assert env.kernels_report({**CUDA_TORCH, "cuda": None}, None) == ""
+
+
+@pytest.mark.skipif((sys.platform, platform.machine()) != ("linux", "x86_64"),
+                    reason="the prebuilt kernels are for Linux x86_64")
+def test_set_up_installs_the_carried_kernels_that_fit_once(fake_python, sources, tmp_path, monkeypatch):
+    wheel = carry_kernels(sources)
+    monkeypatch.setenv("FAKE_FOUND", json.dumps(CUDA_TORCH))
+    folder = tmp_path / "data"
+    job = finished(env.Setup(str(fake_python), folder, sources, find_cuda=lambda: (13, 0)))
+    assert (job.state, job.progress) == ("done", 1.0), job.log.last(20)
+    assert calls(tmp_path)[-1] == ["-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--no-deps",
+                                   "--force-reinstall", str(wheel)]
+    found = env.readiness(folder / env.VENV, sources)
+    assert found["kernels"] == KERNELS_VERSION and found["kernels_report"] == f"prebuilt ({KERNELS_VERSION})"
+    assert f"CUDA kernels: prebuilt ({KERNELS_VERSION})" in (folder / env.LOG).read_text().splitlines()
+
+    (tmp_path / "calls.jsonl").unlink()  # set up again, the kernels in place: only checked
+    monkeypatch.setenv("FAKE_FOUND", json.dumps({**CUDA_TORCH, "kernels": KERNELS_VERSION}))
+    again = finished(env.Setup(str(fake_python), folder, sources, find_cuda=lambda: (13, 0)))
+    assert again.state == "done" and [c[0] for c in calls(tmp_path)] == ["-c"]
 
 
 def test_cancel_kills_the_installer_and_the_next_set_up_goes_on(fake_python, sources, tmp_path, monkeypatch):
@@ -197,7 +253,8 @@ def test_a_failed_install_says_where(fake_python, sources, tmp_path, monkeypatch
     job = finished(env.Setup(str(fake_python), tmp_path / "data", sources, find_cuda=no_gpu))
     assert job.state == "failed" and job.returncode == 1
     assert "ERROR: No matching distribution found" in job.log.last(3)
-    assert job.log.last(1) == ["set-up failed at 'Installing numpy, ninja, plyfile, pillow, pycolmap' (exit code 1)"]
+    assert job.log.last(1) == [
+        "set-up failed at 'Installing numpy, ninja, plyfile, pillow, pycolmap, zstandard' (exit code 1)"]
     assert env.readiness(tmp_path / "data" / env.VENV, sources) is None
 
 

@@ -110,10 +110,11 @@ def render_psnr(a: Gaussians | list[torch.Tensor], b: Gaussians, cameras: list[C
 
 @pytest.mark.parametrize("name", ["minimal-v3.spz", "minimal-v4.spz"])
 def test_niantics_spz_files_read_in_the_plys_axes(name):
-    """Niantic's library wrote these from RDF (PLY) data into SPZ's RUB; read back they are in the PLY's axes."""
+    """Niantic's library wrote these from RDF (PLY) data into SPZ's RUB, with no record saying so; read as RUB
+    they are back in the PLY's axes."""
     if name.endswith("v4.spz"):
         pytest.importorskip("zstandard", reason="SPZ version 4 needs the zstandard package")
-    g = formats.read_any(DATA / name)
+    g = formats.read_any(DATA / name, spz_axes="rub")
     assert torch.allclose(g.means, torch.tensor(GRID, dtype=torch.float32), atol=SPZ_TOL["means"])
     assert torch.allclose(g.log_scales, torch.full((4, 3), math.log(0.1)), atol=SPZ_TOL["log_scales"])
     assert torch.allclose(g.opacities, torch.full((4,), 0.9), atol=SPZ_TOL["opacity"])
@@ -123,10 +124,12 @@ def test_niantics_spz_files_read_in_the_plys_axes(name):
 
 
 def test_hand_packed_spz_v2_and_splat_read_by_the_specification():
-    g = formats.read_any(DATA / "minimal-v2.spz")  # positions packed raw, so they are RUB: y and z flip
-    assert torch.allclose(g.means, torch.tensor(GRID, dtype=torch.float32) * torch.tensor([1.0, -1, -1]))
+    g = formats.read_any(DATA / "minimal-v2.spz")  # the PLY's positions packed raw: read in the PLY's axes
+    assert torch.allclose(g.means, torch.tensor(GRID, dtype=torch.float32))
     assert torch.allclose(g.log_scales, torch.full((4, 3), 123 / 16 - 10))
-    assert torch.allclose(g.quats[:, 1:], torch.full((4, 3), 1 / 255) * torch.tensor([1.0, -1, -1]), atol=1e-6)
+    assert torch.allclose(g.quats[:, 1:], torch.full((4, 3), 1 / 255), atol=1e-6)
+    turned = formats.read_any(DATA / "minimal-v2.spz", spz_axes="rub")  # as the specification's RUB: y and z flip
+    assert torch.allclose(turned.means, g.means * torch.tensor([1.0, -1, -1]))
     s = formats.read_any(DATA / "minimal.splat")
     assert torch.allclose(s.means, torch.tensor(GRID, dtype=torch.float32))
     assert torch.allclose(s.log_scales.exp(), torch.full((4, 3), 0.1))
@@ -140,23 +143,22 @@ def test_hand_packed_spz_v2_and_splat_read_by_the_specification():
 def test_splat_transforms_files_match_their_source(source):
     ref = read_ply(DATA / f"{source}.ply")
     assert_within(ref, nearest(ref, formats.read_any(DATA / f"{source}.compressed.ply")), compressed_tol(ref))
-    # splat-transform stores the PLY's axes in SPZ unconverted; read by the specification they are flipped.
-    assert_within(ref, flip_yz(formats.read_any(DATA / f"{source}.spz")), SPZ_TOL)
+    # splat-transform stores the PLY's axes in SPZ unconverted, which the default axes (ply) read.
+    assert_within(ref, formats.read_any(DATA / f"{source}.spz"), SPZ_TOL)
     if source == "donut3k":
         assert_within(ref, nearest(ref, formats.read_any(DATA / "donut3k.splat")), SPLAT_TOL)
 
 
 def test_splat_transforms_spz_version_4_matches_its_source():
     pytest.importorskip("zstandard", reason="SPZ version 4 needs the zstandard package")
-    assert_within(read_ply(DATA / "sh3.ply"), flip_yz(formats.read_any(DATA / "sh3-v4.spz")), SPZ_TOL)
+    assert_within(read_ply(DATA / "sh3.ply"), formats.read_any(DATA / "sh3-v4.spz", spz_axes="ply"), SPZ_TOL)
 
 
 def test_third_party_files_render_like_their_source():
     cams = donut_cameras(1, 32)
     reference = renders(read_ply(DATA / "donut3k.ply"), cams)
-    for name, fix in [("donut3k.compressed.ply", None), ("donut3k.spz", flip_yz), ("donut3k.splat", None)]:
-        g = formats.read_any(DATA / name)
-        assert render_psnr(reference, fix(g) if fix else g, cams) > 33.0, name
+    for name in ["donut3k.compressed.ply", "donut3k.spz", "donut3k.splat", "donut3k.ksplat"]:
+        assert render_psnr(reference, formats.read_any(DATA / name), cams) > 33.0, name
 
 
 # --- our writes in the other tools' readers --------------------------------------------------------------
@@ -165,7 +167,8 @@ def test_our_writes_are_the_files_the_other_readers_decoded():
     ref = read_ply(DATA / "sh3.ply")
     assert formats.encode_any(ref, "compressed_ply") == (DATA / "ours-sh3.compressed.ply").read_bytes()
     assert formats.encode_any(ref, "splat") == (DATA / "ours-sh3.splat").read_bytes()
-    assert gzip.decompress(formats.encode_any(ref, "spz")) == gzip.decompress((DATA / "ours-sh3.spz").read_bytes())
+    assert gzip.decompress(formats.encode_any(ref, "spz", spz_version=3)) == gzip.decompress(
+        (DATA / "ours-sh3.spz").read_bytes())
 
 
 def test_niantics_reader_decodes_our_spz_to_the_model():
@@ -230,8 +233,9 @@ def test_decoded_values_encode_back_to_themselves(fmt):
 
 def test_spz_columns_but_rotations_encode_back_to_the_same_bytes():
     """Rotations may differ where two components tie for the largest (either choice is the same rotation)."""
-    data = gzip.decompress(formats.encode_any(random_gaussians(300, seed=5, sh_degree=2), "spz"))
-    again = gzip.decompress(formats.encode_any(formats.read_any(gzip.compress(data), name="m.spz"), "spz"))
+    data = gzip.decompress(formats.encode_any(random_gaussians(300, seed=5, sh_degree=2), "spz", spz_version=3))
+    again = gzip.decompress(formats.encode_any(formats.read_any(gzip.compress(data), name="m.spz", spz_axes="rub"),
+                                               "spz", spz_version=3))
     rotations = slice(16 + 300 * 16, 16 + 300 * 20)
     assert again[:rotations.start] == data[:rotations.start] and again[rotations.stop:] == data[rotations.stop:]
 
@@ -240,7 +244,7 @@ def test_large_scenes_keep_fewer_fractional_bits_in_spz():
     g = random_gaussians(50, seed=6, sh_degree=0)
     g.means = g.means * 5000.0  # beyond 2048, where 12 fractional bits overflow 24-bit positions
     back = round_trip(g, "spz")
-    assert gzip.decompress(formats.encode_any(g, "spz"))[13] < 12
+    assert gzip.decompress(formats.encode_any(g, "spz", spz_version=3))[13] < 12
     assert (back.means - g.means).abs().max() < 0.5
 
 

@@ -289,9 +289,31 @@ def test_an_imported_session_reads_its_file_back_as_the_import_did(tmp_path, nam
     model = random_gaussians(40, seed=5, sh_degree=0 if fmt == "splat" else 1)
     data = encode_any(model, fmt)
     session = Session.create_imported(tmp_path, name, data, (0.5, 0.5, 0.5))
-    path, background = imported_file(session.folder)
-    assert background == (0.5, 0.5, 0.5) and path.read_bytes() == data
+    path, background, spz_axes = imported_file(session.folder)
+    assert background == (0.5, 0.5, 0.5) and path.read_bytes() == data and spz_axes == "ply"
     assert_same_model(read_model_file(path.read_bytes(), path.name), read_model_file(data, name))
+
+
+def test_an_imported_spz_is_read_in_the_axes_the_import_asked_also_after_a_restart(tmp_path):
+    """An SPZ that does not say its axes (our version 3: RUB) reads as the model in the axes rub, turned half about
+    x in the default ply; the session keeps the choice."""
+    model = random_gaussians(80, seed=6, sh_degree=1)
+    data = encode_any(model, "spz", spz_version=3)
+    workdir = tmp_path / "sessions"
+    exported = lambda client: read_ply(bytes(client.request("export_ply", {"name": "m.ply"}).payload))  # noqa: E731
+    with serving(workdir) as client:
+        client.load_ply(data, None, "turned.spz")
+        turned = exported(client)
+        assert client.load_ply(data, None, "asked.spz", "rub")["session"] == "asked"
+        assert (exported(client).means - model.means).abs().max() < 1e-3
+    assert torch.allclose(turned.means, exported_means := model.means * torch.tensor([1.0, -1, -1]), atol=1e-3)
+    with serving(workdir) as client:  # a restarted backend reads the kept file as the import did
+        client.call("open_session", name="asked", create=False)
+        client.call("load_checkpoint")
+        assert (exported(client).means - model.means).abs().max() < 1e-3
+        client.call("open_session", name="turned", create=False)
+        client.call("load_checkpoint")
+        assert torch.allclose(exported(client).means, exported_means, atol=1e-3)
 
 
 def test_a_loaded_4d_model_file_is_drawn_and_exported_at_each_requests_time(viewer, tmp_path):

@@ -218,7 +218,8 @@ def test_cli_train_starts_from_the_scenes_points(tiny_scene, tmp_path):
 
 
 @pytest.mark.parametrize("breakage, message", [
-    (None, "missing: not found; give the scene folder"),
+    (None, "missing: not found; give the scene folder (the one holding transforms_train.json or transforms.json, or a "
+             "COLMAP capture's, holding sparse/0/ and images/)"),
     (_unreadable, "r_4.png: cannot read image"),
     (_singular, "frame 1: matrix is singular"),
 ])

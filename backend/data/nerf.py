@@ -21,7 +21,8 @@ def transforms_path(root: str | Path, split: str) -> Path | None:
     root = Path(root)
     if not root.is_dir():
         raise SplatwrightError(f"{root}: {'not a folder' if root.exists() else 'not found'}; give the scene folder "
-                               "(the one holding transforms_train.json or transforms.json)")
+                               "(the one holding transforms_train.json or transforms.json, or a COLMAP capture's, holding "
+                               "sparse/0/ and images/)")
     path = root / f"transforms_{split}.json"
     if path.is_file():
         return path

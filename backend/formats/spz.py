@@ -12,17 +12,26 @@ in turn:
   then for each other component in that order a sign bit and 9 bits of |q| / sqrt(1/2);
 - SH beyond DC: coefficient-major with the colour channel inner, x 128 + 128, kept to 5 bits for degree 1
   and 4 bits above (the low bits zeroed to help gzip).
-Each byte value is the nearest integer, clamped to [0, 255]. Version 4 (read when the zstandard package is
-installed) has a 32-byte plain header (adding the stream count and the offset of a table of contents) and
-each column zstd-compressed on its own. Files flagged 0x2 carry extension records (uint32 type, uint32 length,
-payload) after the columns (2, 3) or between header and table (4); of those only the coordinate-system record
-changes how the data reads. We write version 3 (which every SPZ reader since 2024 reads).
+Each byte value is the nearest integer, clamped to [0, 255]. Version 4 (the zstandard package reads and writes
+it) has a 32-byte plain header (adding the stream count and the offset of a table of contents), each column
+zstd-compressed on its own (an empty one, SH of degree 0, not stored), and its extension records (uint32 type,
+uint32 length, payload; flagged 0x2) between the header and the table. Versions 2 and 3 keep flagged records
+after the columns. We write version 4, or version 3 on request (for readers older than 2026).
 
-Coordinates: SPZ stores RUB (x right, y up, z back); the official 3DGS PLY and our model, both in the world
-frame as trained, are RDF (x right, y down, z forward), as Niantic's PLY tools take a PLY. Between the two,
-y and z are negated: positions (x, y, z) -> (x, -y, -z), quaternions (w, x, y, z) -> (w, x, -y, -z), and each
-SH coefficient is multiplied by the sign its basis function takes under the flip. That is a half turn about
-x, its own inverse, so a write then a read gives back the model as it was (up to quantisation).
+Coordinates: SPZ stores RUB (x right, y up, z back) unless Adobe's coordinate-system record
+(SPZ_ADOBE_coordinate_system, type 0xADBE0003, payload the uint32 number of the system the data is stored in)
+says otherwise; the official 3DGS PLY and our model, both in the world frame as trained, are RDF (x right, y
+down, z forward). Between the two, y and z are negated: positions (x, y, z) -> (x, -y, -z), quaternions
+(w, x, y, z) -> (w, x, -y, -z), and each SH coefficient is multiplied by the sign its basis function takes under
+the flip: a half turn about x, its own inverse. We write RUB, as Niantic's library does, and version 4 says so
+in that record. A file without it (Niantic's library writes none; splat-transform and SuperSplat, which store
+the PLY's axes unconverted, write none either) is read in the axes `axes` names: "ply" (stored as the PLY's,
+SuperSplat's files; the default) or "rub" (as the specification says, Niantic's files and our version 3).
+Nothing in such a file tells the two apart: both writers pack with Niantic's library (the same header, flags 0,
+12 fractional bits), and a scene's splats do not say which way is up.
+
+Other records (such as Adobe's safe-orbit camera, 0xADBE0002) and the antialiasing flag (0x1) do not change
+how the model reads; `extras` reads them, and a version 4 write of the model keeps those it is given.
 """
 from __future__ import annotations
 
@@ -34,8 +43,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from blender_addon.core.errors import SplatwrightError
+from blender_addon.core.settings import SPZ_AXES
 from ..gaussians import Gaussians
-from .budget import Budget, Inflater, zstd_available
+from .budget import Budget, Inflater, zstd_available, zstandard
 from .common import (OTHER_COMPONENTS, byte_logit, columns, gaussians_from_columns, round_half_away, sh_degree_of,
                      sigmoid, to_byte, unit_quats, unpack_bits)
 
@@ -44,11 +54,14 @@ GZIP_MAGIC = b"\x1f\x8b"
 NGSP_MAGIC = b"NGSP"
 LEGACY_HEADER = struct.Struct("<IIIBBBB")  # magic, version, splats, SH degree, fractional bits, flags, reserved
 NGSP_HEADER = struct.Struct("<IIIBBBBI12x")  # ... , stream count, table of contents offset, reserved
-WRITTEN_VERSION = 3
+VERSIONS = (4, 3)  # written: the default first
+FLAG_ANTIALIASED = 0x1
 FLAG_EXTENSIONS = 0x2
 COORDINATE_SYSTEM_RECORD = 0xADBE0003
 # Niantic's numbers of the axis conventions 1..8: of n - 1, bit 0 is x right, bit 1 y up, bit 2 z forward.
 RUB, RDF = 4, 6
+AXES = dict(zip(SPZ_AXES, (RDF, RUB)))  # how a file without a coordinate-system record is read: the default first
+ZSTD_LEVEL = 12  # Niantic's
 COLOR_SCALE = 0.15
 SH_BITS = (5, 4)  # bits kept of degree-1 coefficients and of higher ones
 MAX_FRACTIONAL_BITS = 12  # ~0.25 mm steps, as Niantic writes
@@ -65,25 +78,46 @@ class Header:
     flags: int
 
 
+@dataclass(frozen=True)
+class Extras:
+    """What an SPZ holds beside the model and its axes: the antialiasing flag and the other extension records
+    (type, payload), in the file's order."""
+    antialiased: bool = False
+    records: tuple[tuple[int, bytes], ...] = ()
+
+
 def is_spz(head: bytes) -> bool:
     return head[:2] == GZIP_MAGIC or head[:4] == NGSP_MAGIC
 
 
-def decode(data: bytes, name: str = "the SPZ", budget: Budget = Budget()) -> Gaussians:
+def check_axes(axes: str) -> str:
+    if axes not in AXES:
+        raise SplatwrightError(f"SPZ axes {axes!r}: choose {' or '.join(AXES)}")
+    return axes
+
+
+def decode(data: bytes, name: str = "the SPZ", budget: Budget = Budget(), axes: str = "ply") -> Gaussians:
     """The model of an SPZ file's bytes, inflated against `budget` (budget.py): the counts its header declares
-    are checked before its columns are inflated, and no stream inflates past them."""
-    if data[:4] == NGSP_MAGIC:
-        header, streams, records = _read_ngsp(data, name, budget)
-    elif data[:2] == GZIP_MAGIC:
-        header, streams, records = _read_legacy(data, name, budget)
-    else:
-        raise SplatwrightError(f"{name}: not an SPZ file (it starts neither with gzip's bytes 1f 8b nor with 'NGSP')")
-    stored = _unpack(header, streams)
-    return gaussians_from_columns(_flipped(stored, _signs_to_ours(_coordinate_system(records, name))), name, budget)
+    are checked before its columns are inflated, and no stream inflates past them. A file without a
+    coordinate-system record is read in `axes` (AXES)."""
+    unstated = AXES[check_axes(axes)]
+    header, streams, records = _read(data, name, budget)
+    system = _coordinate_system(records, name) or unstated
+    return gaussians_from_columns(_flipped(_unpack(header, streams), _signs_to_ours(system)), name, budget)
 
 
-def encode(g: Gaussians) -> bytes:
-    """Version 3 SPZ bytes of `g` (SH degree 0 to 3)."""
+def extras(data: bytes, name: str = "the SPZ", budget: Budget = Budget()) -> Extras:
+    """The antialiasing flag and the extension records but the coordinate system's of an SPZ file's bytes."""
+    header, _, records = _read(data, name, budget)
+    return Extras(bool(header.flags & FLAG_ANTIALIASED),
+                  tuple((kind, payload) for kind, payload in records if kind != COORDINATE_SYSTEM_RECORD))
+
+
+def encode(g: Gaussians, version: int = VERSIONS[0], kept: Extras = Extras()) -> bytes:
+    """SPZ bytes of `g` (SH degree 0 to 3) in RUB: version 4 (zstd) saying so in its coordinate-system record,
+    with `kept`'s flag and records after it; or version 3 (gzip), which has neither."""
+    if version not in VERSIONS:
+        raise SplatwrightError(f"SPZ version {version}: Splatwright writes versions {' and '.join(map(str, VERSIONS))}")
     c = _flipped(columns(g), _signs_to_ours(RUB))  # the flip is its own inverse
     n, degree = len(c["means"]), sh_degree_of(c["sh_rest"])
     if n == 0:
@@ -100,11 +134,32 @@ def encode(g: Gaussians) -> bytes:
         _pack_smallest_three(c["quats"]),
         _quantize_sh(c["sh_rest"], sh_bits[None, :, None]),
     ]
-    header = LEGACY_HEADER.pack(MAGIC, WRITTEN_VERSION, n, degree, fractional_bits, 0, 0)
-    return gzip.compress(header + b"".join(np.ascontiguousarray(a).tobytes() for a in body), compresslevel=6, mtime=0)
+    streams = [np.ascontiguousarray(a).tobytes() for a in body]
+    if version == 3:
+        header = LEGACY_HEADER.pack(MAGIC, version, n, degree, fractional_bits, 0, 0)
+        return gzip.compress(header + b"".join(streams), compresslevel=6, mtime=0)
+    if zstandard is None:
+        raise SplatwrightError("SPZ version 4 is zstd-compressed; install the zstandard package (pip install "
+                               "zstandard), or write version 3")
+    records = b"".join(struct.pack("<II", kind, len(payload)) + payload
+                       for kind, payload in ((COORDINATE_SYSTEM_RECORD, struct.pack("<I", RUB)), *kept.records))
+    packed = [zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(s) for s in streams if s]
+    flags = FLAG_EXTENSIONS | (FLAG_ANTIALIASED if kept.antialiased else 0)
+    toc = NGSP_HEADER.size + len(records)
+    header = NGSP_HEADER.pack(MAGIC, version, n, degree, fractional_bits, flags, len(packed), toc)
+    table = b"".join(struct.pack("<QQ", len(p), len(s)) for p, s in zip(packed, filter(None, streams)))
+    return header + records + table + b"".join(packed)
 
 
 # --- reading ----------------------------------------------------------------------------------------------
+
+def _read(data: bytes, name: str, budget: Budget) -> tuple[Header, list, list[tuple[int, bytes]]]:
+    if data[:4] == NGSP_MAGIC:
+        return _read_ngsp(data, name, budget)
+    if data[:2] == GZIP_MAGIC:
+        return _read_legacy(data, name, budget)
+    raise SplatwrightError(f"{name}: not an SPZ file (it starts neither with gzip's bytes 1f 8b nor with 'NGSP')")
+
 
 def _check_header(h: Header, name: str) -> Header:
     if h.version == 1:
@@ -126,7 +181,7 @@ def _column_sizes(h: Header) -> list[int]:
     return [9 * n, n, 3 * n, 3 * n, (3 if h.version == 2 else 4) * n, 3 * dim * n]
 
 
-def _read_legacy(data: bytes, name: str, budget: Budget) -> tuple[Header, list, dict[int, bytes]]:
+def _read_legacy(data: bytes, name: str, budget: Budget) -> tuple[Header, list, list[tuple[int, bytes]]]:
     stream = Inflater(data, name, "SPZ's gzip stream")
     raw = stream.read(LEGACY_HEADER.size)
     if len(raw) < LEGACY_HEADER.size:
@@ -153,10 +208,10 @@ def _read_legacy(data: bytes, name: str, budget: Budget) -> tuple[Header, list, 
     ends = np.cumsum([0] + sizes)
     view = memoryview(body)
     streams = [view[a:b] for a, b in zip(ends[:-1], ends[1:])]
-    return header, streams, _records(bytes(rest), name) if flags & FLAG_EXTENSIONS else {}
+    return header, streams, _records(bytes(rest), name) if flags & FLAG_EXTENSIONS else []
 
 
-def _read_ngsp(data: bytes, name: str, budget: Budget) -> tuple[Header, list, dict[int, bytes]]:
+def _read_ngsp(data: bytes, name: str, budget: Budget) -> tuple[Header, list, list[tuple[int, bytes]]]:
     if len(data) < NGSP_HEADER.size:
         raise SplatwrightError(f"{name}: truncated SPZ: {len(data)} bytes, shorter than the 32-byte header")
     magic, version, count, degree, bits, flags, n_streams, toc = NGSP_HEADER.unpack_from(data)
@@ -192,33 +247,32 @@ def _read_ngsp(data: bytes, name: str, budget: Budget) -> tuple[Header, list, di
     if offset != len(data):
         raise SplatwrightError(f"{name}: {len(data) - offset} bytes after the last stream")
     streams += [b""] * (len(sizes) - len(streams))
-    return header, streams, _records(data[NGSP_HEADER.size:toc], name) if flags & FLAG_EXTENSIONS else {}
+    return header, streams, _records(data[NGSP_HEADER.size:toc], name) if flags & FLAG_EXTENSIONS else []
 
 
-def _records(data: bytes, name: str) -> dict[int, bytes]:
-    """Extension records by type."""
-    records, offset = {}, 0
+def _records(data: bytes, name: str) -> list[tuple[int, bytes]]:
+    """Extension records (type, payload), in order."""
+    records, offset = [], 0
     while offset < len(data):
         if offset + 8 > len(data):
             raise SplatwrightError(f"{name}: truncated SPZ extension record")
         kind, length = struct.unpack_from("<II", data, offset)
         if offset + 8 + length > len(data):
             raise SplatwrightError(f"{name}: truncated SPZ extension record {kind:#010x}")
-        records[kind] = data[offset + 8:offset + 8 + length]
+        records.append((kind, bytes(data[offset + 8:offset + 8 + length])))
         offset += 8 + length
     return records
 
 
-def _coordinate_system(records: dict[int, bytes], name: str) -> int:
-    payload = records.get(COORDINATE_SYSTEM_RECORD)
+def _coordinate_system(records: list[tuple[int, bytes]], name: str) -> int:
+    """The system the coordinate-system record names; 0 where there is none or it says "unspecified"."""
+    payload = dict(records).get(COORDINATE_SYSTEM_RECORD)
     if payload is None:
-        return RUB
+        return 0
     if len(payload) != 4:
         raise SplatwrightError(f"{name}: coordinate-system record of {len(payload)} bytes, expected 4")
     system = int.from_bytes(payload, "little")
-    if system == 0:  # "unspecified": stored without conversion, as the writer's data was
-        return RDF
-    if not 1 <= system <= 8:
+    if system and not 1 <= system <= 8:
         raise SplatwrightError(f"{name}: stored in coordinate system {system}, one that swaps axes; "
                                "Splatwright reads the systems 1-8 (axis flips only)")
     return system
@@ -308,3 +362,17 @@ def _quantize_sh(x: np.ndarray, bits: np.ndarray) -> np.ndarray:
     bucket = 2.0 ** (8 - bits)
     q = round_half_away(x.astype(np.float64) * 128.0) + 128.0
     return np.clip(np.floor((q + bucket // 2) / bucket) * bucket, 0, 255).astype(np.uint8)
+
+
+def notes(version: int, kept: Extras = Extras()) -> list[str]:
+    """What a write of `version` leaves out: version 3 has no place for the axes or for `kept`."""
+    if version != 3:
+        return []
+    said = ["SPZ version 3 does not say its axes: it holds RUB, as the specification says and Niantic's tools read "
+            "it; read it back with --spz-axes rub (SuperSplat and splat-transform show it turned 180 degrees about x)"]
+    if kept.records or kept.antialiased:
+        what = ([f"{len(kept.records)} extension record(s)"] if kept.records else []) + (
+            ["the antialiasing flag"] if kept.antialiased else [])
+        said.append(f"the source's {' and '.join(what)} are left out: this writer's version 3 carries none "
+                    "(version 4 keeps them)")
+    return said

@@ -67,9 +67,9 @@ class Engine:
         self.training.show(Session.open(self.workdir, name, create))
         return self.status()
 
-    def load_ply(self, data: bytes, background, name: str = "") -> dict:
-        """Show the splat file `data` (any format, told by its content; `name`, its file name, tells a .splat),
-        or a 4D model's file (splats4d.pt: a *.pt name or a torch file's content), drawn at each request's
+    def load_ply(self, data: bytes, background, name: str = "", spz_axes: str = "ply") -> dict:
+        """Show the splat file `data` (any format, told by its content; `name`, its file name, tells a .splat; an
+        SPZ that does not say its axes read in `spz_axes`), or a 4D model's file (splats4d.pt: a *.pt name or a torch file's content), drawn at each request's
         time. The file is kept in a new session named after it, which opens: a splat object can place that
         session's model in a scene, and renders naming it draw it after a restart too."""
         if self.training.running():
@@ -77,8 +77,8 @@ class Engine:
         self._check_imported_sessions(name)
         data = bytes(data)
         # A file that cannot be read, or holds a model validate.py refuses, makes no session.
-        model = file_model(data, name, background, self.device, self.limits.budget())
-        session = Session.create_imported(self.workdir, name, data, background)
+        model = file_model(data, name, background, self.device, self.limits.budget(), spz_axes)
+        session = Session.create_imported(self.workdir, name, data, background, spz_axes)
         self.training.show(session, model)
         # and the status says whether it is 4D
         return {"gaussians": len(model.g), "sh_degree": model.g.max_sh_degree, "session": session.name}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from blender_addon.core.errors import SplatwrightError
 from ..dynamic import DynamicGaussians, gaussians_from_tensors, read_dynamic
-from ..formats import formation_of, read_any
+from ..formats import formation_of, read_any, sog
 from ..formats.budget import Budget
 from ..gaussians import Gaussians
 from ..policy import CHECKPOINT
@@ -82,33 +82,37 @@ class SavedModels:
         return Model(g, sh_degree, tuple(cfg.background), state["step"], formation=cfg.image_formation)
 
 
-def imported_model(path: Path, background: tuple, device, budget: Budget) -> Model:
+def imported_model(path: Path, background: tuple, spz_axes: str, device, budget: Budget) -> Model:
     """The model of the splat file an imported session keeps (session.imported_file), as load_ply showed it."""
     try:
         data = path.read_bytes()
     except OSError as e:
         raise SplatwrightError(f"cannot read {path.parent.name}/{path.name}, the file session {path.parent.name!r} "
                                f"was imported from ({e.strerror or e})") from None
-    return file_model(data, path.name, background, device, budget)
+    return file_model(data, path.name, background, device, budget, spz_axes)
 
 
-def file_model(data: bytes, name: str, background, device, budget: Budget) -> Model:
-    """The model of a splat file or a 4D model's file (read_model_file, within `budget`), to draw over
-    `background` in the image formation it was trained for (a 4D model's file: the standard one)."""
-    g = read_model_file(data, name, budget).to(device)
+def file_model(data: bytes, name: str, background, device, budget: Budget, spz_axes: str = "ply") -> Model:
+    """The model of a splat file or a 4D model's file (read_model_file, within `budget`; an SPZ that does not say
+    its axes read in `spz_axes`), to draw over `background` in the image formation it was trained for (a 4D model's
+    file: the standard one)."""
+    g = read_model_file(data, name, budget, spz_axes).to(device)
     formation = "standard" if isinstance(g, DynamicGaussians) else formation_of(data, name or "the uploaded model")
     return Model(g, g.max_sh_degree, tuple(background), 0, formation=formation)
 
 
 def is_dynamic_file(data: bytes, name: str) -> bool:
-    """Whether a file is a 4D model's (backend.dynamic): named *.pt, or a torch file (a zip) not named as a
-    .splat (the one splat format without magic bytes)."""
+    """Whether a file is a 4D model's (backend.dynamic): named *.pt, or a torch file (a zip) that is neither named
+    as a .splat (the one splat format without magic bytes) nor a bundled SOG (a zip too)."""
     lower = name.lower()
-    return lower.endswith(DYNAMIC_SUFFIX) or (data[:len(ZIP_MAGIC)] == ZIP_MAGIC and not lower.endswith(".splat"))
+    return lower.endswith(DYNAMIC_SUFFIX) or (data[:len(ZIP_MAGIC)] == ZIP_MAGIC and not lower.endswith(".splat")
+                                              and not sog.is_bundle(data))
 
 
-def read_model_file(data: bytes, name: str, budget: Budget = Budget()) -> Gaussians:
+def read_model_file(data: bytes, name: str, budget: Budget = Budget(), spz_axes: str = "ply") -> Gaussians:
     """The model of a splat file or a 4D model's file (load_ply's) of at most `budget`'s Gaussians; `name`, the
-    file's, may be empty."""
+    file's, may be empty; an SPZ that does not say its axes is read in `spz_axes`."""
     what = name or "the uploaded model"
-    return read_dynamic(data, what, budget) if is_dynamic_file(data, name) else read_any(data, what, budget=budget)
+    if is_dynamic_file(data, name):
+        return read_dynamic(data, what, budget)
+    return read_any(data, what, budget=budget, spz_axes=spz_axes)

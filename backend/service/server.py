@@ -203,7 +203,8 @@ class Server:
                                                self.engine.limits.budget()),
             "save_checkpoint": lambda m: (self.engine.save_checkpoint(), b""),
             "load_checkpoint": lambda m: (self.engine.load_checkpoint(), b""),
-            "load_ply": lambda m: (self.engine.load_ply(m.payload, m.fields["background"], m.fields["name"]), b""),
+            "load_ply": lambda m: (self.engine.load_ply(m.payload, m.fields["background"], m.fields["name"],
+                                                        m.fields["spz_axes"]), b""),
         }
         self.connection_handlers = {"release_frame": self._release_frame}
 
@@ -467,7 +468,7 @@ def serve(args) -> int:
     if not protocol.is_loopback(args.host) and not token:
         raise SplatwrightError(f"--host {args.host} is reachable from other machines; refusing to serve without "
                                "a token: pass --token-file with a secret, or serve on 127.0.0.1")
-    device, rasterizer = resolve_device(args.device)
+    device, rasterizer = resolve_device(args.device, build=False)  # the warm-up builds the kernels after 'ready'
     workdir = Path(args.workdir)
     try:
         workdir.mkdir(parents=True, exist_ok=True)

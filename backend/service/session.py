@@ -17,7 +17,7 @@ from blender_addon.core.cameras import Camera
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.files import remove_stale_temporaries, write_atomic
 from blender_addon.core.points import POINTS_FILE, read_points, write_points
-from blender_addon.core.settings import BACKGROUND, TRAINING
+from blender_addon.core.settings import BACKGROUND, SPZ_AXES, TRAINING
 from ..data.dataset import Dataset, scene_times
 from ..data.images import quantise
 from ..policy import CHECKPOINT
@@ -73,14 +73,17 @@ class Session:
         return self.imported is not None or self.checkpoint_path.is_file()
 
     @property
-    def imported_file(self) -> tuple[Path, tuple] | None:
-        """The splat file the session keeps, if an import made it, and the background it is shown with."""
+    def imported_file(self) -> tuple[Path, tuple, str] | None:
+        """The splat file the session keeps, if an import made it, the background it is shown with and the axes an
+        SPZ that does not say its own is read in."""
         return _imported_source(self.folder, self.imported)
 
     @classmethod
-    def create_imported(cls, workdir: Path, file_name: str, data: bytes, background) -> "Session":
-        """A new session keeping the splat file `data` (named `file_name`) shown with `background`, named after
-        the file (its stem, with -2, -3, ... where that is taken)."""
+    def create_imported(cls, workdir: Path, file_name: str, data: bytes, background,
+                        spz_axes: str = SPZ_AXES[0]) -> "Session":
+        """A new session keeping the splat file `data` (named `file_name`) shown with `background` (an SPZ that
+        does not say its axes read in `spz_axes`), named after the file (its stem, with -2, -3, ... where that is
+        taken)."""
         base = session_name_for(file_name)
         name, n = base, 1
         taken = {p.name.casefold() for p in _entries(workdir)}
@@ -93,7 +96,7 @@ class Session:
         kept = f"{IMPORTED}.{ending or 'ply'}"
         try:
             session.write_file(kept, data)
-            session.imported = {"file": kept, "background": [float(c) for c in background]}
+            session.imported = {"file": kept, "background": [float(c) for c in background], "spz_axes": spz_axes}
             session._write_meta()
         except BaseException:  # a full disk: no session without its file
             shutil.rmtree(session.folder, ignore_errors=True)
@@ -311,14 +314,15 @@ def imported_entry(meta) -> dict | None:
     if not isinstance(entry, dict) or not re.fullmatch(IMPORTED + r"\.[a-z0-9]+", str(entry.get("file"))):
         return None
     try:
-        return {"file": entry["file"], "background": BACKGROUND.check(entry.get("background"))}
+        return {"file": entry["file"], "background": BACKGROUND.check(entry.get("background")),
+                "spz_axes": entry.get("spz_axes") if entry.get("spz_axes") in SPZ_AXES else SPZ_AXES[0]}
     except ValueError:
         return None
 
 
-def imported_file(folder: Path) -> tuple[Path, tuple] | None:
-    """The splat file the session in `folder` keeps, if an import made it, and the background it is shown with;
-    None for any other session."""
+def imported_file(folder: Path) -> tuple[Path, tuple, str] | None:
+    """The splat file the session in `folder` keeps, if an import made it, the background it is shown with and
+    the axes an SPZ that does not say its own is read in; None for any other session."""
     try:
         entry = imported_entry(json.loads((folder / "session.json").read_text()))
     except (OSError, ValueError):
@@ -326,8 +330,8 @@ def imported_file(folder: Path) -> tuple[Path, tuple] | None:
     return _imported_source(folder, entry)
 
 
-def _imported_source(folder: Path, entry: dict | None) -> tuple[Path, tuple] | None:
-    return None if entry is None else (folder / entry["file"], tuple(entry["background"]))
+def _imported_source(folder: Path, entry: dict | None) -> tuple[Path, tuple, str] | None:
+    return None if entry is None else (folder / entry["file"], tuple(entry["background"]), entry["spz_axes"])
 
 
 def _looks_whole(path: Path) -> bool:

@@ -9,6 +9,7 @@ from blender_addon.core.schema import Float, Str
 from blender_addon.core.settings import TRAINING
 from ..data.images import parse_background
 from ..data.photos import EXHAUSTIVE_UP_TO
+from ..formats import spz
 from ..service import server
 from ..service.arguments import Parser, add_serve_arguments, positive_int, run
 from ..service.limits import Limits
@@ -21,14 +22,17 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train Gaussians on a transforms*.json scene")
-    p.add_argument("data", help="scene folder with transforms_train.json (and transforms_test.json)")
+    p.add_argument("data", help="scene folder with transforms_train.json (and transforms_test.json), or a COLMAP "
+                   "capture folder (sparse/0/ and images/)")
     p.add_argument("--out", required=True, help="output folder for splats.ply, metrics.json, checkpoint.pt")
     add_training_arguments(p)
     p.add_argument("--random-init", action="store_true",
                    help="start from random Gaussians even where the scene has a points3d.ply")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     p.add_argument("--init", default=None, metavar="FILE",
-                   help="start from the Gaussians of a splat file (.ply, .compressed.ply, .spz or .splat)")
+                   help="start from the Gaussians of a splat file (.ply, .compressed.ply, .spz, .splat, .ksplat, "
+                        ".sog, a SOG folder's meta.json, .glb or .gltf)")
+    add_spz_axes_argument(p)
     p.add_argument("--dynamic", action="store_true",
                    help="train a 4D model of moving Gaussians (OUT/splats4d.pt) even when the frames have no "
                    "'time'; frames with times always train one")
@@ -57,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
                        help=f"most {Limits.meaning(name)}, as the server allows (default: {getattr(Limits(), name):,})")
 
     p = sub.add_parser("render", help="render a splat file through the cameras of a transforms file")
-    p.add_argument("splats", help="splat file: 3DGS PLY, compressed PLY, SPZ or .splat; or a 4D model (splats4d.pt)")
+    p.add_argument("splats", help="splat file: 3DGS PLY, compressed PLY, SPZ, .splat, .ksplat, SOG or glTF; or a 4D "
+                   "model (splats4d.pt)")
+    add_spz_axes_argument(p)
     p.add_argument("--time", type=unit_interval, default=None,
                    help="time in [0, 1] over the captured frames at which to render a 4D model (default: 0)")
     p.add_argument("--cameras", required=True, help="transforms*.json (or a COLMAP capture folder) with the cameras")
@@ -69,10 +75,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--downscale", type=float, default=1.0)
 
     p = sub.add_parser("convert", help="convert a splat file to the format OUT's name gives")
-    p.add_argument("input", help="splat file: 3DGS PLY, PlayCanvas compressed PLY, SPZ or .splat (found by content); "
-                   "or a 4D model (splats4d.pt)")
-    p.add_argument("output", help="file to write: *.ply (3DGS), *.compressed.ply, *.spz or *.splat")
+    p.add_argument("input", help="splat file: 3DGS PLY, PlayCanvas compressed PLY, SPZ, .splat, .ksplat, SOG (a .sog "
+                   "or a folder's meta.json) or glTF (.glb, .gltf), found by content; or a 4D model (splats4d.pt)")
+    p.add_argument("output", help="file to write: *.ply (3DGS), *.compressed.ply, *.spz, *.splat, *.sog, "
+                   "meta.json (a SOG folder), *.glb or *.gltf")
     p.add_argument("--sh-degree", type=int, choices=range(4), default=None, help="drop SH bands above this degree")
+    add_spz_axes_argument(p)
+    p.add_argument("--spz-version", type=int, choices=spz.VERSIONS, default=spz.VERSIONS[0],
+                   help="the SPZ version written (default: %(default)s, zstd; 3, gzip, for readers older than 2026)")
     p.add_argument("--frames", type=positive_int, default=None,
                    help="a 4D model as N files, one per frame at evenly spaced times (OUT name_0001.ply ...)")
 
@@ -96,6 +106,13 @@ def main(argv: list[str] | None = None) -> int:
     command = {"train": commands.train, "photos": commands.photos, "render": commands.render_views, "info": commands.info, "demo": demo.demo,
                "convert": convert.convert, "serve": server.serve, "bench": lambda args: bench.main(args.rest)}
     return run(command[args.command], args)
+
+
+def add_spz_axes_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--spz-axes", choices=tuple(spz.AXES), default=tuple(spz.AXES)[0],
+                   help="the axes of an SPZ that does not say its own: ply (as SuperSplat and splat-transform store "
+                   "them; the default) or rub (as the SPZ specification says, Niantic's tools and Splatwright's "
+                   "version 3)")
 
 
 def add_training_arguments(p: argparse.ArgumentParser) -> None:

@@ -139,7 +139,7 @@ def train_in_group(group: Group, device: str | torch.device, args) -> int:
             trainer = Trainer.from_checkpoint(train_set, state, device, cfg, group)
             print(f"resuming at step {trainer.step}", file=sys.stderr)
         else:
-            initial = (init_gaussians(args.init, cfg) if args.init
+            initial = (init_gaussians(args.init, cfg, args.spz_axes) if args.init
                        else None if args.random_init else scene_points(args.data, cfg, kind))
             trainer = Trainer(train_set, cfg, device, initial, group)
         if trainer.note:
@@ -227,9 +227,10 @@ def scene_points(folder: str | Path, cfg: TrainConfig, device: str) -> Gaussians
     return Gaussians.from_point_cloud(xyz, rgb, cfg.sh_degree, device)
 
 
-def init_gaussians(path: str, cfg: TrainConfig) -> Gaussians:
-    """The Gaussians of a splat file (any supported format), with SH bands fitted to the configured degree."""
-    g = read_any(path)
+def init_gaussians(path: str, cfg: TrainConfig, spz_axes: str = "ply") -> Gaussians:
+    """The Gaussians of a splat file (any supported format; an SPZ without a coordinate-system record read in
+    `spz_axes`), with SH bands fitted to the configured degree."""
+    g = read_any(path, spz_axes=spz_axes)
     print(f"starting from the {len(g)} Gaussians of {path}", file=sys.stderr)
     return with_sh_degree(g, cfg.sh_degree)
 
@@ -257,12 +258,13 @@ def save_png(path: Path, image: torch.Tensor) -> None:
     Image.fromarray(array).save(path)
 
 
-def read_model(path: str) -> Gaussians:
-    """The model of a splat file, or the 4D model of a splats4d.pt (any *.pt) file; a frame of a sequence that its
-    manifest says is incomplete is read with a warning."""
+def read_model(path: str, spz_axes: str = "ply") -> Gaussians:
+    """The model of a splat file (an SPZ without a coordinate-system record read in `spz_axes`), or the 4D model of
+    a splats4d.pt (any *.pt) file; a frame of a sequence that its manifest says is incomplete is read with a
+    warning."""
     if Path(path).suffix == ".pt":
         return read_dynamic(path)
-    g = read_any(path)
+    g = read_any(path, spz_axes=spz_axes)
     state = sequence_state(path)
     if state is not None and not state.complete:
         print(f"warning: {state.message}", file=sys.stderr)
@@ -279,7 +281,7 @@ def render_views(args) -> int:
     formation, note = drawn_formation(rasterizer, model_formation(args.splats))
     if note:
         print(f"warning: {note}", file=sys.stderr)
-    g = read_model(args.splats).to(device)
+    g = read_model(args.splats, args.spz_axes).to(device)
     if args.time is not None and not isinstance(g, DynamicGaussians):
         raise SplatwrightError(f"--time: {args.splats} is a static model, the same at every time; give a 4D model "
                                f"({DYNAMIC_FILE} from training on views with times)")

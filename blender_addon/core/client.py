@@ -240,11 +240,13 @@ class Client:
         """The (H, W, 4) uint8 frame, rows bottom-up (ready for a GPU texture; np.flipud for top-down)."""
         return decode_frame(self.submit_render(camera, format).result(self.timeout if timeout is None else timeout))
 
-    def load_ply(self, data: bytes, background=None, name: str = "") -> dict:
+    def load_ply(self, data: bytes, background=None, name: str = "", spz_axes: str = "ply") -> dict:
         """Show a splat file of any supported format, kept in a new session named after it (the reply's
         `session`), which opens; `name` is its file name (a .splat is known by it); `background`: the colour it is
-        shown over (None: the training settings' default)."""
-        fields = {"name": name} if background is None else {"background": [float(c) for c in background], "name": name}
+        shown over (None: the training settings' default); `spz_axes`: those of an SPZ that does not say its own."""
+        fields = {"name": name, "spz_axes": spz_axes}
+        if background is not None:
+            fields["background"] = [float(c) for c in background]
         return self.request("load_ply", fields, data).fields
 
     # ---- reader thread ----

@@ -26,7 +26,7 @@ import numpy as np
 from .codecs import CAMERA, FRAME_FORMATS, MAX_IMAGE_BYTES, MAX_IMAGE_SIDE, MAX_POINTS, UPLOAD_FORMATS
 from .schema import (MAX_TEXT_CHARS, AnyObject, Bool, Fields, Float, Int, Kind, Maybe, MessageSpec, Numbers, Str,
                      optional)
-from .settings import BACKGROUND, TRAINING, default
+from .settings import BACKGROUND, SPZ_AXES, TRAINING, default
 
 # 16: start_training's payload, a model to continue from that replaces the session's;
 # 15: export_ply's `motion` (a 4D model's parameters and motion, for Blender's own splats); 14: convert_model's placement may be any invertible affine map; 13: status's `rendered` (the frames the server has rendered and answered); 12: convert_model (a model the client
@@ -205,7 +205,8 @@ REQUESTS: dict[str, MessageSpec] = {
     # The client is done with the frame in this slot of its shared-memory file: the backend may use it again.
     "release_frame": MessageSpec(Fields(slot=Int(0, SHARED_SLOTS - 1))),
     # `name`: the file the model is exported to, whose ending picks the format (backend/formats: *.ply,
-    # *.compressed.ply, *.spz, *.splat; *.pt: a 4D model's own file, splats4d.pt, refused for a static model).
+    # *.compressed.ply, *.spz, *.splat, *.sog, *.glb, *.gltf, and meta.json, a SOG's folder, sent bundled as a
+    # .sog; *.pt: a 4D model's own file, splats4d.pt, refused for a static model).
     # `placement`: model space into the space the file holds (e.g. the world
     # of a Blender scene), applied to the means, rotations and scales after the crop; null: model space.
     "export_ply": MessageSpec(MODEL_CHOICE.extended(name=optional(Str(255), "splats.ply"),
@@ -226,9 +227,11 @@ REQUESTS: dict[str, MessageSpec] = {
     "load_checkpoint": MessageSpec(),
     # Payload: a splat file in any format backend/formats reads, recognised by its content, or a 4D model's file
     # (splats4d.pt, a torch file: by a *.pt name or its content), drawn at each request's time; `name`, the file's
-    # name, is for messages and for .splat, the one format without magic bytes. The backend keeps the file in a
-    # new session named after it, which opens and shows it.
-    "load_ply": MessageSpec(Fields(background=optional(BACKGROUND, default("background")), name=optional(Str(255), "")),
+    # name, is for messages and for .splat, the one format without magic bytes; `spz_axes`, the axes an SPZ that
+    # does not say its own is read in. The backend keeps the file in a new session named after it, which opens and
+    # shows it.
+    "load_ply": MessageSpec(Fields(background=optional(BACKGROUND, default("background")), name=optional(Str(255), ""),
+                                   spz_axes=optional(Str(choices=SPZ_AXES), SPZ_AXES[0])),
                             MAX_PAYLOAD_BYTES),
     "shutdown": MessageSpec(),
 }

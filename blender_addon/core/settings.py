@@ -15,6 +15,9 @@ BACKGROUND = Numbers((3,), 0.0, 1.0)
 # How the model's splats make an image, which it is trained to look right in (backend/render/formation.py):
 # standard 3DGS viewers', or Blender 5.3's own drawing of native splats (Cycles and EEVEE).
 FORMATIONS = ("standard", "blender")
+# The axes an SPZ that does not say its own is read in (backend/formats/spz.py): the PLY's, as SuperSplat and
+# splat-transform store them (the default), or RUB, as the SPZ specification says and Niantic's tools store them.
+SPZ_AXES = ("ply", "rub")
 
 TRAINING = Fields(
     preset=optional(Str(choices=PRESETS), "quality",

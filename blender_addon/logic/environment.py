@@ -1,11 +1,13 @@
 """The backend's own Python environment, made from Blender: a venv in the add-on's per-user data folder holding
-torch for this machine (a CUDA build where an NVIDIA driver answers, else the CPU build) and the backend's other
-requirements, which travel in the add-on beside the backend's sources. Free of bpy: the preferences pass in
-the folders and the Python to build from, and plain pytest checks the rest."""
+torch for this machine (a CUDA build where an NVIDIA driver answers, else the CPU build), the backend's other
+requirements, which travel in the add-on beside the backend's sources, and the prebuilt CUDA kernels where the
+add-on carries a wheel of them that fits that torch. Free of bpy: the preferences pass in the folders and the
+Python to build from, and plain pytest checks the rest."""
 from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -20,6 +22,10 @@ from ..core.errors import SplatwrightError
 
 SOURCES = "backend_src"  # the add-on's folder with the backend's sources (build_addon.py fills it)
 REQUIREMENTS = "requirements.txt"  # in SOURCES: the backend's requirements, torch's line first
+KERNELS = "kernels"  # in SOURCES: wheels of the prebuilt CUDA kernels (build_kernels.py), installed where they fit
+# build_kernels.py's wheel names: the torch version, its CUDA and the Python the kernels are built for
+KERNELS_WHEEL = re.compile(r"splatwright_kernels-(?P<version>[0-9.]+\+torch(?P<torch>[0-9.]+)\.cu(?P<cuda>[0-9]+)"
+                           r"\.src[0-9a-f]+)-cp(?P<python>[0-9]+)-cp[0-9]+-linux_x86_64\.whl")
 VENV = "venv"  # in the add-on's data folder
 SESSIONS = "sessions"  # in the add-on's data folder: the local backend's default workdir
 READY = "splatwright-ready.json"  # in the venv, once it checked out complete for the requirements it names
@@ -27,10 +33,12 @@ LOG = "setup.log"  # in the add-on's data folder: the whole log of the last set-
 # torch's CUDA builds by the newest CUDA the driver must support, newest first; older drivers get the CPU build.
 CUDA_BUILDS = ((13, 0, "cu130"), (12, 8, "cu128"), (12, 6, "cu126"), (11, 8, "cu118"))
 CUDA_INDEX = "https://download.pytorch.org/whl/{tag}"
-# Imports torch for real (a broken install fails here) and reports the installed versions of the requirements.
-CHECK = ("import json, sys, torch; from importlib.metadata import version; "
+# Imports torch for real (a broken install fails here) and reports the installed versions of the requirements and
+# of the prebuilt kernels (None where there are none).
+CHECK = ("import json, sys, torch; from importlib.metadata import distributions, version; "
          "print(json.dumps({'python': sys.version.split()[0], 'torch': torch.__version__, 'cuda': torch.version.cuda,"
-         " 'packages': {name: version(name) for name in sys.argv[1:]}}))")
+         " 'packages': {name: version(name) for name in sys.argv[1:]},"
+         " 'kernels': next((d.version for d in distributions(name='splatwright_kernels')), None)}))")
 
 
 def backend_sources(addon_folder: Path) -> Path:
@@ -111,6 +119,29 @@ def torch_build(cuda: tuple[int, int] | None) -> TorchBuild:
                                  "CUDA builds need")
 
 
+def kernels_wheel(sources: Path, found: dict) -> Path | None:
+    """The prebuilt kernels' wheel carried in `sources`/kernels that fits what the check `found` in the venv (its
+    torch version, that torch's CUDA, its Python), on Linux x86_64; None where none does."""
+    if not found.get("cuda") or (sys.platform, platform.machine()) != ("linux", "x86_64"):
+        return None
+    want = (found["torch"].split("+")[0], found["cuda"].replace(".", ""), "".join(found["python"].split(".")[:2]))
+    for wheel in sorted((sources / KERNELS).glob("*.whl"), reverse=True):
+        name = KERNELS_WHEEL.fullmatch(wheel.name)
+        if name and (name["torch"], name["cuda"], name["python"]) == want:
+            return wheel
+    return None
+
+
+def kernels_report(found: dict, wheel: Path | None) -> str:
+    """Which CUDA kernels the backend will use with what the check `found` ('' with torch's CPU build)."""
+    if not found.get("cuda"):
+        return ""
+    if wheel is not None:
+        return f"prebuilt ({KERNELS_WHEEL.fullmatch(wheel.name)['version']})"
+    return (f"none prebuilt for torch {found['torch']} on Python {found['python']} here: built at first use where the "
+            "CUDA toolkit (nvcc) is installed, else the GPU trains through the slower torch rasterizer")
+
+
 @dataclass(frozen=True)
 class Step:
     label: str
@@ -120,14 +151,17 @@ class Step:
 def install_steps(base_python: str, venv: Path, sources: Path, torch: TorchBuild, reuse_venv: bool) -> list[Step]:
     """The commands that make `venv` complete: create it (unless `reuse_venv`), install torch, then the rest."""
     torch_requirement, others = read_requirements(sources)
-    python = str(venv_python(venv))
-    pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
+    pip = pip_install(venv)
     create = [] if reuse_venv else [Step("Creating the environment", [base_python, "-m", "venv", "--clear",
                                                                       str(venv)])]
     return create + [
         Step(f"Installing torch ({torch.name} build)", [*pip, torch_requirement, *torch.pip_args]),
         Step(f"Installing {', '.join(requirement_name(r) for r in others)}", [*pip, *others]),
     ]
+
+
+def pip_install(venv: Path) -> list[str]:
+    return [str(venv_python(venv)), "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
 
 
 def check_step(venv: Path, sources: Path) -> Step:
@@ -264,9 +298,21 @@ class Setup:
         return code or self._ready(output)
 
     def _ready(self, check_output: list[str]) -> int:
-        """Record what the check found, so a later set-up knows the venv is complete."""
+        """Install the prebuilt kernels that fit the torch the check found, unless they are there, and record what
+        it found, so a later set-up knows the venv is complete."""
         report = next((line for line in reversed(check_output) if line.startswith("{")), "")
         self.found = json.loads(report)
+        wheel = kernels_wheel(self.sources, self.found)
+        if wheel is not None and self.found.get("kernels") != KERNELS_WHEEL.fullmatch(wheel.name)["version"]:
+            self.steps += 1
+            code, _ = self._step(Step("Installing the prebuilt CUDA kernels",
+                                      [*pip_install(self.venv), "--no-deps", "--force-reinstall", str(wheel)]))
+            if code:
+                return code
+            self.found["kernels"] = KERNELS_WHEEL.fullmatch(wheel.name)["version"]
+        self.found["kernels_report"] = kernels_report(self.found, wheel)
+        if self.found["kernels_report"]:
+            self.log.add(f"CUDA kernels: {self.found['kernels_report']}")
         (self.venv / READY).write_text(json.dumps({"requirements": (self.sources / REQUIREMENTS).read_text(),
                                                    "found": self.found}, indent=2))
         self.done = self.steps

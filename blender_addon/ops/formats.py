@@ -1,15 +1,17 @@
-"""File > Import and File > Export of splat models in every format the backend reads and writes (the official
-3DGS PLY, PlayCanvas's compressed PLY, Niantic's SPZ and antimatter15's .splat; backend/formats) and of 4D models
-(splats4d.pt, backend/dynamic.py). Import sends the file to the backend, which tells its format from its content,
-keeps the file in a new session named after it and shows the model (a 4D one at the scene's frame); Add Model to
-Scene then places it in the scene as it does a trained model, and the .blend keeps it; on Blender 5.3 and later
-Link File instead makes an object that shows the file itself, kept outside the .blend (scene/linked.py), with no
-backend. Export asks the backend for a model in the format the file name's ending picks (*.ply, *.compressed.ply,
-*.spz, *.splat; *.pt: a 4D model's own file) and reports what that format leaves out (a .splat keeps no SH beyond
-degree 0). The model is the active splat object's (scene/splats.py), cropped to its crop box unless told otherwise
-and, if asked, in world space as the object places it; with no splat object active, the model the backend shows. A
-4D model is exported at the scene's frame, or as a sequence of files, one per frame of the frame range
-(SequenceExport)."""
+"""File > Import and File > Export of splat models in every format the backend reads and writes (the official 3DGS PLY,
+PlayCanvas's compressed PLY and SOG, Niantic's SPZ, antimatter15's .splat, glTF's KHR_gaussian_splatting and, for
+import, mkkellogg's .ksplat; backend/formats) and of 4D models (splats4d.pt, backend/dynamic.py). Import sends the
+file to the backend (a SOG folder's meta.json as the bundled .sog, a .gltf with its buffers inline: core/bundles.py),
+which tells its format from its content (an SPZ that does not say its axes read in those SPZ Axes names), keeps the
+file in a new session named after it and shows the model (a 4D one at the scene's frame); Add Model to Scene then
+places it in the scene as it does a trained model, and the .blend keeps it; on Blender 5.3 and later Link File
+instead makes an object that shows the file itself, kept outside the .blend (scene/linked.py), with no backend.
+Export asks the backend for a model in the format the file name's ending picks (*.ply, *.compressed.ply, *.spz,
+*.splat, *.sog, *.glb, *.gltf, or a folder's meta.json for a SOG of files side by side; *.pt: a 4D model's own file)
+and reports what that format leaves out (a .splat keeps no SH beyond degree 0). The model is the active splat
+object's (scene/splats.py), cropped to its crop box unless told otherwise and, if asked, in world space as the object
+places it; with no splat object active, the model the backend shows. A 4D model is exported at the scene's frame, or
+as a sequence of files, one per frame of the frame range (SequenceExport)."""
 from __future__ import annotations
 
 import os
@@ -18,14 +20,16 @@ import threading
 from pathlib import Path
 
 import bpy
-from bpy.props import BoolProperty, StringProperty
+from bpy.props import BoolProperty, EnumProperty, StringProperty
 from bpy.types import Operator
 from bpy_extras.io_utils import ExportHelper, ImportHelper
 
+from ..core.bundles import bundled, is_sog_meta, write_sog_folder
 from ..core.client import RemoteError
 from ..core.errors import SplatwrightError
 from ..core.files import (TEMPORARY_SUFFIX, begin_sequence, end_sequence, sequence_paths, sequence_state, sync_folder,
                           write_atomic)
+from ..core.settings import SPZ_AXES
 from ..core.splats import encode_ply_bytes
 from ..logic.dataset import frame_time
 from ..logic.messages import at_step
@@ -36,19 +40,24 @@ from ..scene import linked, live, native, splats
 from ..scene.session import capture_runs, nothing_to_show, not_connected, set_status, training_runs
 from .base import Guarded, add_model_to_scene
 
-SPLAT_FILES = "*.ply;*.spz;*.splat;*.pt"  # what the file browsers list (a compressed PLY ends in .ply too)
+SPLAT_FILES = "*.ply;*.spz;*.splat;*.ksplat;*.sog;*meta.json;*.glb;*.gltf;*.pt"  # what the file browsers list (a
+# compressed PLY ends in .ply too; a SOG folder is its meta.json)
 DYNAMIC_SUFFIX = ".pt"  # a 4D model's own file (splats4d.pt)
 DEFAULT_EXTENSION = ".ply"  # given to an export name that has none
-MENU_TEXT = "Gaussian Splats (.ply, .spz, .splat, .pt)"
+MENU_TEXT = "Gaussian Splats (.ply, .spz, .splat, .ksplat, .sog, .glb, .gltf, .pt)"
+SPZ_AXES_ITEMS = tuple(zip(SPZ_AXES, ("PLY's (SuperSplat)", "RUB (Niantic)"), (
+    "As SuperSplat and splat-transform store them: the PLY's axes, unconverted",
+    "As the SPZ specification says, and Niantic's tools and Splatwright's version 3 store them")))
 PROGRESS_SECONDS = 1.0  # how often a sequence export reports how far it got
 _progress_timers: set = set()  # those of sequence exports, unregistered with the add-on if they still are
 
 
 class SPLATWRIGHT_OT_import_splats(Guarded, Operator, ImportHelper):
-    """Show a Gaussian splat file through the backend: a 3DGS PLY, a compressed PLY, an SPZ, a .splat, or a 4D
-    model (splats4d.pt), shown at the scene's frame. The backend keeps it in a session of its own, which Add
-    Model to Scene places in the scene (where Blender draws splats itself, the import adds it at once; or with
-    Link File, an object that shows the PLY or SPZ file as it is, kept outside the .blend, without the backend)"""
+    """Show a Gaussian splat file through the backend: a 3DGS PLY, a compressed PLY, an SPZ, a .splat, a .ksplat, a
+    SOG (a .sog, or a folder's meta.json), a glTF (.glb, .gltf), or a 4D model (splats4d.pt), shown at the scene's
+    frame. The backend keeps it in a session of its own, which Add Model to Scene places in the scene (where Blender
+    draws splats itself, the import adds it at once; or with Link File, an object that shows the PLY or SPZ file as
+    it is, kept outside the .blend, without the backend)"""
     bl_idname = "splatwright.import_splats"
     bl_label = "Import Splats"
 
@@ -56,6 +65,9 @@ class SPLATWRIGHT_OT_import_splats(Guarded, Operator, ImportHelper):
     link_file: BoolProperty(name="Link File", default=False,
                             description="Show the file as it is (a 3DGS PLY or an SPZ), kept outside the .blend, "
                                         "which keeps only its path: no copy, no backend, and no session to follow")
+    spz_axes: EnumProperty(name="SPZ Axes", items=SPZ_AXES_ITEMS, default=SPZ_AXES[0],
+                           description="The axes of an SPZ file that does not say its own (Splatwright's version 4 "
+                                       "files say theirs, which wins); Link File shows an SPZ as Blender reads it")
 
     @classmethod
     def blocked(cls, context):
@@ -68,12 +80,14 @@ class SPLATWRIGHT_OT_import_splats(Guarded, Operator, ImportHelper):
     def draw(self, context):
         if native.available():
             self.layout.prop(self, "link_file")
+        self.layout.prop(self, "spz_axes")
 
     def execute(self, context):
         path = Path(self.filepath)
         if not path.is_file():
             what = "a folder" if path.is_dir() else "no such file"
-            self.report({"ERROR"}, f"{path}: {what}; choose a .ply, .spz, .splat or .pt file")
+            self.report({"ERROR"}, f"{path}: {what}; choose a .ply, .spz, .splat, .ksplat, .sog, meta.json, .glb, "
+                                   ".gltf or .pt file")
             return {"CANCELLED"}
         if self.link_file and native.available():
             return self.link(context, path)
@@ -86,9 +100,11 @@ class SPLATWRIGHT_OT_import_splats(Guarded, Operator, ImportHelper):
             self.report({"WARNING"}, sequence.message)
         s = context.scene.splatwright
         background = background_rgb(s.background, s.background_color)
+        spz_axes = self.spz_axes  # the operator is gone by the time the worker runs
 
         def load(client):  # on the worker: the file may be large
-            reply = client.load_ply(path.read_bytes(), background, path.name)
+            data, name = bundled(path)  # a SOG folder, a .gltf's buffers: one file
+            reply = client.load_ply(data, background, name, spz_axes)
             return reply, client.call("status")
 
         def loaded(result) -> str:
@@ -129,8 +145,8 @@ class SPLATWRIGHT_OT_import_splats(Guarded, Operator, ImportHelper):
 class SPLATWRIGHT_OT_export_splats(Guarded, Operator, ExportHelper):
     """Save the active splat object's model (or else the trained or viewed Gaussians) in the format the file
     name's ending gives: .ply (3DGS PLY), .compressed.ply (PlayCanvas), .spz (Niantic), .splat (antimatter15,
-    no view-dependent colour) or .pt (a 4D model's own file); a 4D model at the scene's frame, or as a PLY
-    sequence"""
+    no view-dependent colour), .sog or meta.json (PlayCanvas SOG, bundled or a folder), .glb or .gltf (glTF) or
+    .pt (a 4D model's own file); a 4D model at the scene's frame, or as a PLY sequence"""
     bl_idname = "splatwright.export_splats"
     bl_label = "Export Splats"
 
@@ -214,7 +230,10 @@ def write_file(path: Path, request: str, fields: dict, payload, what) -> set:
     and write it to `path` whole; the report names `what(reply's fields)` and what the format left out."""
     def export(client):
         reply = client.request(request, fields, payload())
-        write_atomic(path, reply.payload)
+        if is_sog_meta(path):  # the bundled SOG the backend made, as a folder
+            write_sog_folder(path, reply.payload)
+        else:
+            write_atomic(path, reply.payload)
         return reply.fields
 
     def exported(reply: dict) -> str:

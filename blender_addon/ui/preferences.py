@@ -72,6 +72,8 @@ def draw_setup(layout, prefs: SPLATWRIGHT_AP_preferences) -> None:
     if found:
         box.label(text=f"Ready: Python {found['python']}, torch {found['torch']} "
                        f"({'CUDA ' + found['cuda'] if found.get('cuda') else 'CPU'})", icon="CHECKMARK")
+        if found.get("kernels_report"):
+            box.label(text=f"CUDA kernels: {found['kernels_report']}", icon="INFO")
     else:
         box.label(text="Not set up: Set Up Backend installs torch and the backend's requirements there",
                   icon="INFO")

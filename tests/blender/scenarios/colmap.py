@@ -19,8 +19,10 @@ import bmesh  # importable once bpy is
 
 from blender.kit import RecordingLayout, addon, blender_reports, op, pump, report, wait_for
 
-FORMATS = ("sh3.ply", "sh3.compressed.ply", "sh3.spz", "ours-sh3.splat")  # in tests/data/splats
-EXPORTS = ("out.ply", "out.compressed.ply", "out.spz", "out.splat")
+FORMATS = ("sh3.ply", "sh3.compressed.ply", "sh3.spz", "ours-sh3.splat", "sh3.ksplat", "sh3.sog", "sh3-sog/meta.json",
+           "sh3.glb")  # in tests/data/splats
+EXPORTS = ("out.ply", "out.compressed.ply", "out.spz", "out.splat", "out.sog", "out-sog/meta.json", "out.glb",
+           "out.gltf")
 PHOTO_SIDE = 64  # the photos are sent this large, and only every KEEP_POINTS-th point, so that the CPU trains
 KEEP_POINTS = 8  # on them in seconds
 STEPS = 40
@@ -76,6 +78,11 @@ def import_colmap(folder: Path, **options) -> tuple[list[str], str]:
 def formats(live, splats: Path, out: Path) -> dict:
     """Import each format, export the SH 3 model in each, and refuse bad files, each in one report line."""
     result = {"loaded": {}, "exported": {}}
+    op("import_splats", filepath=str(splats / "sh3.niantic-v4.spz"), spz_axes="rub")  # RUB, not saying so
+    wait_for(lambda: not live.backend.in_flight, "import sh3.niantic-v4.spz")
+    op("export_splats", filepath=str(out / "niantic-rub.ply"))
+    wait_for(lambda: not live.backend.in_flight, "export niantic-rub.ply")
+    result["spz_axes"] = {"path": str(out / "niantic-rub.ply"), "error": live.backend.last_error}
     for name in FORMATS:
         op("import_splats", filepath=str(splats / name))
         wait_for(lambda: not live.backend.in_flight, f"import {name}")
