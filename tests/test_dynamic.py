@@ -144,7 +144,7 @@ def test_split_in_time_keeps_each_child_on_its_parents_trajectory():
     parent.accelerations = 0.5 * torch.randn(len(parent), 3, generator=gen)
     parent.angular_velocities = 2.0 * torch.randn(len(parent), 3, generator=gen)
     parent.time_precisions = torch.where(torch.arange(len(parent)) % 2 == 0, 40.0, 0.0)  # half seen always
-    children = DynamicGaussians(**split_in_time(parent.tensors(), gen, 1.6))
+    children = DynamicGaussians(**split_in_time(parent.tensors(), lambda shape: torch.randn(shape, generator=gen), 1.6))
     windowed = parent.time_precisions > 0
     assert (children.time_centers[windowed] != parent.time_centers[windowed]).all()
     assert torch.equal(children.time_centers[~windowed], parent.time_centers[~windowed])
