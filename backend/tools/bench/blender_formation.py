@@ -2,10 +2,10 @@
 Blender's PLY importer (a native GAUSSIAN_SPLAT point cloud, bpy 5.3 or later), or a 4D model's PLY with its motion
 (backend/service/exports.motion_ply_bytes) put in the scene as Add Model to Scene puts it (the add-on's modules from
 the checkout on PYTHONPATH), rendered by Cycles on the CPU or EEVEE through each camera of a job file, each at its
-frame, over a world of one colour. "keys" animate the imported object: its world matrix keyed at those frames. Each render is kept as its linear RGBA, rows
-top-down, as OUT_<render>_<view>.npy, and as its display values (RGB) under each view transform the job names, as
-OUT_<render>_<view>_<transform>.npy. Linear RGB(A) arrays the job lists under "display" get their display values
-the same way, beside them as <array>_<transform>.npy.
+frame, over a world of one colour ("keys" animate the imported object: its world matrix keyed at those frames).
+Each render is kept as its linear RGBA, rows top-down, as OUT_<render>_<view>.npy, and as its display values (RGB)
+under each view transform the job names, as OUT_<render>_<view>_<transform>.npy. Linear RGB(A) arrays the job lists
+under "display" get their display values the same way, beside them as <array>_<transform>.npy.
 
     python backend/tools/bench/blender_formation.py JOB.json
 
@@ -34,6 +34,7 @@ from mathutils import Matrix
 def add_moving_model(path: str, scene):
     """The 4D model in the PLY at `path` as Add Model to Scene adds a session's (ops/base.add_model_to_scene): its
     native attributes in a new native splat object, animated over the scene's frame range."""
+    # imported here: only a 4D model needs the add-on's modules (the checkout on PYTHONPATH)
     from blender_addon.core.splats import read_motion_ply_bytes
     from blender_addon.logic.native import native_attributes
     from blender_addon.scene import native

@@ -293,7 +293,8 @@ def moving_bars(moving: dict) -> list[tuple[str, bool]]:
     for end, by_transform in moving["psnr"].items():
         for t, s in by_transform.items():
             bars.append((f"{end} frame, {t}: Cycles' F12 {s['cycles_vs_truth']:.2f} dB, ours {s['ours_vs_truth']:.2f} "
-                         f"dB against the truth (within {BAR_DB} dB)", s["cycles_vs_truth"] >= s["ours_vs_truth"] - BAR_DB))
+                         f"dB against the truth (within {BAR_DB} dB)",
+                         s["cycles_vs_truth"] >= s["ours_vs_truth"] - BAR_DB))
     return bars
 
 
