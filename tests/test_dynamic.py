@@ -1,5 +1,6 @@
 """4D Gaussians (backend.dynamic): timed datasets, the model's time dependence and its gradients, 4D training
-against a static model on a small moving scene (in the standard formation, and in Blender's on the CPU), checkpoints and the command line."""
+against a static model on a small moving scene (in the standard formation, and in Blender's on the CPU),
+checkpoints and the command line."""
 import json
 import math
 import subprocess
