@@ -15,16 +15,20 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 import torch
 from plyfile import PlyData
 
+from backend import formats
 from backend.formats import spz
 from backend.formats.common import columns, gaussians_from_columns
 from backend.gaussians import Gaussians
 from backend.metrics import psnr
 from backend.render import render
 from backend.sh import SH_C0
+from backend.tools import cli
 from blender_addon.core.cameras import Camera, intrinsics_from_fov_x, look_at
+from blender_addon.core.errors import SplatwrightError
 from helpers import ROOT
 
 DATA = ROOT / "tests" / "data" / "splats"
@@ -111,3 +115,13 @@ def splat_transform_ply(path) -> Gaussians:
                      sh_dc=col("f_dc_0", "f_dc_1", "f_dc_2")[:, None],
                      sh_rest=col(*rest).reshape(len(v.data), 3, -1).transpose(1, 2) if rest
                      else torch.zeros(len(v.data), 0, 3))
+
+
+def assert_refused(path, message: str, capsys) -> None:
+    """The file at `path` is refused with `message` in one line, by the reader and by `convert`."""
+    with pytest.raises(SplatwrightError) as e:
+        formats.read_any(path)
+    assert message in str(e.value) and "\n" not in str(e.value)
+    assert cli.main(["convert", str(path), str(path.parent / "out.ply")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]
