@@ -21,24 +21,17 @@ import math
 import torch
 
 from .distributed import Group
+from .formats.compressed_ply import morton_order
 from .gaussians import Gaussians
 from .metrics import photometric_loss
 from .render.reference import draw, project_splats
 from .strategy import DefaultStrategy, edit_rows
 
-MORTON_BITS = 10  # per axis: a 2^30-cell grid over the model's bounding box
-
 
 def spatial_owners(means: torch.Tensor, world: int) -> torch.Tensor:
-    """Each Gaussian's process: the Gaussians in the Morton order of their means over their bounding box (ties in
-    id order), cut into `world` runs of equal count."""
-    lo, hi = means.amin(0), means.amax(0)
-    cells = ((means - lo) / (hi - lo).clamp_min(1e-12) * (2 ** MORTON_BITS - 1)).round().long()
-    key = torch.zeros(len(means), dtype=torch.long, device=means.device)
-    for bit in range(MORTON_BITS):
-        for axis in range(3):
-            key |= ((cells[:, axis] >> bit) & 1) << (3 * bit + axis)
-    order = torch.argsort(key, stable=True)
+    """Each Gaussian's process: the Gaussians in the Morton order of their means (the compressed PLY's), cut into
+    `world` runs of equal count."""
+    order = torch.from_numpy(morton_order(means.detach().cpu().numpy())).to(means.device)
     owners = torch.empty(len(means), dtype=torch.long, device=means.device)
     owners[order] = torch.arange(len(means), device=means.device) * world // max(1, len(means))
     return owners

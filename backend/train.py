@@ -305,12 +305,18 @@ class Trainer:
                         group: Group = SINGLE) -> "Trainer":
         """A trainer continuing a checkpoint (load_checkpoint), with the checkpoint's config or `cfg`; in the image
         formation its model was trained in either way, which it remembers, and with its views per step, so that a
-        checkpoint continues alike on any number of processes."""
+        checkpoint continues alike on any number of processes up to its views per step; more processes take one
+        view each, which the trainer says."""
         saved = TrainConfig.from_dict(state["config"])
         asked = (cfg or saved).image_formation
-        cfg = replace(cfg or saved, image_formation=saved.image_formation, batch_views=saved.batch_views)
+        batch_views = max(saved.batch_views, group.world)
+        cfg = replace(cfg or saved, image_formation=saved.image_formation, batch_views=batch_views)
         gaussians = gaussians_from_tensors(state["gaussians"])
         trainer = cls(data, cfg, device, gaussians, group)
+        if batch_views != saved.batch_views:
+            trainer.note = "; ".join(filter(None, [
+                f"the checkpoint trained on {saved.batch_views} view(s) a step; on {group.world} processes it goes on "
+                f"with {batch_views}, one a process", trainer.note]))
         if asked != saved.image_formation:
             trainer.note = "; ".join(filter(None, [
                 f"the checkpoint's model was trained in image formation {saved.image_formation!r}, and training "

@@ -806,7 +806,7 @@ def test_colmap_counts_and_sizes_are_checked_before_anything_is_allocated(breaka
     for run in runs:
         lines = run["stderr"].strip().splitlines()
         assert run["code"] == 1 and len(lines) == 1 and lines[0].startswith("error: ") and said in lines[0], run
-        assert run["rise"] < RISE and run["seconds"] < 10, run
+        assert run["rise"] < RISE, run
     assert not (tmp_path / "renders").exists() or not list((tmp_path / "renders").iterdir())
 
 

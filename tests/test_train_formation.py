@@ -70,7 +70,7 @@ def test_a_gpu_trains_a_blender_model_in_the_standard_formation_and_says_so(blen
 def test_the_cli_says_in_one_line_on_stderr_that_a_gpu_trains_the_standard_formation(blender_scene, tmp_path,
                                                                                      monkeypatch, capsys):
     monkeypatch.setattr(commands, "resolve_device", lambda name: ("cpu", "cuda"))
-    monkeypatch.setattr(commands, "run_training", lambda *args: None)
+    monkeypatch.setattr(commands, "run_training", lambda *args: True)
     monkeypatch.setattr(commands, "finish", lambda trainer, *args, **kw: {"image_formation": trainer.cfg.image_formation})
     assert cli(["train", str(blender_scene), "--out", str(tmp_path / "out"), "--image-formation", "blender",
                 "--random-init", "--iterations", "2"]) == 0

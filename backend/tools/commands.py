@@ -119,7 +119,7 @@ def train_in_group(group: Group, device: str | torch.device, args) -> int:
     they fail). Returns the exit code."""
     with quiet_unless_leader(group):
         kind = torch.device(device).type
-        cfg = training_config(args, kind, "cuda" if kind == "cuda" else "reference")
+        cfg = training_config(args, kind, resolve_device(kind)[1])  # on a GPU without kernels: the reference
         cfg = replace(cfg, batch_views=args.views_per_step or group.world, parallel=args.parallel)
         if group.leader:  # made once, then found by the others (on another host with a copy: made there too)
             print_note(prepare(args.data))

@@ -30,15 +30,15 @@ import bpy
 import numpy as np
 from mathutils import Matrix
 
+from blender_addon.core.splats import read_motion_ply_bytes  # the checkout is on PYTHONPATH (formation.py)
+from blender_addon.logic.native import native_attributes
+from blender_addon.scene import native
+from blender_addon.scene.splats import add_native_object
+
 
 def add_moving_model(path: str, scene):
     """The 4D model in the PLY at `path` as Add Model to Scene adds a session's (ops/base.add_model_to_scene): its
     native attributes in a new native splat object, animated over the scene's frame range."""
-    # imported here: only a 4D model needs the add-on's modules (the checkout on PYTHONPATH)
-    from blender_addon.core.splats import read_motion_ply_bytes
-    from blender_addon.logic.native import native_attributes
-    from blender_addon.scene import native
-    from blender_addon.scene.splats import add_native_object
     model, motion = read_motion_ply_bytes(open(path, "rb").read(), path)
     if motion is None:
         raise SystemExit(f"{path} holds no motion: a 4D model's PLY has its motion columns")
