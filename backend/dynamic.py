@@ -98,13 +98,14 @@ class _Motion(torch.autograd.Function):
         return None, grad_means, *grads
 
 
-def split_in_time(rows: dict[str, torch.Tensor], generator: torch.Generator, divisor: float) -> dict[str, torch.Tensor]:
+def split_in_time(rows: dict[str, torch.Tensor], normal, divisor: float) -> dict[str, torch.Tensor]:
     """Split Gaussians' rows (one per new Gaussian) spread over their parent's window in time: each moves its
-    time centre by a sample of the window, along the parent's trajectory (so it is where the parent was
-    then), and its window narrows by `divisor`. Gaussians seen at every time stay as they are."""
+    time centre by a sample of the window (`normal(shape)`: standard normal samples, one per row), along the
+    parent's trajectory (so it is where the parent was then), and its window narrows by `divisor`. Gaussians
+    seen at every time stay as they are."""
     precisions = rows["time_precisions"]
     widths = torch.where(precisions > 0, torch.rsqrt(precisions), 0.0)
-    dt = torch.randn(widths.shape, generator=generator).to(widths.device) * widths
+    dt = normal(widths.shape).to(widths.device) * widths
     moved = dict(rows)
     moved["means"] = rows["means"] + rows["velocities"] * dt[:, None] + 0.5 * rows["accelerations"] * (dt * dt)[:, None]
     moved["velocities"] = rows["velocities"] + rows["accelerations"] * dt[:, None]

@@ -26,6 +26,13 @@ def logit(p: torch.Tensor | float) -> torch.Tensor:
     return torch.log(p / (1 - p))
 
 
+def sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """torch.sigmoid on the GPU; on the CPU 1 / (1 + e^-x), whose value for an element does not depend on where it
+    sits in the tensor (torch's CPU sigmoid rounds a vector's tail elements otherwise), so that a share of the rows
+    gets what the whole model gets for them (backend/partition.py)."""
+    return torch.sigmoid(x) if x.is_cuda else 1 / (1 + torch.exp(-x))
+
+
 @dataclass
 class Gaussians:
     """Trainable parameters; every field is one optimizer group (same name) with N rows."""
@@ -53,7 +60,7 @@ class Gaussians:
 
     @property
     def opacities(self) -> torch.Tensor:
-        return torch.sigmoid(self.opacity_logits)
+        return sigmoid(self.opacity_logits)
 
     @property
     def sh(self) -> torch.Tensor:

@@ -122,7 +122,10 @@ def _fitting_prebuilt() -> tuple[Path | None, str]:
         build = json.loads((folder / BUILD_INFO).read_text())
     except (OSError, ValueError) as exc:
         return None, f"the prebuilt kernels in {folder} have no readable {BUILD_INFO} ({exc})"
-    why = prebuilt_mismatch(build, this_machine())
+    try:
+        why = prebuilt_mismatch(build, this_machine())
+    except (KeyError, TypeError, ValueError) as exc:  # a build.json of another shape
+        return None, f"the prebuilt kernels in {folder} have a {BUILD_INFO} that does not say what they fit ({exc!r})"
     if why:
         return None, f"the prebuilt kernels in {folder} do not fit: {why}"
     return folder, (f"prebuilt for torch {build['torch']} with CUDA {build['cuda']}, GPU architectures "

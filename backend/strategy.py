@@ -18,9 +18,11 @@ from .render.reference import quat_to_rotmat
 
 
 def edit_rows(optimizer: torch.optim.Optimizer, g: Gaussians, keep: torch.Tensor | None = None,
-              append: dict[str, torch.Tensor] | None = None) -> None:
+              append: dict[str, torch.Tensor] | None = None,
+              moments: dict[str, dict[str, torch.Tensor]] | None = None) -> None:
     """Keep the rows of every parameter selected by `keep` (bool mask), then append the rows in
-    `append` (one tensor per parameter name). Adam moments follow the rows; appended rows start at zero."""
+    `append` (one tensor per parameter name). Adam moments follow the rows; appended rows start at zero, or
+    at `moments[name][key]` where given (rows that move from another process)."""
     for group in optimizer.param_groups:
         name = group["name"]
         old = group["params"][0]
@@ -35,7 +37,9 @@ def edit_rows(optimizer: torch.optim.Optimizer, g: Gaussians, keep: torch.Tensor
         new = edit(old.detach(), extra).requires_grad_(True)
         for key in ("exp_avg", "exp_avg_sq"):
             if key in state:
-                state[key] = edit(state[key], torch.zeros_like(extra) if extra is not None else None)
+                start = (None if extra is None else moments[name][key].to(extra) if moments
+                         else torch.zeros_like(extra))
+                state[key] = edit(state[key], start)
         if state:
             optimizer.state[new] = state
         group["params"][0] = new
@@ -73,9 +77,11 @@ class DefaultStrategy:
             self.grad_sum, self.count = torch.zeros_like(self.grad_sum), torch.zeros_like(self.count)
         return state
 
-    def load_state_dict(self, state: dict, device: torch.device) -> None:
+    def load_state_dict(self, state: dict, device: torch.device, group: Group = SINGLE) -> None:
+        """The statistics of a checkpoint (of any number of processes): the leader holds them, the others start
+        from zero, as after state_dict."""
         def place(t):
-            return None if t is None else t.to(device)
+            return None if t is None else t.to(device) if group.leader else torch.zeros_like(t, device=device)
         self.grad_sum, self.count = place(state["grad_sum"]), place(state["count"])
 
     def accumulate(self, step: int, means2d_grad: torch.Tensor | None, radii: torch.Tensor, width: int, height: int,
@@ -112,11 +118,23 @@ class DefaultStrategy:
             group.sum_([self.grad_sum, self.count])
 
     def _densify(self, step: int, g: Gaussians, optimizer, generator) -> None:
-        cfg = self.cfg
         n = len(g)
         if self.grad_sum is None or self.grad_sum.shape[0] != n:
             return
+        clone, split, prune = self._decide(step, *self._densify_inputs(g))
+        self._apply(g, optimizer, clone, split, prune, lambda shape: torch.randn(shape, generator=generator))
+
+    def _densify_inputs(self, g: Gaussians) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What densification decides on, per Gaussian: the mean screen-space gradient, the largest scale and
+        the peak opacity."""
         avg = self.grad_sum / self.count.clamp_min(1)
+        max_scale = torch.exp(g.log_scales.detach()).amax(dim=-1)
+        return avg, max_scale, g.peak_opacities()  # a 4D model's: at its best time, so windows count
+
+    def _decide(self, step: int, avg, max_scale, peak) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Which Gaussians to clone, split and prune (bool masks) from _densify_inputs."""
+        cfg = self.cfg
+        n = len(avg)
         hot = avg > cfg.grad_threshold
         if cfg.max_gaussians:
             room = max(0, cfg.max_gaussians - n)
@@ -124,33 +142,33 @@ class DefaultStrategy:
                 hottest = torch.topk(torch.where(hot, avg, -1.0), room).indices
                 hot = torch.zeros_like(hot)
                 hot[hottest] = True
-        max_scale = torch.exp(g.log_scales.detach()).amax(dim=-1)
         small = max_scale <= cfg.percent_dense * self.extent
-        clone, split = hot & small, hot & ~small
-
-        new_rows = {name: t.detach()[clone] for name, t in g.tensors().items()}
-        split_rows = self._split_samples(g, split, generator)
-        for name in new_rows:
-            new_rows[name] = torch.cat([new_rows[name], split_rows[name]])
-
-        prune = g.peak_opacities() < cfg.prune_opacity  # a 4D model's: at its best time, so windows count
+        prune = peak < cfg.prune_opacity
         if step > cfg.reset_opacity_every:
             prune |= max_scale > cfg.prune_scale * self.extent
-        keep = ~(prune | split)
-        edit_rows(optimizer, g, keep=keep, append=new_rows)
+        return hot & small, hot & ~small, prune
+
+    def _apply(self, g: Gaussians, optimizer, clone, split, prune, normal) -> None:
+        """Clone, split (placing the children with `normal(shape)`'s standard normal samples) and prune; the
+        statistics start again."""
+        new_rows = {name: t.detach()[clone] for name, t in g.tensors().items()}
+        split_rows = self._split_samples(g, split, normal)
+        for name in new_rows:
+            new_rows[name] = torch.cat([new_rows[name], split_rows[name]])
+        edit_rows(optimizer, g, keep=~(prune | split), append=new_rows)
         self.grad_sum = torch.zeros(len(g), device=g.means.device)
         self.count = torch.zeros(len(g), device=g.means.device)
 
-    def _split_samples(self, g: Gaussians, split: torch.Tensor, generator) -> dict[str, torch.Tensor]:
+    def _split_samples(self, g: Gaussians, split: torch.Tensor, normal) -> dict[str, torch.Tensor]:
         """Two Gaussians per split one, placed by sampling it, with scales divided by 1.6; a 4D model's also
         in time (dynamic.split_in_time)."""
         rows = {name: t.detach()[split].repeat_interleave(2, dim=0) for name, t in g.tensors().items()}
         scales = torch.exp(rows["log_scales"])
-        noise = torch.randn(scales.shape, generator=generator).to(scales.device) * scales
+        noise = normal(scales.shape).to(scales.device) * scales
         rows["means"] = rows["means"] + (quat_to_rotmat(rows["quats"]) @ noise[..., None])[..., 0]
         rows["log_scales"] = rows["log_scales"] - math.log(self.cfg.split_scale_divisor)
         if isinstance(g, DynamicGaussians):
-            rows = split_in_time(rows, generator, self.cfg.split_scale_divisor)
+            rows = split_in_time(rows, normal, self.cfg.split_scale_divisor)
         return rows
 
     def _reset_opacity(self, g: Gaussians, optimizer) -> None:

@@ -19,6 +19,8 @@ from .gaussians import Gaussians
 from .kernels import fallback_note
 from .metrics import photometric_loss, psnr, ssim
 from .optim import Adam
+from .partition import (PartitionedStrategy, own_optimizer_state, take_share, train_views, whole_optimizer_state,
+                        whole_tensors)
 from .render import camera_tensors, render
 from .render.cuda import gradient_step
 from .render.formation import STANDARD
@@ -67,6 +69,9 @@ class TrainConfig:
     seed: int = default("seed")
     log_every: int = 50  # steps between loss read-backs (each is a host synchronisation)
     batch_views: int = 1  # views per step, shared out among a distributed group's processes
+    # How a group shares the work (backend/distributed.py): "data", every process holding the whole model, or
+    # "partitioned", each holding a share of the Gaussians by space (backend/partition.py).
+    parallel: str = "data"
     dynamic: bool = False  # train a 4D model (backend.dynamic) even when the views have no times
     # The schedule stretches to at least this many steps a training view (fit_to_views); 0: as it is.
     min_steps_per_view: int = 0
@@ -160,16 +165,25 @@ class Trainer:
             gaussians = random_start(data, cfg)
         if (cfg.dynamic or data.times is not None) and not isinstance(gaussians, DynamicGaussians):
             gaussians = DynamicGaussians.from_static(gaussians)
-        self.g = gaussians.to(self.device).requires_grad_()
+        gaussians = gaussians.to(self.device)
+        self.share = None  # this process's share of the Gaussians, where the group partitions them
+        if cfg.parallel == "partitioned" and group.world > 1:
+            self.share, gaussians = take_share(gaussians, group)
+            if cfg.rasterizer == "cuda":
+                self.note = "; ".join(filter(None, [self.note, "partitioned training draws with the reference "
+                                                   "rasterizer's stages (the CUDA kernels project and draw in one)"]))
+        elif cfg.parallel not in ("data", "partitioned"):
+            raise SplatwrightError(f"parallel {cfg.parallel!r}: choose data or partitioned")
+        self.g = gaussians.requires_grad_()
         self.initial_rates = asdict(cfg.lr)
         for name in POSITION_RATES:
             self.initial_rates[name] *= self.extent
         self.optimizer = self._make_optimizer()
         # A static model on the CUDA rasterizer takes its gradients straight from the kernels (bit-equal to
         # autograd's, for a third less host time a step); a 4D model's motion goes through autograd.
-        # A static model on a GPU: the extension's fused step (render/cuda.py's gradient_step); otherwise autograd.
-        self.without_autograd = cfg.rasterizer == "cuda" and not self.dynamic
-        self.strategy = DefaultStrategy(cfg.densify, self.extent)
+        self.without_autograd = cfg.rasterizer == "cuda" and not self.dynamic and self.share is None
+        self.strategy = (DefaultStrategy(cfg.densify, self.extent) if self.share is None
+                         else PartitionedStrategy(cfg.densify, self.extent, self.share))
         # On the CPU, so drawing a view or split noise never waits for the GPU.
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.background = torch.tensor(cfg.background, dtype=torch.float32, device=self.device)
@@ -205,7 +219,9 @@ class Trainer:
             elif group["name"] in POSITION_RATES:
                 group["lr"] = self.initial_rates[group["name"]] * means_lr / self.initial_rates["means"]
         batch = torch.randint(len(self.data), (self.cfg.batch_views,), generator=self.generator).tolist()
-        for k, i in enumerate(self.group.share(batch)):
+        if self.share is not None:
+            first = train_views(self, batch)
+        for k, i in enumerate(self.group.share(batch) if self.share is None else []):
             cam, gt = self.data.cameras[i], self.data.images[i]  # uint8: the loss converts it
             if self.without_autograd:
                 loss, image, means2d_grad, radii = gradient_step(self.g, *self.views[i], cam.width, cam.height,
@@ -240,10 +256,17 @@ class Trainer:
     def _sum_gradients(self) -> None:
         """The step's gradient: the mean over its views, of all the group's processes."""
         grads = [t.grad for t in self.g.tensors().values() if t.grad is not None]
-        self.group.sum_(grads)
+        if self.share is None:  # a share's gradients are whole already
+            self.group.sum_(grads)
         if self.cfg.batch_views > 1:
             for grad in grads:
                 grad /= self.cfg.batch_views
+
+    def whole_model(self) -> Gaussians:
+        """The whole model (a partitioned group's, gathered: every process takes part)."""
+        if self.share is None:
+            return self.g
+        return gaussians_from_tensors(whole_tensors(self.share, self.g)).to(self.device)
 
     def add_view(self, camera: Camera, image: torch.Tensor, name: str, view_time: float = 0.0) -> None:
         """Append a view (image (H, W, 3) float in [0, 1] at its camera's size, stored quantised like the
@@ -256,27 +279,41 @@ class Trainer:
 
     # Checkpoints hold everything needed to continue exactly: parameters, optimizer moments,
     # densification statistics, step and random state.
+    # A partitioned group's checkpoint holds the whole model, as one process's does.
     def state_dict(self) -> dict:
+        if self.share is not None:
+            gaussians, optimizer = whole_tensors(self.share, self.g), whole_optimizer_state(self.share, self.optimizer)
+        else:
+            gaussians = {k: v.detach().cpu() for k, v in self.g.tensors().items()}
+            optimizer = self.optimizer.state_dict()
         return {
             "format": CHECKPOINT_FORMAT,
             "step": self.step,
             "train_seconds": self.train_seconds,
             "config": asdict(self.cfg),
-            "gaussians": {k: v.detach().cpu() for k, v in self.g.tensors().items()},
-            "optimizer": self.optimizer.state_dict(),
+            "gaussians": gaussians,
+            "optimizer": optimizer,
             "strategy": self.strategy.state_dict(self.group),
             "generator": self.generator.get_state(),
         }
 
     @classmethod
-    def from_checkpoint(cls, data: Dataset, state: dict, device, cfg: TrainConfig | None = None) -> "Trainer":
+    def from_checkpoint(cls, data: Dataset, state: dict, device, cfg: TrainConfig | None = None,
+                        group: Group = SINGLE) -> "Trainer":
         """A trainer continuing a checkpoint (load_checkpoint), with the checkpoint's config or `cfg`; in the image
-        formation its model was trained in either way, which it remembers."""
+        formation its model was trained in either way, which it remembers, and with its views per step, so that a
+        checkpoint continues alike on any number of processes up to its views per step; more processes take one
+        view each, which the trainer says."""
         saved = TrainConfig.from_dict(state["config"])
         asked = (cfg or saved).image_formation
-        cfg = replace(cfg or saved, image_formation=saved.image_formation)
+        batch_views = max(saved.batch_views, group.world)
+        cfg = replace(cfg or saved, image_formation=saved.image_formation, batch_views=batch_views)
         gaussians = gaussians_from_tensors(state["gaussians"])
-        trainer = cls(data, cfg, device, gaussians)
+        trainer = cls(data, cfg, device, gaussians, group)
+        if batch_views != saved.batch_views:
+            trainer.note = "; ".join(filter(None, [
+                f"the checkpoint trained on {saved.batch_views} view(s) a step; on {group.world} processes it goes on "
+                f"with {batch_views}, one a process", trainer.note]))
         if asked != saved.image_formation:
             trainer.note = "; ".join(filter(None, [
                 f"the checkpoint's model was trained in image formation {saved.image_formation!r}, and training "
@@ -284,8 +321,9 @@ class Trainer:
         if trainer.dynamic != isinstance(gaussians, DynamicGaussians):
             raise SplatwrightError("the checkpoint holds a static model, but these views have times (or the "
                                    "configuration says dynamic); train the 4D model from scratch (without --resume)")
-        trainer.optimizer.load_state_dict(state["optimizer"])
-        trainer.strategy.load_state_dict(state["strategy"], trainer.device)
+        trainer.optimizer.load_state_dict(state["optimizer"] if trainer.share is None
+                                          else own_optimizer_state(state["optimizer"], trainer.share))
+        trainer.strategy.load_state_dict(state["strategy"], trainer.device, group)
         trainer.generator.set_state(state["generator"])
         trainer.step = state["step"]
         trainer.train_seconds = trainer.checkpointed_at = state["train_seconds"]
@@ -293,15 +331,20 @@ class Trainer:
 
     def checkpoint_due(self, every_steps: int, every_seconds: float) -> bool:
         """Whether a checkpoint is due after this step: every `every_steps` steps and every `every_seconds`
-        of training time since the last one (0 turns either off)."""
+        of training time since the last one (0 turns either off). In a group only the leader's clock counts:
+        the others say False for time, and Group.agree makes it the group's decision."""
         return bool((every_steps and self.step % every_steps == 0)
-                    or (every_seconds and self.train_seconds - self.checkpointed_at >= every_seconds))
+                    or (self.group.leader and every_seconds
+                        and self.train_seconds - self.checkpointed_at >= every_seconds))
 
     def save_checkpoint(self, path: str | Path) -> None:
         """Durably, keeping the checkpoint it replaces as previous_checkpoint(path) until this one is on the
         disk; any failure to write (a full disk, a read-only folder) raises SplatwrightError naming the file and
-        leaves the checkpoints on the disk as they were."""
-        torch_files.save(path, self.state_dict(), "the checkpoint", previous_checkpoint(path))
+        leaves the checkpoints on the disk as they were. In a group every process takes part (the statistics are
+        gathered) and the leader alone writes."""
+        state = self.state_dict()
+        if self.group.leader:
+            torch_files.save(path, state, "the checkpoint", previous_checkpoint(path))
         self.checkpointed_at = self.train_seconds
 
 

@@ -321,6 +321,22 @@ def cli_memory(*runs: list[str]) -> list[dict]:
     return json.loads(r.stdout)
 
 
+def assert_bombs_refused(files: dict[str, tuple[bytes, str]], folder: Path, rise: int) -> None:
+    """Each file of `files` (name -> (its bytes, what its refusal says)), written into `folder`, is refused by
+    `convert` in one line naming it and saying so, within `rise` bytes of peak memory, writing nothing; each holds
+    under 2 MiB (what it declares or inflates to is far more). How fast: `bench/results/hardening-bombs-*.md`."""
+    for name, (data, _) in files.items():
+        (folder / name).write_bytes(data)
+    runs = cli_memory(*(["convert", str(folder / name), str(folder / "out.ply")] for name in files))
+    for (name, (data, said)), run in zip(files.items(), runs):
+        lines = run["stderr"].strip().splitlines()
+        assert run["code"] == 1 and len(lines) == 1 and lines[0].startswith(f"error: {folder / name}"), (name, run)
+        assert said in lines[0], (name, lines[0])
+        assert run["rise"] < rise, (name, run)
+        assert len(data) < 2 << 20
+    assert not (folder / "out.ply").exists()
+
+
 def similarity(source: np.ndarray, target: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
     """The similarity (scale s, rotation R, translation t) taking the points `source` (N, 3) closest to `target`
     (N, 3) in the least-squares sense, s R x + t (Umeyama 1991)."""

@@ -91,10 +91,10 @@ def test_gpu_training_on_byte_views(tiny_scene):
     cfg = replace(cfg, sh_interval=50, densify=replace(cfg.densify, start=50, every=50, stop=250,
                                                        reset_opacity_every=150))
     trainer = Trainer(data, cfg, DEV)
-    assert trainer.data.images.dtype == torch.uint8 and trainer.data.images.is_cuda
+    assert all(image.dtype == torch.uint8 and image.is_cuda for image in trainer.data.images)
     before = evaluate(trainer.g, data, 0, cfg.background, "cuda")["psnr"]
     trainer.add_view(data.cameras[0], data.image(0), "again")
-    assert trainer.data.images.dtype == torch.uint8 and torch.equal(trainer.data.images[-1].cpu(), data.images[0])
+    assert trainer.data.images[-1].dtype == torch.uint8 and torch.equal(trainer.data.images[-1].cpu(), data.images[0])
     while trainer.step < cfg.iterations:
         trainer.train_step()
     after = evaluate(trainer.g, data, trainer.sh_degree, cfg.background, "cuda")["psnr"]

@@ -2,7 +2,7 @@
 saying why elsewhere): Niantic's SPZ library (@adobe/spz 0.2.3, the WebAssembly build of nianticlabs/spz),
 PlayCanvas's splat-transform 3.10.2 and GaussianSplats3D 0.4.7's .ksplat writer. The files they wrote for the
 fixtures in tests/data/splats (SOURCES.md there) came from these same runs; tests/test_formats.py and
-tests/test_spz.py check those where npm is missing. Tolerances: tests/test_formats.py's."""
+tests/test_spz.py check those where npm is missing. Tolerances: tests/format_helpers.py's."""
 from __future__ import annotations
 
 import hashlib
@@ -19,9 +19,8 @@ from backend import formats
 from backend.formats import spz
 from backend.formats.ply import read_ply
 from backend.gaussians import Gaussians
+from format_helpers import DATA, KSPLAT_TOL, SPZ_TOL, assert_within, flip_yz, nearest, splat_transform_ply
 from helpers import ROOT
-from test_formats import DATA, SPZ_TOL, assert_within, flip_yz, nearest, splat_transform_ply
-from test_ksplat import KSPLAT_TOL
 
 TOOLS = {"@adobe/spz": "0.2.3", "@playcanvas/splat-transform": "3.10.2", "@mkkellogg/gaussian-splats-3d": "0.4.7"}
 SCRIPTS = ROOT / "tests" / "interop"  # spz.mjs and ksplat.mjs

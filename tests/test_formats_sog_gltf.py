@@ -26,7 +26,6 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from plyfile import PlyData
 
 from backend import formats
 from backend.formats import gltf, sog, spz
@@ -34,30 +33,18 @@ from backend.formats.budget import Budget
 from backend.formats.compressed_ply import morton_order
 from backend.formats.ply import encode_ply, read_ply
 from backend.gaussians import Gaussians
-from backend.metrics import psnr
 from backend.placement import placed
-from backend.render import render
 from backend.service.saved_models import is_dynamic_file
 from backend.tools import cli
 from blender_addon.core.bundles import bundled, write_sog_folder
-from blender_addon.core.cameras import Camera, intrinsics_from_fov_x, look_at
 from blender_addon.core.errors import SplatwrightError
-from helpers import DONUT, ROOT, cli_memory, orbit_cameras, random_gaussians, spz_of_zeros, write_scene
+from format_helpers import (DATA, assert_refused, assert_within, donut_cameras, nearest, render_psnr, reordered,
+                            splat_transform_ply)
+from helpers import DONUT, assert_bombs_refused, orbit_cameras, random_gaussians, spz_of_zeros, write_scene
 
-DATA = ROOT / "tests" / "data" / "splats"
 SPLAT_TRANSFORM = "@playcanvas/splat-transform@3.10.2"
 QUAT_STEP = 2 / 255 / math.sqrt(2)  # of a stored quaternion component
 MIB = 1 << 20
-
-
-def reordered(g: Gaussians, order) -> Gaussians:
-    order = torch.as_tensor(np.asarray(order))
-    return Gaussians(**{k: v[order] for k, v in g.tensors().items()})
-
-
-def nearest(ref: Gaussians, got: Gaussians) -> Gaussians:
-    """`got` in `ref`'s order, each splat matched to the nearest (for writers that reorder)."""
-    return reordered(got, torch.cdist(ref.means, got.means).argmin(1))
 
 
 def sog_meta(data: bytes) -> dict:
@@ -86,53 +73,7 @@ def sog_tol(meta: dict, ref: Gaussians, truncated: bool = False) -> dict:
     return tol
 
 
-def assert_within(ref: Gaussians, got: Gaussians, tol: dict) -> None:
-    assert len(ref) == len(got)
-    q = torch.nn.functional.normalize(ref.quats, dim=-1)
-    errors = {
-        "quats": torch.minimum((q - got.quats).abs().amax(1), (q + got.quats).abs().amax(1)).max(),
-        "log_scales": (ref.log_scales - got.log_scales).abs().max(),
-        "opacity": (ref.opacities - got.opacities).abs().max(), "sh_dc": (ref.sh_dc - got.sh_dc).abs().max(),
-        "sh_rest": torch.cat([(ref.sh_rest - got.sh_rest).abs().flatten(), torch.zeros(1)]).max()}
-    if np.ndim(tol.get("means", 0)):  # SOG: per axis, in log-mapped units (and float32's rounding of the means)
-        log = lambda v: torch.sign(v) * torch.log1p(v.double().abs())  # noqa: E731
-        errors["means"] = ((log(ref.means) - log(got.means)).abs() / torch.as_tensor(tol["means"])).max()
-        tol = {**tol, "means": 1.01}
-    else:
-        errors["means"] = (ref.means - got.means).abs().max()
-    over = {k: (round(float(errors[k]), 7), t) for k, t in tol.items() if float(errors[k]) > t}
-    assert not over, f"errors over tolerance (error, tolerance): {over}"
-
-
 GLTF_TOL = dict(means=0.0, quats=2e-7, log_scales=1e-6, opacity=1e-6, sh_dc=0.0, sh_rest=0.0)
-
-
-def donut_cameras(n: int, size: int) -> list[Camera]:
-    K = intrinsics_from_fov_x(0.8, size, size)
-    return [Camera(look_at([0.32 * math.cos(a), 0.32 * math.sin(a), 0.2], [0.0, 0.0, 0.03]), K, size, size)
-            for a in np.linspace(0, 2 * math.pi, n, endpoint=False)]
-
-
-def renders(g: Gaussians, cameras: list[Camera]) -> list[torch.Tensor]:
-    with torch.no_grad():
-        return [render(g, c, 3, (1.0, 1.0, 1.0)).image for c in cameras]
-
-
-def render_psnr(a: Gaussians, b: Gaussians, cameras: list[Camera]) -> float:
-    """The lowest PSNR of `b`'s renders against `a`'s."""
-    return min(psnr(image, truth) for image, truth in zip(renders(b, cameras), renders(a, cameras)))
-
-
-def splat_transform_ply(path) -> Gaussians:
-    """A PLY splat-transform wrote when decoding (its opacities of bytes 0 and 255 are infinite)."""
-    v = PlyData.read(str(path))["vertex"]
-    rest = [n for n in v.data.dtype.names if n.startswith("f_rest_")]
-    col = lambda *cs: torch.from_numpy(np.stack([v[c] for c in cs], 1).astype(np.float32))  # noqa: E731
-    return Gaussians(means=col("x", "y", "z"), log_scales=col("scale_0", "scale_1", "scale_2"),
-                     quats=col("rot_0", "rot_1", "rot_2", "rot_3"), opacity_logits=col("opacity")[:, 0].clamp(-20, 20),
-                     sh_dc=col("f_dc_0", "f_dc_1", "f_dc_2")[:, None],
-                     sh_rest=col(*rest).reshape(len(v.data), 3, -1).transpose(1, 2) if rest
-                     else torch.zeros(len(v.data), 0, 3))
 
 
 def in_gltf_axes(g: Gaussians) -> Gaussians:
@@ -501,17 +442,7 @@ def spz_edit(packed: bytes):
 
 
 def test_sog_and_gltf_bombs_are_refused_at_once_by_the_cli_with_little_memory(tmp_path):
-    files = bombs()
-    for name, (data, _) in files.items():
-        (tmp_path / name).write_bytes(data)
-    runs = cli_memory(*(["convert", str(tmp_path / name), str(tmp_path / "out.ply")] for name in files))
-    for (name, (data, said)), run in zip(files.items(), runs):
-        lines = run["stderr"].strip().splitlines()
-        assert run["code"] == 1 and len(lines) == 1 and lines[0].startswith(f"error: {tmp_path / name}"), (name, run)
-        assert said in lines[0], (name, lines[0])
-        assert run["rise"] < 200 * MIB and run["seconds"] < 10, (name, run)
-        assert len(data) < 2 * MIB
-    assert not (tmp_path / "out.ply").exists()
+    assert_bombs_refused(bombs(), tmp_path, 200 * MIB)
 
 
 def tagged_quats(members: dict) -> dict:
@@ -559,12 +490,7 @@ def one_label_too_many(meta):
 def test_malformed_sog_and_gltf_files_are_refused_with_their_own_message(tmp_path, capsys, name, data, message):
     path = tmp_path / name
     path.write_bytes(data)
-    with pytest.raises(SplatwrightError) as e:
-        formats.read_any(path)
-    assert message in str(e.value) and "\n" not in str(e.value)
-    assert cli.main(["convert", str(path), str(tmp_path / "out.ply")]) == 1
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]
+    assert_refused(path, message, capsys)
 
 
 @pytest.mark.parametrize("semantic, value, message", [

@@ -19,7 +19,7 @@ from helpers import random_gaussians
 pytestmark = pytest.mark.blender
 
 SPZ_TURN = np.array([[1.0, 0, 0], [0, 0, 1], [0, -1, 0]])  # Blender's SPZ import of our SPZ: -90 degrees about x
-# The largest error quantisation allows (SPZ: test_formats.py's SPZ_TOL), as Blender's attributes state them.
+# The largest error quantisation allows (SPZ: format_helpers.py's SPZ_TOL), as Blender's attributes state them.
 SPZ_TOL = dict(position=0.5 / 4096 + 1e-6, log_scale=0.5 / 16 + 1e-5, opacity=0.5 / 255 + 1e-6, rotation=0.006)
 
 

@@ -1,11 +1,6 @@
 """GaussianSplats3D's .ksplat (backend/formats/ksplat.py): files its own writer made (tests/data/splats, see
 SOURCES.md there) read as the PLY they were made from, to the format's quantisation, and render like it;
-malformed files are refused with one-line messages.
-
-Tolerances by compression level (ksplat.py's docstring states the quantisation): colour and opacity 1/255 (the
-writer floors); level 0 otherwise exact; levels 1 and 2 positions half a step of 5 m / 65534 (3.8e-5), log
-scales 2^-10 (float16 cut, not rounded, by three.js), quaternion components 0.001 and SH 2^-10 (float16); level
-2 SH one 8-bit step of the SH's range."""
+malformed files are refused with one-line messages. Tolerances by compression level: tests/format_helpers.py's."""
 from __future__ import annotations
 
 import numpy as np
@@ -15,13 +10,7 @@ from backend import formats
 from backend.formats import ksplat
 from backend.formats.ply import read_ply
 from blender_addon.core.errors import SplatwrightError
-from test_formats import DATA, assert_within, donut_cameras, nearest, render_psnr
-
-COLOUR = dict(opacity=1 / 255 + 1e-6, rgb=1 / 255 + 1e-6)
-HALF = dict(means=2.5 / 32767 / 2 + 1e-6, log_scales=2 ** -10 + 1e-5, quats=0.001, sh_rest=2 ** -10)
-KSPLAT_TOL = {0: dict(means=1e-7, log_scales=1e-6, quats=1e-6, sh_rest=1e-7, **COLOUR),
-              1: dict(HALF, **COLOUR),
-              2: dict(HALF, **COLOUR, sh_rest=(0.3841 + 0.3791) / 255 + 1e-5)}  # sh3.ply's degree 1-2 SH range
+from format_helpers import DATA, KSPLAT_TOL, assert_within, donut_cameras, nearest, render_psnr
 
 
 @pytest.mark.parametrize("name, level", [("sh3-level0.ksplat", 0), ("sh3.ksplat", 2)])

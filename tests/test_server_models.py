@@ -2,6 +2,7 @@
 cropped by a box and placed in another space; the server runs in this process on loopback (CPU)."""
 from __future__ import annotations
 
+import json
 import math
 import threading
 from pathlib import Path
@@ -314,6 +315,17 @@ def test_an_imported_spz_is_read_in_the_axes_the_import_asked_also_after_a_resta
         client.call("open_session", name="turned", create=False)
         client.call("load_checkpoint")
         assert torch.allclose(exported(client).means, exported_means, atol=1e-3)
+
+
+def test_a_session_imported_before_the_axes_were_recorded_reads_its_spz_as_it_did_then(tmp_path):
+    """Its session.json names no axes: an SPZ without a coordinate-system record was read as RUB then, and still
+    is, so the model does not turn when the backend is updated."""
+    session = Session.create_imported(tmp_path, "old.spz", encode_any(random_gaussians(8), "spz", spz_version=3),
+                                      (1.0, 1.0, 1.0))
+    meta = json.loads((session.folder / "session.json").read_text())
+    del meta["imported"]["spz_axes"]
+    (session.folder / "session.json").write_text(json.dumps(meta))
+    assert imported_file(session.folder)[2] == "rub"
 
 
 def test_a_loaded_4d_model_file_is_drawn_and_exported_at_each_requests_time(viewer, tmp_path):

@@ -2,7 +2,7 @@
 SOURCES.md there; tests/test_format_tools.py runs the tools themselves where npm is installed): our version 4
 is the file Niantic's library decoded to the model, theirs reads to its source, splat-transform's lines up with
 its PLY in the PLY's axes; the axes a file states win over --spz-axes; convert keeps an SPZ's extension records,
-writes version 3 on request and says what it cannot do. Tolerances: tests/test_formats.py's."""
+writes version 3 on request and says what it cannot do. Tolerances: tests/format_helpers.py's."""
 from __future__ import annotations
 
 import gzip
@@ -18,8 +18,8 @@ from backend.formats.ply import encode_ply, read_ply
 from backend.gaussians import Gaussians
 from backend.tools import cli
 from blender_addon.core.errors import SplatwrightError
+from format_helpers import DATA, SPZ_TOL, assert_within, flip_yz, splat_transform_ply
 from helpers import random_gaussians
-from test_formats import DATA, SPZ_TOL, assert_within, flip_yz, splat_transform_ply
 
 pytest.importorskip("zstandard", reason="SPZ version 4 needs the zstandard package")
 

@@ -19,3 +19,6 @@ try:
 except SplatwrightError as e:
     print(f"error: {e}")
     sys.exit(1)
+except Exception as e:  # COLMAP's own failures: one line too, for the add-on's report
+    print(f"error: undistorting the capture failed: {type(e).__name__}: {e}")
+    sys.exit(1)

@@ -89,7 +89,7 @@ def extract_frames(video: str | Path, out: str | Path, check: LimitCheck, progre
                 at = frame.time if frame.time is not None else next_time
                 if at + 1e-6 < next_time:
                     continue
-                next_time = max(next_time + 1.0 / rate, at)
+                next_time = (math.floor(at * rate) + 1) / rate  # the next slot of the 1/rate grid after this frame
                 sampled += 1
                 check("video_seconds", math.ceil(at), f"{video}: {at:.0f} s of video", "cut the video shorter")
                 check("views", sampled, f"{video}: frames at {rate:g} a second", "take fewer frames a second (--rate)")

@@ -85,13 +85,19 @@ def decode(data: bytes, name: str = "the compressed PLY", budget: Budget = Budge
     }, name, budget)
 
 
-def encode(g: Gaussians) -> bytes:
+def morton_columns(g: Gaussians, what: str) -> dict[str, np.ndarray]:
+    """`g`'s columns (common.columns) in Morton order of their positions, as the chunked formats write them;
+    refused for an empty model, which `what` (the format) cannot hold."""
     c = columns(g)
-    n = len(c["means"])
-    if n == 0:
-        raise SplatwrightError("compressed PLY: no splats to write")
+    if len(c["means"]) == 0:
+        raise SplatwrightError(f"{what}: no splats to write")
     order = morton_order(c["means"])
-    c = {k: v[order] for k, v in c.items()}
+    return {k: v[order] for k, v in c.items()}
+
+
+def encode(g: Gaussians) -> bytes:
+    c = morton_columns(g, "compressed PLY")
+    n = len(c["means"])
     n_chunks = math.ceil(n / CHUNK)
     owner = np.arange(n) // CHUNK
 

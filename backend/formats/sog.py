@@ -19,7 +19,7 @@ of a zip, the bundled `.sog`. Axes are the official 3DGS PLY's: nothing flips. P
   coefficients a colour), whose RGB index a codebook of up to 256 coefficients (shN.codebook). We write each splat
   as its own entry where there are at most 65536 (then the codebook is the only loss), and otherwise the means of
   65536 cells that split the coefficients at their median along their widest dimension, 16 times over.
-Values are rounded to nearest and clamped. We write splats in Morton order (compressed_ply.morton_order), images of
+Values are rounded to nearest and clamped. We write splats in Morton order (compressed_ply.morton_columns), images of
 W = 4 ceil(sqrt(N) / 4) texels by H = 4 ceil(N / W / 4), as splat-transform does. Version 1 (meta.json without a
 version, per-channel ranges) is not read.
 """
@@ -37,9 +37,9 @@ from PIL import Image
 from blender_addon.core.errors import SplatwrightError
 from ..gaussians import Gaussians
 from .budget import MAX_RATIO, SMALL_FILE_BYTES, Budget
-from .common import (OTHER_COMPONENTS, byte_logit, columns, gaussians_from_columns, round_half_away, sh_degree_of,
+from .common import (OTHER_COMPONENTS, byte_logit, gaussians_from_columns, round_half_away, sh_degree_of,
                      sigmoid, to_byte)
-from .compressed_ply import morton_order
+from .compressed_ply import morton_columns
 
 VERSION = 2
 META = "meta.json"
@@ -96,12 +96,8 @@ def encode(g: Gaussians) -> bytes:
 def encode_members(g: Gaussians) -> dict[str, bytes]:
     """The files of `g`'s SOG by name, meta.json last (a folder written in this order has its meta.json only once
     its images are there)."""
-    c = columns(g)
+    c = morton_columns(g, "SOG")
     n = len(c["means"])
-    if n == 0:
-        raise SplatwrightError("SOG: no splats to write")
-    order = morton_order(c["means"])
-    c = {k: v[order] for k, v in c.items()}
     width = 4 * math.ceil(math.sqrt(n) / 4)
     height = 4 * math.ceil(n / width / 4)
     images: dict[str, bytes] = {}

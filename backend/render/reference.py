@@ -463,11 +463,26 @@ def rasterize(means, quats, scales, opacities, sh, viewmat, K, width: int, heigh
     coefficients (N, K, 3)) through an OpenCV camera (world-to-camera `viewmat`, intrinsics `K`) in an image
     formation (formation.py): the image is in display values either way, the blender formation's composited
     over the background in linear light."""
+    proj = project_splats(means, quats, scales, opacities, sh, viewmat, K, width, height, sh_degree, formation)
+    return draw(proj, opacities, width, height, background, formation)
+
+
+def project_splats(means, quats, scales, opacities, sh, viewmat, K, width: int, height: int, sh_degree: int,
+                   formation: str = "standard") -> Projected | RayProjected:
+    """The first half of rasterize: each Gaussian on its own (what it does to one row depends on that row
+    alone, so a share of the rows projects as it does among all of them)."""
     if check_formation(formation) == BLENDER:
-        proj = project_rays(means, quats, scales, opacities, sh, viewmat, K, width, height, sh_degree)
+        return project_rays(means, quats, scales, opacities, sh, viewmat, K, width, height, sh_degree)
+    return project(means, quats, scales, opacities, sh, viewmat, K, width, height, sh_degree)
+
+
+def draw(proj: Projected | RayProjected, opacities, width: int, height: int, background,
+         formation: str = "standard") -> RasterOutput:
+    """The second half of rasterize: the projected splats (and, for the standard formation, their opacities)
+    binned, sorted and composited into the image."""
+    if check_formation(formation) == BLENDER:
         tile_ids, gauss_ids = bin_rects(proj, width, height)
     else:
-        proj = project(means, quats, scales, opacities, sh, viewmat, K, width, height, sh_degree)
         tile_ids, gauss_ids = bin_tiles(proj, opacities, width, height)
     if proj.means2d.requires_grad:
         proj.means2d.retain_grad()

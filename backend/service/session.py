@@ -314,8 +314,10 @@ def imported_entry(meta) -> dict | None:
     if not isinstance(entry, dict) or not re.fullmatch(IMPORTED + r"\.[a-z0-9]+", str(entry.get("file"))):
         return None
     try:
+        # A record without axes was written when an SPZ without a coordinate-system record was read as RUB.
+        axes = entry.get("spz_axes", "rub")
         return {"file": entry["file"], "background": BACKGROUND.check(entry.get("background")),
-                "spz_axes": entry.get("spz_axes") if entry.get("spz_axes") in SPZ_AXES else SPZ_AXES[0]}
+                "spz_axes": axes if axes in SPZ_AXES else SPZ_AXES[0]}
     except ValueError:
         return None
 

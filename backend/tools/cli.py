@@ -37,6 +37,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dynamic", action="store_true",
                    help="train a 4D model of moving Gaussians (OUT/splats4d.pt) even when the frames have no "
                    "'time'; frames with times always train one")
+    p.add_argument("--gpus", type=positive_int, default=1, metavar="N",
+                   help="train on N GPUs of this host, one process each (with --device cpu: N processes on the CPU); "
+                   "across hosts, start the command with torchrun instead (backend/README.md)")
+    p.add_argument("--parallel", default="data", choices=["data", "partitioned"],
+                   help="how several processes share the work: data (each holds the whole model and draws its share "
+                   "of the views) or partitioned (each holds a share of the Gaussians, by space: for models beyond "
+                   "one GPU's memory)")
+    p.add_argument("--views-per-step", type=positive_int, default=None, metavar="N",
+                   help="views each step trains on, shared out among the processes (default: one a process); a "
+                   "resumed run keeps its checkpoint's")
 
     p = sub.add_parser("photos", help="structure from motion: a folder of photos, or a video, to a COLMAP dataset to "
                        "train on")

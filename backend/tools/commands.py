@@ -1,8 +1,12 @@
 """The CLI's commands (train, photos, render, info); each takes parsed arguments and returns an exit code."""
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import sys
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,6 +20,8 @@ from blender_addon.core.settings import TRAINING
 from ..data import load_cameras, load_split, prepare, scene_point_cloud
 from ..data.dataset import Dataset
 from ..data.photos import reconstruct
+from ..distributed import (SINGLE, Group, check_gpus, join_torchrun, launch, leave, restarted_by_torchrun,
+                           under_torchrun)
 from ..dynamic import DYNAMIC_FILE, DynamicGaussians, read_dynamic, write_dynamic
 from ..formats import formation_of, read_any, with_sh_degree
 from ..formats.ply import write_ply
@@ -35,56 +41,134 @@ def training_config(args, device: str, rasterizer: str) -> TrainConfig:
 
 
 def run_training(trainer: Trainer, checkpoint: Path | None, checkpoint_every: int,
-                 checkpoint_seconds: float) -> None:
+                 checkpoint_seconds: float) -> bool:
     """Train to the configured step count with a progress bar, checkpointing every `checkpoint_every` steps
-    and `checkpoint_seconds` of training; on Ctrl-C the last state is checkpointed first, so nothing is lost
-    (a diverged run keeps the last periodic checkpoint, not the diverged state)."""
+    and `checkpoint_seconds` of training; Ctrl-C stops after the step under way with a checkpoint of it, so
+    nothing is lost (a diverged run keeps the last periodic checkpoint, not the diverged state). In a group
+    (the trainer's) these are the group's decisions: a checkpoint by the leader's clock, a stop asked of any
+    process. Returns whether training reached its end (False: stopped)."""
     total = trainer.cfg.iterations
     bar = Progress(total, "train")
     try:
-        while trainer.step < total:
-            trainer.train_step()
-            if checkpoint and trainer.checkpoint_due(checkpoint_every, checkpoint_seconds):
-                trainer.save_checkpoint(checkpoint)
-            bar.update(trainer.step, loss=trainer.last["loss"], psnr=trainer.last["psnr"], gaussians=len(trainer.g))
-    except KeyboardInterrupt:
-        if checkpoint:
-            trainer.save_checkpoint(checkpoint)
-            print(f"\ninterrupted at step {trainer.step}; resume with --resume", file=sys.stderr)
-        raise
+        with StopRequest() as stop:
+            while trainer.step < total:
+                trainer.train_step()
+                due = bool(checkpoint) and trainer.checkpoint_due(checkpoint_every, checkpoint_seconds)
+                due, stopping = trainer.group.agree([due, stop.asked])
+                if stopping:
+                    if checkpoint:
+                        trainer.save_checkpoint(checkpoint)
+                    print(f"\ninterrupted at step {trainer.step}" + ("; resume with --resume" if checkpoint else ""),
+                          file=sys.stderr)
+                    return False
+                if due:
+                    trainer.save_checkpoint(checkpoint)
+                bar.update(trainer.step, loss=trainer.last["loss"], psnr=trainer.last["psnr"],
+                           gaussians=trainer.share.total if trainer.share else len(trainer.g))
     except FloatingPointError as e:
         raise SplatwrightError(f"training diverged: {e}; try a lower learning rate or check the input images") from e
     finally:
         bar.close()
     if checkpoint:
         trainer.save_checkpoint(checkpoint)
+    return True
+
+
+class StopRequest:
+    """Ctrl-C (SIGINT) while training, as a request to stop after the step under way rather than an exception in
+    the middle of one: a group's processes all receive it, at different points of their step, and stop together
+    at the same one. Only on the main thread, where signals are handled; elsewhere nothing asks."""
+
+    def __enter__(self) -> "StopRequest":
+        self.asked, self.before = False, None
+        if threading.current_thread() is threading.main_thread():
+            self.before = signal.signal(signal.SIGINT, self._ask)
+        return self
+
+    def _ask(self, *_) -> None:
+        self.asked = True
+
+    def __exit__(self, *_) -> None:
+        if self.before is not None:
+            signal.signal(signal.SIGINT, self.before)
 
 
 def train(args) -> int:
-    device, rasterizer = resolve_device(args.device)
-    cfg = training_config(args, device, rasterizer)
-    print_note(prepare(args.data))
-    train_set = load_split(args.data, "train", cfg.background, args.downscale)
-    test_set = load_split(args.data, "test", cfg.background, args.downscale)
-    out = output_folder(args.out)
-    if args.resume:
-        if not (out / CHECKPOINT).is_file() and not previous_checkpoint(out / CHECKPOINT).is_file():
+    """The train command: in this process alone, in --gpus N processes it spawns on this host, or as one process
+    of the group torchrun started (on one or more hosts)."""
+    if under_torchrun():
+        if args.gpus > 1:
+            raise SplatwrightError("--gpus: under torchrun, torchrun starts the processes (--nproc-per-node); "
+                                   "leave --gpus out")
+        kind = resolve_device(args.device)[0]
+        group = join_torchrun(kind)
+        code = train_in_group(group, group.device, args)
+        leave(group)
+        return code
+    if args.gpus > 1:
+        kind = check_gpus(args.gpus, args.device)
+        if launch(train_in_group, args.gpus, kind, args):
+            print("interrupted", file=sys.stderr)
+            return 130
+        return 0
+    return train_in_group(SINGLE, resolve_device(args.device)[0], args)
+
+
+def train_in_group(group: Group, device: str | torch.device, args) -> int:
+    """The train command in one process of `group` (the leader prints and writes; the others are quiet unless
+    they fail). Returns the exit code."""
+    with quiet_unless_leader(group):
+        kind = torch.device(device).type
+        cfg = training_config(args, kind, resolve_device(kind)[1])  # on a GPU without kernels: the reference
+        cfg = replace(cfg, batch_views=args.views_per_step or group.world, parallel=args.parallel)
+        if group.leader:  # made once, then found by the others (on another host with a copy: made there too)
+            print_note(prepare(args.data))
+        group.barrier()
+        prepare(args.data)
+        train_set = load_split(args.data, "train", cfg.background, args.downscale)
+        test_set = load_split(args.data, "test", cfg.background, args.downscale)
+        out = output_folder(args.out)
+        checkpoint = out / CHECKPOINT
+        found = checkpoint.is_file() or previous_checkpoint(checkpoint).is_file()
+        if args.resume and not found:
             raise SplatwrightError(f"--resume: no {CHECKPOINT} in {out}")
-        state, warning = load_latest_checkpoint(out / CHECKPOINT)
-        if warning:
-            print(f"warning: {warning}", file=sys.stderr)
-        trainer = Trainer.from_checkpoint(train_set, state, device, cfg)
-        print(f"resuming at step {trainer.step}", file=sys.stderr)
-    else:
-        initial = (init_gaussians(args.init, cfg, args.spz_axes) if args.init
-                   else None if args.random_init else scene_points(args.data, cfg, device))
-        trainer = Trainer(train_set, cfg, device, initial)
-    if trainer.note:
-        print(f"warning: {trainer.note}", file=sys.stderr)
-    run_training(trainer, out / CHECKPOINT, args.checkpoint_every, args.checkpoint_seconds)
-    metrics = finish(trainer, test_set or train_set, out, device)
-    print(json.dumps(metrics))
-    return 0
+        if args.resume or (restarted_by_torchrun() and found):
+            state, warning = load_latest_checkpoint(checkpoint)
+            if warning:
+                print(f"warning: {warning}", file=sys.stderr)
+            trainer = Trainer.from_checkpoint(train_set, state, device, cfg, group)
+            print(f"resuming at step {trainer.step}", file=sys.stderr)
+        else:
+            initial = (init_gaussians(args.init, cfg, args.spz_axes) if args.init
+                       else None if args.random_init else scene_points(args.data, cfg, kind))
+            trainer = Trainer(train_set, cfg, device, initial, group)
+        if trainer.note:
+            print(f"warning: {trainer.note}", file=sys.stderr)
+        if group.world > 1:
+            print(f"training in {group.world} processes ({trainer.cfg.parallel} parallel), "
+                  f"{trainer.cfg.batch_views} views a step", file=sys.stderr)
+        if not run_training(trainer, checkpoint, args.checkpoint_every, args.checkpoint_seconds):
+            return 130
+        model = trainer.whole_model()  # every process takes part
+        if group.leader:
+            extra = {"processes": group.world, "parallel": trainer.cfg.parallel} if group.world > 1 else {}
+            print(json.dumps(finish(trainer, test_set or train_set, out, kind, model, **extra)))
+        return 0
+
+
+@contextlib.contextmanager
+def quiet_unless_leader(group: Group):
+    """Only the group's leader prints: the others' output goes nowhere, except the error a process fails with."""
+    if group.leader:
+        yield
+        return
+    stderr = sys.stderr
+    with open(os.devnull, "w") as nothing, contextlib.redirect_stdout(nothing), contextlib.redirect_stderr(nothing):
+        try:
+            yield
+        except BaseException as e:
+            print(f"process {group.rank} of {group.world}: {e}", file=stderr)
+            raise
 
 
 def photos(args) -> int:
@@ -155,17 +239,20 @@ def init_gaussians(path: str, cfg: TrainConfig, spz_axes: str = "ply") -> Gaussi
     return with_sh_degree(g, cfg.sh_degree)
 
 
-def finish(trainer: Trainer, eval_set: Dataset, out: Path, device: str, **extra) -> dict:
-    """Write splats.ply and metrics.json (with `extra` fields) for a finished run, and a 4D model's
-    splats4d.pt (then splats.ply holds its time 0); returns the metrics."""
+def finish(trainer: Trainer, eval_set: Dataset, out: Path, device: str, model: Gaussians | None = None,
+           **extra) -> dict:
+    """Write splats.ply and metrics.json (with `extra` fields) for a finished run of the trainer's model (or
+    `model`, a partitioned group's whole one), and a 4D model's splats4d.pt (then splats.ply holds its time 0);
+    returns the metrics."""
+    model = trainer.g if model is None else model
     if trainer.dynamic:
-        write_dynamic(out / DYNAMIC_FILE, trainer.g)
+        write_dynamic(out / DYNAMIC_FILE, model)
     formation = trainer.cfg.image_formation
-    write_ply(out / "splats.ply", trainer.g.at(0.0), formation)
-    scores = evaluate(trainer.g, eval_set, trainer.sh_degree, trainer.cfg.background, trainer.cfg.rasterizer,
+    write_ply(out / "splats.ply", model.at(0.0), formation)
+    scores = evaluate(model, eval_set, trainer.sh_degree, trainer.cfg.background, trainer.cfg.rasterizer,
                       formation)
     metrics = {**scores, "iterations": trainer.step, "train_seconds": round(trainer.train_seconds, 3),
-               "gaussians": len(trainer.g), "device": device_name(device), "image_formation": formation, **extra}
+               "gaussians": len(model), "device": device_name(device), "image_formation": formation, **extra}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     return metrics
 

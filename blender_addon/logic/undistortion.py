@@ -31,7 +31,12 @@ class Undistortion:
             work, args = self._undistort, (pycolmap,)
         elif python and Path(python).is_file():
             self.how = BY_BACKEND
-            self.process = spawn([python, "-m", "backend.data", str(root)], sources, child_env(PYTHONPATH=str(sources)))
+            try:
+                self.process = spawn([python, "-m", "backend.data", str(root)], sources,
+                                     child_env(PYTHONPATH=str(sources)))
+            except OSError as e:
+                raise SplatwrightError(f"{root}: the backend's Python {python} could not be started to undistort "
+                                       f"the cameras ({e}); press Set Up Backend in the add-on's preferences") from e
             work, args = self._wait_for_backend, ()
         else:
             raise SplatwrightError(f"{root}: the COLMAP model's cameras have lens distortion, and undistorting them "

@@ -1,15 +1,19 @@
 """Blender's own renders of a splat file, for `python -m backend bench formation` (formation.py): the file through
-Blender's PLY importer (a native GAUSSIAN_SPLAT point cloud, bpy 5.3 or later), rendered by Cycles on the CPU or
-EEVEE through each camera of a job file, over a world of one colour. Each render is kept as its linear RGBA, rows
-top-down, as OUT_<render>_<view>.npy, and as its display values (RGB) under each view transform the job names, as
-OUT_<render>_<view>_<transform>.npy. Linear RGB(A) arrays the job lists under "display" get their display values
-the same way, beside them as <array>_<transform>.npy.
+Blender's PLY importer (a native GAUSSIAN_SPLAT point cloud, bpy 5.3 or later), or a 4D model's PLY with its motion
+(backend/service/exports.motion_ply_bytes) put in the scene as Add Model to Scene puts it (the add-on's modules from
+the checkout on PYTHONPATH), rendered by Cycles on the CPU or EEVEE through each camera of a job file, each at its
+frame, over a world of one colour ("keys" animate the imported object: its world matrix keyed at those frames).
+Each render is kept as its linear RGBA, rows top-down, as OUT_<render>_<view>.npy, and as its display values (RGB)
+under each view transform the job names, as OUT_<render>_<view>_<transform>.npy. Linear RGB(A) arrays the job lists
+under "display" get their display values the same way, beside them as <array>_<transform>.npy.
 
     python backend/tools/bench/blender_formation.py JOB.json
 
-JOB.json: {"ply": PATH, "background": [r, g, b] (linear), "out": PREFIX,
+JOB.json: {"ply": PATH, or "motion_ply": PATH, "background": [r, g, b] (linear), "out": PREFIX,
+           "frame_range": [start, end], "keys": {frame: 4x4, ...} (optional),
            "cameras": [{"c2w": Blender camera-to-world 4x4, "lens", "sensor_width", "sensor_height", "sensor_fit",
-                        "shift_x", "shift_y", "width", "height", "pixel_aspect_x", "pixel_aspect_y"}, ...],
+                        "shift_x", "shift_y", "width", "height", "pixel_aspect_x", "pixel_aspect_y",
+                        "frame" (optional)}, ...],
            "renders": [{"name", "engine": CYCLES|BLENDER_EEVEE, "samples", "filter_width", "seed"}, ...],
            "view_transforms": ["Standard", "AgX", ...], "display": [NPY, ...]}
 Prints `RESULT <json>` with Blender's version and each render's seconds.
@@ -26,15 +30,45 @@ import bpy
 import numpy as np
 from mathutils import Matrix
 
+from blender_addon.core.splats import read_motion_ply_bytes  # the checkout is on PYTHONPATH (formation.py)
+from blender_addon.logic.native import native_attributes
+from blender_addon.scene import native
+from blender_addon.scene.splats import add_native_object
+
+
+def add_moving_model(path: str, scene):
+    """The 4D model in the PLY at `path` as Add Model to Scene adds a session's (ops/base.add_model_to_scene): its
+    native attributes in a new native splat object, animated over the scene's frame range."""
+    model, motion = read_motion_ply_bytes(open(path, "rb").read(), path)
+    if motion is None:
+        raise SystemExit(f"{path} holds no motion: a 4D model's PLY has its motion columns")
+    obj = add_native_object(bpy.context.view_layer, scene.collection, "model", native_attributes(model, motion), 0)
+    native.register()  # the add-on's frame handler, which sets the opacities at each frame
+    native.animate(obj, scene)
+    return obj
+
+
+def keyed(obj, keys: dict) -> None:
+    """`obj`'s world matrix keyed at each frame of `keys` (its location, rotation and scale)."""
+    for frame, matrix in keys.items():
+        obj.matrix_world = Matrix(matrix)
+        for path in ("location", "rotation_euler", "scale"):
+            obj.keyframe_insert(path, frame=int(frame))
+
 
 def set_up(job: dict):
     bpy.ops.wm.read_factory_settings(use_empty=True)
     scene = bpy.context.scene
-    bpy.ops.wm.ply_import(filepath=job["ply"])
-    cloud = next(o for o in scene.objects if o.type == "POINTCLOUD")
+    scene.frame_start, scene.frame_end = job.get("frame_range", (1, 1))
+    if "motion_ply" in job:
+        cloud = add_moving_model(job["motion_ply"], scene)
+    else:
+        bpy.ops.wm.ply_import(filepath=job["ply"])
+        cloud = next(o for o in scene.objects if o.type == "POINTCLOUD")
     if getattr(cloud.data, "type", None) != "GAUSSIAN_SPLAT":
-        raise SystemExit(f"Blender {bpy.app.version_string} imported {job['ply']} as a plain point cloud; "
+        raise SystemExit(f"Blender {bpy.app.version_string} imported {job.get('ply')} as a plain point cloud; "
                          "native splats need Blender 5.3 or later")
+    keyed(cloud, job.get("keys", {}))
     world = bpy.data.worlds.new("background")
     scene.world = world
     if world.node_tree is None:
@@ -51,6 +85,7 @@ def set_up(job: dict):
 
 
 def place(scene, camera, c: dict) -> None:
+    scene.frame_set(c.get("frame", scene.frame_start))
     camera.matrix_world = Matrix(c["c2w"])
     lens = camera.data
     lens.lens, lens.sensor_width, lens.sensor_height = c["lens"], c["sensor_width"], c["sensor_height"]

@@ -28,6 +28,7 @@ from ...train import (Trainer, TrainConfig, evaluate, fit_to_views, load_checkpo
                       with_steps)
 from ..progress import Progress
 from . import RESULTS, git_commit
+from .scaling import scaling
 
 
 def main(argv: list[str]) -> int:
@@ -55,7 +56,14 @@ def main(argv: list[str]) -> int:
                         "peer's is the standard one")
     p.add_argument("--resume-check", action="store_true",
                    help="also train ours stopped halfway, checkpointed and resumed, and compare the two")
+    p.add_argument("--gpus", type=int, default=1, metavar="N",
+                   help="instead: train on 1 GPU and on N (data-parallel and partitioned), and report the scaling")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="with --gpus: cpu runs N processes on the CPU (the short CPU schedule)")
     args = p.parse_args(argv)
+    if args.gpus > 1:
+        scaling(args.data, args.gpus, args.device, args.preset, args.iters, args.seeds[0])
+        return 0
     if len(set(args.seeds)) < len(args.seeds):
         p.error(f"--seeds {' '.join(map(str, args.seeds))}: each seed once (--repeats N trains one seed N times)")
     if args.repeats < 1:
