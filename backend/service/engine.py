@@ -17,6 +17,7 @@ from ..policy import system_report
 from .exports import Exports
 from .frames import view_rgb
 from .limits import Limits
+from .reconstruction import Reconstructions
 from .render_queue import RenderJob
 from .renderer import Renderer
 from .saved_models import SavedModels, file_model
@@ -42,6 +43,7 @@ class Engine:
         self.training = Training(self.shown, limits, device, rasterizer, self.training_copies, self.renderer.queue,
                                  lambda event: self.emit(event))
         self.exports = Exports(self.shown, self.saved)
+        self.reconstructions = Reconstructions(workdir, limits, lambda event: self.emit(event))
         self._capabilities: dict | None = None
 
     # ---- status and capabilities ----
@@ -169,4 +171,5 @@ class Engine:
         within `render_wait` seconds (a long CPU render cannot be interrupted: the process then exits without
         waiting for it)."""
         self.stop()
+        self.reconstructions.cancel()
         return self.renderer.close(render_wait)
