@@ -104,5 +104,5 @@ class Reconstruction:
                 return done / total, f"Uploading {done}/{total}"
             return None, "Starting structure from motion"
         if self.stage == "fetching":
-            return None, "Fetching the cameras"
+            return None, "Bringing the cameras in"
         return progress_text(event if event.get("capture") == self.source.capture else {})

@@ -182,7 +182,7 @@ def reconstruction_progress() -> tuple[float | None, str]:
     return job.progress(b.connection == "connecting", b.remote, b.reconstruction)
 
 
-def advance() -> float:
+def advance_photos() -> float:
     """The timer: start the reconstruction once the backend is connected, then bring in what it made."""
     job, b = live.photos, live.backend
     if job is None or b.connection == "connecting" or (job.stage == "start" and b.in_flight):
@@ -259,11 +259,11 @@ _register_classes, _unregister_classes = bpy.utils.register_classes_factory(CLAS
 def register():
     _register_classes()
     bpy.types.TOPBAR_MT_file_import.append(import_menu)
-    bpy.app.timers.register(advance, first_interval=TICK, persistent=True)
+    bpy.app.timers.register(advance_photos, first_interval=TICK, persistent=True)
 
 
 def unregister():
-    if bpy.app.timers.is_registered(advance):
-        bpy.app.timers.unregister(advance)
+    if bpy.app.timers.is_registered(advance_photos):
+        bpy.app.timers.unregister(advance_photos)
     bpy.types.TOPBAR_MT_file_import.remove(import_menu)
     _unregister_classes()
