@@ -13,11 +13,11 @@ import pytest
 from PIL import Image
 
 from blender_addon.core import colmap
-from blender_addon.core.cameras import look_at, intrinsics, Camera
+from blender_addon.core.cameras import Camera, intrinsics, look_at
 from blender_addon.core.client import RemoteError
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.reconstruction import pack_capture, unpack_capture
-from blender_addon.logic.reconstruction import Source, progress_text, source_of, upload
+from blender_addon.logic.reconstruction import Reconstruction, Source, progress_text, source_of, upload
 from helpers import ROOT
 from server_helpers import ServerProcess, wait_for
 
@@ -179,3 +179,33 @@ def test_chosen_photos_and_videos(tmp_path):
         source_of(str(tmp_path / "missing"))
     cancelled = upload(None, video, lambda: True)  # cancelled before anything is sent
     assert cancelled is False
+
+
+def test_a_capture_zip_with_anything_but_stored_files_in_images_or_sparse_is_refused(tmp_path):
+    import io
+    import zipfile
+    for name, compression in (("../evil.txt", zipfile.ZIP_STORED), ("images/../../evil.txt", zipfile.ZIP_STORED),
+                              ("notes.txt", zipfile.ZIP_STORED), ("images/a.jpg", zipfile.ZIP_DEFLATED)):
+        data = io.BytesIO()
+        with zipfile.ZipFile(data, "w", compression) as packed:
+            packed.writestr(name, b"x" * 100)
+        with pytest.raises(SplatwrightError, match="no stored file inside images/ or sparse/"):
+            unpack_capture(data.getvalue(), tmp_path / "capture")
+        assert not (tmp_path / "capture").exists() and not (tmp_path / "evil.txt").exists()
+    with pytest.raises(SplatwrightError, match="not a zip"):
+        unpack_capture(b"PK not really", tmp_path / "capture")
+
+
+def test_the_progress_says_each_step(tmp_path):
+    (tmp_path / "a.jpg").write_bytes(b"")
+    (tmp_path / "b.jpg").write_bytes(b"")
+    job = Reconstruction(source_of(str(tmp_path)), 2.0)
+    assert job.progress(True, False, {}) == (None, "Starting the backend")
+    job.stage = "starting"
+    assert job.progress(False, True, {}) == (0.0, "Uploading 0/2")
+    assert job.progress(False, False, {}) == (None, "Starting structure from motion")
+    job.stage = "running"
+    event = {"capture": job.source.capture, "state": "running", "stage": "matching", "done": 3, "total": 12}
+    assert job.progress(False, False, event) == (0.25, "Matching pairs 3/12")
+    assert job.progress(False, False, {**event, "capture": "photos-other"}) == (None, "Starting structure from motion")
+    assert progress_text({**event, "stage": "mapping", "done": 5, "total": 16}) == (5 / 16, "Registered 5/16")
