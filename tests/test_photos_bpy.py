@@ -1,12 +1,14 @@
 """Make Cameras from Photos in real Blender: tests/blender/scenarios/photos.py in the bpy module of Blender 4.5 and
 5.3, with a CPU backend started by the add-on, on 16 of the skull's photos (tests/data/colmap_skull), which
-register together in seconds."""
+register together in seconds, and 4 photos of noise, which cannot register."""
 from __future__ import annotations
 
 import shutil
 import sys
 
+import numpy as np
 import pytest
+from PIL import Image
 
 import build_addon
 from blender.runner import SCENARIOS, run_scenario
@@ -26,8 +28,14 @@ def scenario(request, tmp_path_factory) -> dict:
     photos.mkdir()
     for name in OVERLAPPING:
         shutil.copy(SKULL / f"{name}.jpg", photos)
+    noise = home / "noise"
+    noise.mkdir()
+    rng = np.random.default_rng(1)
+    for index in range(4):
+        Image.fromarray(rng.integers(0, 256, (96, 128, 3), np.uint8)).save(noise / f"{index}.png")
     return run_scenario(SCENARIOS / "photos.py", home, "--zip", str(build_addon.build(home / "dist")),
-                        "--out", str(home / "out"), "--photos", str(photos), "--python", sys.executable,
+                        "--out", str(home / "out"), "--photos", str(photos), "--noise", str(noise),
+                        "--python", sys.executable,
                         timeout=400, blender=request.param)
 
 
@@ -53,6 +61,14 @@ def test_the_photos_train(scenario):
     status = scenario["status"]
     assert scenario["trained_error"] == "" and status["state"] == "finished" and status["step"] == 20
     assert status["views"] == scenario["counts"][0]
+
+
+def test_photos_that_do_not_register_end_with_an_error_report(scenario):
+    got = scenario["unregistered"]
+    errors = [line for line in got["reports"] if line.startswith("Error: ")]
+    assert len(errors) == 1 and "registered 0 of 4 photos, too few to train on" in errors[0], got["reports"]
+    assert "too few to train on" in got["error"]  # the panels show it too
+    assert got["active"] == scenario["empty"]  # nothing else came in
 
 
 def test_the_main_thread_never_waits(scenario):

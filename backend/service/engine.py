@@ -1,7 +1,8 @@
 """The engine behind the server: the open session and its model (shown.py), the training thread and the states it
 goes through (training.py, protocol.STATES), the render thread (renderer.py), sessions' saved models
-(saved_models.py) and exports (exports.py). Its methods answer the server's requests with reply fields and raise
-SplatwrightError with a message for the user; it knows nothing about sockets."""
+(saved_models.py), exports (exports.py) and structure from motion of the client's photos (reconstruction.py). Its
+methods answer the server's requests with reply fields and raise SplatwrightError with a message for the user; it
+knows nothing about sockets."""
 from __future__ import annotations
 
 from pathlib import Path

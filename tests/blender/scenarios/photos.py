@@ -1,10 +1,11 @@
 """Make Cameras from Photos in real Blender (the bpy module), with the built zip installed: From set to Photos, a
 folder of photos chosen, the one button pressed; the local backend (a CPU one, run by --python) reconstructs them
 while the timers show the progress in the panel and the status bar, the cameras and points come in as Import
-COLMAP brings them, and Capture & Train trains a few steps on them. Every call on the main thread is watched for
+COLMAP brings them, and Capture & Train trains a few steps on them; photos that cannot register end with an error
+report. Every call on the main thread is watched for
 what may block it. Prints `RESULT <json>`.
 
-    PYTHONPATH=tests python tests/blender/scenarios/photos.py --zip Z --out DIR --photos FOLDER --python PY
+    PYTHONPATH=tests python tests/blender/scenarios/photos.py --zip Z --out DIR --photos FOLDER --noise FOLDER --python PY
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ STEPS = 20
 PHOTO_SIDE = 64  # the photos are sent this large, so the CPU trains on them in seconds
 
 
-def run(zip_path: Path, out: Path, photos: Path, python: str) -> dict:
+def run(zip_path: Path, out: Path, photos: Path, noise: Path, python: str) -> dict:
     bpy.ops.wm.read_factory_settings(use_empty=True)
     bpy.ops.preferences.addon_install(filepath=str(zip_path), overwrite=True)
     bpy.ops.preferences.addon_enable(module="splatwright")
@@ -52,6 +53,11 @@ def run(zip_path: Path, out: Path, photos: Path, python: str) -> dict:
     wait_for(lambda: live.backend.status.get("state") == "finished" and not live.backend.in_flight,
              "training on the photos", 240)
     result.update(status=dict(live.backend.status), trained_error=live.backend.last_error)
+    s.photos_path, start = str(noise), len(blender_reports.lines)  # photos that cannot register
+    op("reconstruct")
+    wait_for(lambda: live.photos is None and not live.backend.in_flight, "photos that do not register", 120)
+    result["unregistered"] = {"reports": blender_reports.lines[start:], "error": live.backend.last_error,
+                              "active": bpy.context.view_layer.objects.active.name}
     kit.training_window = False
     result.update(blocking=kit.waits.noted,
                   calls=sorted({c["what"] for c in kit.calls if c["training"]}),
@@ -65,11 +71,12 @@ def main() -> int:
     parser.add_argument("--zip", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--photos", required=True, help="a folder of photos that register together")
+    parser.add_argument("--noise", required=True, help="a folder of photos that cannot register")
     parser.add_argument("--python", required=True, help="the backend's Python (with torch and pycolmap)")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    return report(lambda: run(Path(args.zip), out, Path(args.photos), args.python))
+    return report(lambda: run(Path(args.zip), out, Path(args.photos), Path(args.noise), args.python))
 
 
 if __name__ == "__main__":
