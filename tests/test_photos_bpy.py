@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -69,6 +70,14 @@ def test_photos_that_do_not_register_end_with_an_error_report(scenario):
     assert len(errors) == 1 and "registered 0 of 4 photos, too few to train on" in errors[0], got["reports"]
     assert "too few to train on" in got["error"]  # the panels show it too
     assert got["active"] == scenario["empty"]  # nothing else came in
+
+
+def test_a_remote_backend_gets_the_photos_uploaded_and_sends_the_cameras_back(scenario):
+    got = scenario["remote"]
+    assert got["error"] == "" and got["empty"].startswith("COLMAP photos-skull16.")  # a second import beside the first
+    photos = Path(got["photos"])  # fetched into the add-on's captures folder (the .blend is unsaved)
+    assert photos.parts[-3:] == ("captures", "photos-skull16", "images") and ".reconstructions" not in photos.parts
+    assert got["cameras"] == scenario["cameras"] and len(list(photos.iterdir())) == got["cameras"]
 
 
 def test_the_main_thread_never_waits(scenario):

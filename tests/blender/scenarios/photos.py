@@ -2,7 +2,8 @@
 folder of photos chosen, the one button pressed; the local backend (a CPU one, run by --python) reconstructs them
 while the timers show the progress in the panel and the status bar, the cameras and points come in as Import
 COLMAP brings them, and Capture & Train trains a few steps on them; photos that cannot register end with an error
-report. Every call on the main thread is watched for
+report; then, the same backend reached as a remote one, the photos are uploaded and the capture made fetched back
+into the captures folder. Every call on the main thread is watched for
 what may block it. Prints `RESULT <json>`.
 
     PYTHONPATH=tests python tests/blender/scenarios/photos.py --zip Z --out DIR --photos FOLDER --noise FOLDER --python PY
@@ -58,6 +59,17 @@ def run(zip_path: Path, out: Path, photos: Path, noise: Path, python: str) -> di
     wait_for(lambda: live.photos is None and not live.backend.in_flight, "photos that do not register", 120)
     result["unregistered"] = {"reports": blender_reports.lines[start:], "error": live.backend.last_error,
                               "active": bpy.context.view_layer.objects.active.name}
+    # The same backend reached as a remote one: the photos go up, and the capture made comes back
+    server = live.backend.server
+    prefs.mode, prefs.host, prefs.port, prefs.token = "REMOTE", "127.0.0.1", server.port, server.token
+    kit.timed("connect as remote", lambda: live.backend.connect(prefs.connect_settings()))  # Start: it runs already
+    wait_for(lambda: live.backend.connection == "connected" and not live.backend.in_flight, "connect as remote", 60)
+    s.photos_path = str(photos)
+    op("reconstruct")
+    wait_for(made, "cameras made from the photos uploaded", 240)
+    empty = bpy.context.view_layer.objects.active
+    result["remote"] = {"empty": empty.name, "photos": empty["splatwright_photos"], "error": live.backend.last_error,
+                        "cameras": sum(o.type == "CAMERA" for o in empty.children), "reports": blender_reports.lines[-3:]}
     kit.training_window = False
     result.update(blocking=kit.waits.noted,
                   calls=sorted({c["what"] for c in kit.calls if c["training"]}),
