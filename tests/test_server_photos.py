@@ -27,6 +27,7 @@ SKULL = ROOT / "tests" / "data" / "colmap_skull" / "images"
 OVERLAPPING = ["35", "36", "37", "38", "39", "47", "48", "49", "50", "53", "54", "55", "56", "64", "65", "66"]
 SPLATS = ROOT / "tests" / "data" / "splats" / "sh3.ply"
 MAX_VIEWS = len(OVERLAPPING)
+MAX_VIDEO_SECONDS = 2
 
 
 def ended(client, capture: str) -> tuple[dict, list[dict]]:
@@ -48,7 +49,9 @@ def photos(tmp_path_factory) -> Source:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     work = tmp_path_factory.mktemp("photos-server") / "work"
-    process = ServerProcess(work, "--max-views", str(MAX_VIEWS), "--max-upload-bytes", str(4 << 20))
+    process = ServerProcess(work, "--max-views", str(MAX_VIEWS), "--max-upload-bytes", str(4 << 20),
+                            "--max-video-seconds", str(MAX_VIDEO_SECONDS))
+    process.workdir = work
     yield process
     process.kill()
 
@@ -150,6 +153,33 @@ def test_uploads_over_the_caps_are_refused(server, photos, tmp_path):
         with pytest.raises(ValueError, match="not a plain file name"):  # the client checks it as the server does
             client.request("upload_photo", {"capture": "photos-many", "file": "../escape.jpg"}, b"")
         assert client.call("status")["state"] in ("idle", "finished")  # the connection goes on
+
+
+def test_a_video_goes_up_in_parts_and_its_length_is_capped(server, tmp_path, monkeypatch):
+    av = pytest.importorskip("av", reason="PyAV is not installed (pyproject.toml's dependencies have it)")
+    video = tmp_path / "walk.mp4"
+    with av.open(str(video), "w") as container:  # 4 s of 64x48 frames, twice the cap
+        stream = container.add_stream("libx264", rate=12)
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        for index in range(48):
+            frame = np.full((48, 64, 3), 5 * index, np.uint8)
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+        container.mux(stream.encode())
+    monkeypatch.setattr("blender_addon.logic.reconstruction.UPLOAD_CHUNK_BYTES", 1000)
+    source = source_of(str(video))
+    with server.client() as client:
+        parts = []
+        real_request = client.request
+        monkeypatch.setattr(client, "request", lambda *args: parts.append(args[1]["offset"]) or real_request(*args))
+        assert upload(client, source, lambda: False)
+        assert len(parts) == video.stat().st_size // 1000 + 1 and parts[:3] == [0, 1000, 2000]
+        uploaded = server.workdir / ".reconstructions" / "photos-walk" / "upload" / "walk.mp4"
+        assert uploaded.read_bytes() == video.read_bytes()
+        monkeypatch.undo()
+        assert client.call("reconstruct", capture="photos-walk", rate=4.0)["source"] == "walk.mp4"
+        event, _ = ended(client, "photos-walk")
+    assert event["state"] == "failed" and "4 s of video: 4 is over the cap of 2 seconds" in event["message"], event
+    assert "--max-video-seconds N" in event["message"]
 
 
 def test_too_few_registered_photos_end_with_a_line_that_says_what_to_do(server, tmp_path):
