@@ -6,7 +6,6 @@ cancelled; refused over the caps; too few registered."""
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -110,8 +109,9 @@ def test_the_capture_made_comes_back_as_a_colmap_capture(reconstructed, tmp_path
     assert fetched.fields["bytes"] == len(fetched.payload)
     assert sorted(p.name for p in root.iterdir()) == ["images", "sparse"]
     model = colmap.read_model(colmap.capture_folders(root)[1])
-    assert len(model.images) == reconstructed["last"]["registered"] and len(model.xyz) == reconstructed["last"]["points"]
-    assert {camera.model for camera in model.cameras.values()} <= set(colmap.PINHOLE)
+    last = reconstructed["last"]
+    assert len(model.images) == last["registered"] and len(model.xyz) == last["points"]
+    assert {cam.model for cam in model.cameras.values()} <= set(colmap.PINHOLE)
     assert all(colmap.image_path(root / "images", image.name).is_file() for image in model.images.values())
     assert pack_capture(root) == fetched.payload  # what it packs is all it holds
 
@@ -141,7 +141,8 @@ def test_uploads_over_the_caps_are_refused(server, photos, tmp_path):
             client.request("upload_photo", {"capture": "photos-many", "file": f"{name}.jpg", "first": not index},
                            (SKULL / f"{name}.jpg").read_bytes())
         with pytest.raises(RemoteError, match=r"photos uploaded: 17 is over the cap of 16 views .*--max-views N"):
-            client.request("upload_photo", {"capture": "photos-many", "file": "01.jpg"}, (SKULL / "01.jpg").read_bytes())
+            client.request("upload_photo", {"capture": "photos-many", "file": "01.jpg"},
+                           (SKULL / "01.jpg").read_bytes())
         noise = np.random.default_rng(0).integers(0, 256, (1400, 1400, 3), np.uint8)
         Image.fromarray(noise).save(tmp_path / "big.png")  # about 5.9 MB, over --max-upload-bytes
         with pytest.raises(RemoteError, match=r"bytes uploaded: .* is over the cap of 4,194,304 bytes .*"

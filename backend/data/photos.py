@@ -35,7 +35,7 @@ from PIL import Image
 from blender_addon.core.codecs import MAX_IMAGE_SIDE
 from blender_addon.core import colmap as core_colmap
 from blender_addon.core.errors import SplatwrightError
-from blender_addon.core.reconstruction import PHOTO_SUFFIXES, STAGES  # noqa: F401 (STAGES: the stages reported)
+from blender_addon.core.reconstruction import PHOTO_SUFFIXES
 from .video import DEFAULT_RATE, VIDEO_SUFFIXES, extract_frames, is_video
 
 DATABASE = "database.db"

@@ -19,7 +19,7 @@ import numpy as np
 from PIL import Image
 
 from blender_addon.core.errors import SplatwrightError
-from blender_addon.core.reconstruction import DEFAULT_RATE, MAX_RATE, VIDEO_SUFFIXES  # noqa: F401 (photos.py, cli.py)
+from blender_addon.core.reconstruction import DEFAULT_RATE, MAX_RATE, VIDEO_SUFFIXES
 
 FRAMES = "frames"  # OUT/frames: the frames taken, the photos structure from motion runs on
 JPEG_QUALITY = 95

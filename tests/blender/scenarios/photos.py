@@ -6,7 +6,8 @@ report; then, the same backend reached as a remote one, the photos are uploaded 
 into the captures folder. Every call on the main thread is watched for
 what may block it. Prints `RESULT <json>`.
 
-    PYTHONPATH=tests python tests/blender/scenarios/photos.py --zip Z --out DIR --photos FOLDER --noise FOLDER --python PY
+    PYTHONPATH=tests python tests/blender/scenarios/photos.py --zip Z --out DIR --photos FOLDER --noise FOLDER \
+        --python PY
 """
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ def run(zip_path: Path, out: Path, photos: Path, noise: Path, python: str) -> di
     wait_for(made, "cameras made from the photos uploaded", 240)
     empty = bpy.context.view_layer.objects.active
     result["remote"] = {"empty": empty.name, "photos": empty["splatwright_photos"], "error": live.backend.last_error,
-                        "cameras": sum(o.type == "CAMERA" for o in empty.children), "reports": blender_reports.lines[-3:]}
+                        "cameras": sum(o.type == "CAMERA" for o in empty.children)}
     kit.training_window = False
     result.update(blocking=kit.waits.noted,
                   calls=sorted({c["what"] for c in kit.calls if c["training"]}),
