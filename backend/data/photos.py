@@ -35,14 +35,13 @@ from PIL import Image
 from blender_addon.core.codecs import MAX_IMAGE_SIDE
 from blender_addon.core import colmap as core_colmap
 from blender_addon.core.errors import SplatwrightError
+from blender_addon.core.reconstruction import PHOTO_SUFFIXES
 from .video import DEFAULT_RATE, VIDEO_SUFFIXES, extract_frames, is_video
 
 DATABASE = "database.db"
 DISTORTED = "distorted"  # OUT/distorted/sparse/0: the mapper's model, before undistortion
 PAIRS = "pairs.txt"  # the image pairs matched last, one "name1 name2" a line
 VIDEO_RECORD = "video.json"  # which video, and at which rate, the database's frames were taken from
-PHOTO_SUFFIXES = {".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp"}
-STAGES = ("decoding", "features", "matching", "mapping", "undistortion")
 EXHAUSTIVE_UP_TO = 100  # photos matched every pair with every pair; more are matched sequentially
 EXTRACT_CHUNK = 8  # photos per feature-extraction call, between progress reports
 MATCH_CHUNK = 200  # image pairs per matching call, between progress reports

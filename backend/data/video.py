@@ -19,10 +19,8 @@ import numpy as np
 from PIL import Image
 
 from blender_addon.core.errors import SplatwrightError
+from blender_addon.core.reconstruction import DEFAULT_RATE, MAX_RATE, VIDEO_SUFFIXES
 
-VIDEO_SUFFIXES = {".mp4", ".mov", ".m4v", ".mkv", ".avi", ".webm"}
-DEFAULT_RATE = 2.0  # frames taken a second of video: a walk around an object moves a few degrees between them
-MAX_RATE = 120.0  # frames are named by their time in milliseconds, and no video has more frames a second
 FRAMES = "frames"  # OUT/frames: the frames taken, the photos structure from motion runs on
 JPEG_QUALITY = 95
 THUMBNAIL = (64, 48)  # frames are compared for near-duplicates at this size, where noise and blur average out

@@ -1,7 +1,8 @@
 """The engine behind the server: the open session and its model (shown.py), the training thread and the states it
 goes through (training.py, protocol.STATES), the render thread (renderer.py), sessions' saved models
-(saved_models.py) and exports (exports.py). Its methods answer the server's requests with reply fields and raise
-SplatwrightError with a message for the user; it knows nothing about sockets."""
+(saved_models.py), exports (exports.py) and structure from motion of the client's photos (reconstruction.py). Its
+methods answer the server's requests with reply fields and raise SplatwrightError with a message for the user; it
+knows nothing about sockets."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,6 +18,7 @@ from ..policy import system_report
 from .exports import Exports
 from .frames import view_rgb
 from .limits import Limits
+from .reconstruction import Reconstructions
 from .render_queue import RenderJob
 from .renderer import Renderer
 from .saved_models import SavedModels, file_model
@@ -42,6 +44,7 @@ class Engine:
         self.training = Training(self.shown, limits, device, rasterizer, self.training_copies, self.renderer.queue,
                                  lambda event: self.emit(event))
         self.exports = Exports(self.shown, self.saved)
+        self.reconstructions = Reconstructions(workdir, limits, lambda event: self.emit(event))
         self._capabilities: dict | None = None
 
     # ---- status and capabilities ----
@@ -169,4 +172,5 @@ class Engine:
         within `render_wait` seconds (a long CPU render cannot be interrupted: the process then exits without
         waiting for it)."""
         self.stop()
+        self.reconstructions.cancel()
         return self.renderer.close(render_wait)

@@ -27,6 +27,8 @@ class Limits:
                                      "only its newest one waiting)")
     imported_sessions: int = _limit(32, "imported models' sessions kept in the sessions folder")
     video_seconds: int = _limit(1800, "seconds of one video that structure from motion takes frames from")
+    upload_bytes: int = _limit(8 << 30, "bytes of the photos or the video one reconstruction uploads (each photo "
+                                        "also at most the bytes of one view's image)")
 
     @staticmethod
     def flag(name: str) -> str:

@@ -205,8 +205,12 @@ class Server:
             "load_checkpoint": lambda m: (self.engine.load_checkpoint(), b""),
             "load_ply": lambda m: (self.engine.load_ply(m.payload, m.fields["background"], m.fields["name"],
                                                         m.fields["spz_axes"]), b""),
+            "upload_photo": lambda m: (self.engine.reconstructions.upload(
+                m.fields["capture"], m.fields["file"], m.fields["offset"], m.fields["first"], m.payload), b""),
+            "cancel_reconstruction": lambda m: (self.engine.reconstructions.cancel(), b""),
+            "fetch_reconstruction": lambda m: self.engine.reconstructions.fetch(m.fields["capture"]),
         }
-        self.connection_handlers = {"release_frame": self._release_frame}
+        self.connection_handlers = {"release_frame": self._release_frame, "reconstruct": self._reconstruct}
 
     def serve_forever(self) -> None:
         backoff = 0.0
@@ -416,6 +420,11 @@ class Server:
                                    "hello (shared_frames) and render with shared before releasing a slot")
         conn.shared.release(message.fields["slot"])
         return {}, b""
+
+    def _reconstruct(self, conn: Connection, message: Message):
+        local = protocol.is_loopback(conn.address.rsplit(":", 1)[0])  # only such a client may name a path here
+        return self.engine.reconstructions.start(message.fields["capture"], message.fields["path"],
+                                                 message.fields["rate"], local), b""
 
     def _add_view(self, message: Message):
         camera = message.fields["camera"]

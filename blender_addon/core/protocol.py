@@ -23,13 +23,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import reconstruction
 from .codecs import CAMERA, FRAME_FORMATS, MAX_IMAGE_BYTES, MAX_IMAGE_SIDE, MAX_POINTS, UPLOAD_FORMATS
 from .schema import (MAX_TEXT_CHARS, AnyObject, Bool, Fields, Float, Int, Kind, Maybe, MessageSpec, Numbers, Str,
                      optional)
 from .settings import BACKGROUND, SPZ_AXES, TRAINING, default
 
-# 17: load_ply's spz_axes (how an SPZ without a coordinate-system record is read); export_ply writes SOG and glTF
-# names; 16: start_training's payload, a model to continue from that replaces the session's;
+# 18: structure from motion (upload_photo, reconstruct, cancel_reconstruction, fetch_reconstruction and the
+# reconstruction event); 17: load_ply's spz_axes (how an SPZ without a coordinate-system record is read);
+# export_ply writes SOG and glTF names; 16: start_training's payload, a model to continue from that replaces the session's;
 # 15: export_ply's `motion` (a 4D model's parameters and motion, for Blender's own splats); 14: convert_model's placement may be any invertible affine map; 13: status's `rendered` (the frames the server has rendered and answered); 12: convert_model (a model the client
 # holds, as a file of another format); 11: start_training's image_formation (a training setting, so status's
 # settings hold it too); 10: load_ply keeps the file in a new session, which opens (its reply names it); status's
@@ -39,7 +41,7 @@ from .settings import BACKGROUND, SPZ_AXES, TRAINING, default
 # writes one (*.pt); status, render and export_ply say whether the model is 4D; 6: render streams; 5: render and
 # export_ply name a session's saved model and a crop box, export_ply a placement; 4: load_ply and export_ply name
 # their files (the splat format); 3: warning events; 2: replies and events declared and checked by the client
-PROTOCOL_VERSION = 17
+PROTOCOL_VERSION = 18
 DEFAULT_PORT = 7380  # where `serve` listens and the add-on looks for a remote backend, unless told otherwise
 MAGIC = b"SPW\x00"
 PREFIX = struct.Struct(">4sI")  # magic, header length
@@ -84,6 +86,19 @@ class ProtocolError(Exception):
 
 class ConnectionClosed(Exception):
     """The peer closed the connection cleanly between frames."""
+
+
+class PhotoFile(Kind):
+    """The name of an uploaded photo or video: a plain file name (no folder) ending as a photo or a video does."""
+
+    def check(self, value):
+        name = Str(255).check(value)
+        if not re.fullmatch(r"[^/\\:\x00]+", name) or name in (".", ".."):
+            raise ValueError(f"{name[:40]!r} is not a plain file name")
+        if not (reconstruction.is_photo(name) or reconstruction.is_video(name)):
+            raise ValueError(f"{name[:40]!r} is neither a photo ({', '.join(reconstruction.PHOTO_SUFFIXES)}) nor a "
+                             f"video ({', '.join(reconstruction.VIDEO_SUFFIXES)})")
+        return name
 
 
 class SessionName(Kind):
@@ -234,6 +249,20 @@ REQUESTS: dict[str, MessageSpec] = {
     "load_ply": MessageSpec(Fields(background=optional(BACKGROUND, default("background")), name=optional(Str(255), ""),
                                    spz_axes=optional(Str(choices=SPZ_AXES), SPZ_AXES[0])),
                             MAX_PAYLOAD_BYTES),
+    # Structure from motion of photos or a video into a COLMAP capture (backend/data/photos.py), on a thread of the
+    # backend's: the photos (or the video) are uploaded with upload_photo, or named by `path` by a client on the
+    # backend's machine; reconstruct starts it, `reconstruction` events follow it, and fetch_reconstruction sends the
+    # capture made to a client on another machine.
+    # Payload: a photo, or the part of one (or of a video) from `offset` on; `first` empties the upload.
+    "upload_photo": MessageSpec(Fields(capture=SessionName(), file=PhotoFile(), offset=optional(COUNT, 0),
+                                       first=optional(Bool(), False)), MAX_IMAGE_BYTES),
+    "reconstruct": MessageSpec(Fields(capture=SessionName(),
+                                      path=optional(Str(4096), "", "a folder of photos or a video on the backend's "
+                                                    "machine, for a client there; empty: the photos uploaded"),
+                                      rate=optional(Float(0.001, reconstruction.MAX_RATE), reconstruction.DEFAULT_RATE,
+                                                    "frames taken a second of a video"))),
+    "cancel_reconstruction": MessageSpec(),
+    "fetch_reconstruction": MessageSpec(Fields(capture=SessionName())),
     "shutdown": MessageSpec(),
 }
 
@@ -284,6 +313,10 @@ REPLIES: dict[str, Fields] = {
     # whether it is 4D: the status's `dynamic`
     "load_ply": Fields(gaussians=COUNT, sh_degree=Int(0, 3), session=SessionName()),
     "release_frame": Fields(),
+    "upload_photo": Fields(files=COUNT, bytes=COUNT),  # in the capture's upload so far
+    "reconstruct": Fields(capture=SessionName(), source=Str(4096)),  # what it reconstructs, as the backend names it
+    "cancel_reconstruction": Fields(running=Bool()),  # whether one was running (it stops at its next report)
+    "fetch_reconstruction": Fields(capture=SessionName(), bytes=COUNT),  # payload: core/reconstruction.pack_capture
 }
 assert set(REPLIES) == set(REQUESTS)
 
@@ -296,6 +329,14 @@ EVENTS: dict[str, Fields] = {
     "error": ERROR,
     # Something the user should know that failed nothing, e.g. the unreadable parts a session opened without.
     "warning": Fields(message=Str(MAX_TEXT_CHARS)),
+    # A reconstruction's progress (`stage` with `done` of `total`) while it runs, then how it ended: finished (the
+    # capture in `folder` on the backend's machine, `registered` of `photos` with `points` 3D points), failed or
+    # cancelled (`message` says why).
+    "reconstruction": Fields(capture=SessionName(), state=Str(choices=reconstruction.STATES),
+                             stage=optional(Str(choices=("",) + reconstruction.STAGES), ""), done=optional(COUNT, 0),
+                             total=optional(COUNT, 0), message=optional(Str(MAX_TEXT_CHARS), ""),
+                             folder=optional(Str(4096), ""), registered=optional(COUNT, 0),
+                             photos=optional(COUNT, 0), points=optional(COUNT, 0)),
 }
 
 

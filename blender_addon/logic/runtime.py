@@ -130,6 +130,7 @@ class Backend:
         self.capabilities: dict = {}
         self.status: dict = {}  # session, state, views, step, iterations, gaussians, checkpoint
         self.progress: dict = {}  # the latest progress event
+        self.reconstruction: dict = {}  # the latest reconstruction event (structure from motion of photos)
         self.clock = StepClock()  # training's steps over time: the time it has left
         self.in_flight: Counter = Counter()  # job label -> count
         self.errors: dict[str, str] = {}  # what failed -> why, oldest first; cleared once it works again
@@ -281,6 +282,13 @@ class Backend:
                 self.errors.pop("backend", None)  # training runs again
             elif self.status.get("state") == "finished" and was in protocol.RUNNING:
                 return [("INFO", self._finished_note())]
+        elif kind == "reconstruction":
+            self.reconstruction = event
+            if event["state"] == "failed":
+                return [("ERROR", self._failed("reconstruction", event["message"]))]
+            self.errors.pop("reconstruction", None)
+            if event["state"] == "cancelled":
+                return [("WARNING", one_line(event["message"]))]
         elif kind == "error":
             return [("ERROR", self._failed("backend", f"backend: {event.get('message')}"))]
         elif kind == "warning":

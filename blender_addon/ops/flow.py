@@ -53,8 +53,10 @@ class SPLATWRIGHT_OT_capture_train(Guarded, Operator):
             return reason
         if live.backend.connection == "connected" and live.backend.in_flight:
             return "Wait for the backend's reply"
+        if live.photos is not None:
+            return "Wait for the photos' cameras (or cancel them)"
         if context.scene.splatwright.source == PHOTOS and imported_model(context) is None:
-            return "Import COLMAP photos, then select their Empty"
+            return "Make cameras from photos or import COLMAP photos, then select their Empty"
         return ""
 
     def invoke(self, context, event):

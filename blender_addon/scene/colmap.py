@@ -31,9 +31,9 @@ CAMERA_SIZE = 0.03  # cameras are drawn this large, relative to the model's exte
 
 
 def import_model(context, directory: str, up_axis: str, centre: bool, scale: float) -> tuple[object, str]:
-    """The Empty holding the model's cameras and points, and a line on what came in. Refused (nothing made) when
-    the model cannot be read or has a camera model with lens distortion (Import COLMAP undistorts such a model
-    first, ops/colmap.py)."""
+    """The Empty holding the model's cameras and points, made the only selected and the active object, and a line
+    on what came in. Refused (nothing made) when the model cannot be read or has a camera model with lens
+    distortion (Import COLMAP undistorts such a model first, ops/colmap.py)."""
     root, folder = colmap.capture_folders(directory)
     model = colmap.read_model(folder)
     images = colmap.split_images(model, "all")
@@ -75,6 +75,10 @@ def import_model(context, directory: str, up_axis: str, centre: bool, scale: flo
     r.pixel_aspect_x, r.pixel_aspect_y = size.pixel_aspect_x, size.pixel_aspect_y
     if scene.camera is None:
         scene.camera = objects[first]
+    for obj in context.view_layer.objects.selected:
+        obj.select_set(False)
+    empty.select_set(True)
+    context.view_layer.objects.active = empty
     summary = (f"imported {len(images)} cameras and {len(model.xyz)} points of {folder} as {empty.name}; the scene "
                f"renders at the photos' {width}x{height}")
     if found < len(images):

@@ -15,6 +15,7 @@ backend: Backend | None = None
 setup: Setup | None = None
 capture = None  # the capture.Capture a modal operator is running, if any
 last_capture = None  # the capture.Capture that ended last (Capture & Train goes on from it)
+photos = None  # the logic/reconstruction.Reconstruction of photos into cameras running, if any
 
 BUSY_INTERVAL = 0.1  # seconds between polls while something is happening
 IDLE_INTERVAL = 0.5
@@ -74,9 +75,9 @@ def register():
 
 
 def unregister():
-    global backend, setup, capture, last_capture
+    global backend, setup, capture, last_capture, photos
     if bpy.app.timers.is_registered(poll):
         bpy.app.timers.unregister(poll)
     atexit.unregister(_shutdown)
     _shutdown()
-    backend = setup = capture = last_capture = None
+    backend = setup = capture = last_capture = photos = None

@@ -10,13 +10,15 @@ from pathlib import Path
 import bpy
 
 from ..core.errors import SplatwrightError
+from ..core.reconstruction import is_video
 from ..logic.dataset import training_count
 from ..logic.defaults import CPU, device_of, machine_device, schedule_steps, training_seconds
 from ..logic.placement import uniform_scale
 from ..ops.backend import (SPLATWRIGHT_OT_backend_check, SPLATWRIGHT_OT_backend_kill, SPLATWRIGHT_OT_backend_start,
                            SPLATWRIGHT_OT_backend_stop)
 from ..ops.capture import SPLATWRIGHT_OT_capture_cancel
-from ..ops.colmap import SPLATWRIGHT_OT_import_colmap
+from ..ops.colmap import (SPLATWRIGHT_OT_import_colmap, SPLATWRIGHT_OT_reconstruct, SPLATWRIGHT_OT_reconstruct_cancel,
+                          reconstruction_progress)
 from ..ops.flow import SPLATWRIGHT_OT_capture_train, running_flow
 from ..ops.formats import SPLATWRIGHT_OT_export_splats, SPLATWRIGHT_OT_import_splats
 from ..ops.splats import (SPLATWRIGHT_OT_add_crop_box, SPLATWRIGHT_OT_add_model, SPLATWRIGHT_OT_keep_outside,
@@ -59,9 +61,28 @@ class SPLATWRIGHT_PT_main(SplatsPanel, bpy.types.Panel):
 
 
 def draw_photos(layout, context) -> None:
+    """Photos or a video to make cameras from (its progress while it runs), Import COLMAP for a model made
+    elsewhere, and the import trained on."""
+    s = context.scene.splatwright
+    col = layout.column()
+    col.prop(s, "photos_path")
+    if is_video(s.photos_path):
+        col.prop(s, "video_rate")
+    factor, text = reconstruction_progress()
+    if text:
+        if factor is None:
+            layout.label(text=f"{text}…", icon="TIME")
+        else:
+            progress(layout, factor, text)
+        layout.operator(SPLATWRIGHT_OT_reconstruct_cancel.bl_idname, icon="CANCEL")
+    else:
+        col = layout.column(align=True)
+        col.operator(SPLATWRIGHT_OT_reconstruct.bl_idname, icon="OUTLINER_OB_CAMERA")
+        col.operator(SPLATWRIGHT_OT_import_colmap.bl_idname, icon="IMPORT")
+        if s.photos_path:
+            reason_line(layout, context, SPLATWRIGHT_OT_reconstruct)
     empty = imported_model(context)
     if empty is None:
-        layout.operator(SPLATWRIGHT_OT_import_colmap.bl_idname, icon="IMPORT")
         return
     train, test = photo_counts(empty)
     col = layout.column(align=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import bpy
 from bpy.props import BoolProperty, EnumProperty, FloatProperty, FloatVectorProperty, IntProperty, StringProperty
 
+from ..core.reconstruction import DEFAULT_RATE, MAX_RATE
 from ..core.settings import PRESETS, TRAINING, default
 from ..logic.defaults import DEVICE_DEFAULTS, GPU, defaults_for, device_of, machine_device
 from ..scene import live
@@ -22,8 +23,15 @@ class SPLATWRIGHT_PG_settings(bpy.types.PropertyGroup):
         ("ANIMATION", "Animation", "The active camera over the animation range, each view at its frame's time"),
         ("RIG_ANIMATION", "Animated Rig", "The scene's camera objects (the orbit's cameras where it has "
                                           "none) at every captured frame: multi-view video for a 4D model"),
-        ("PHOTOS", "Photos", "The photos of a COLMAP import (Import COLMAP), with their cameras and points"),
+        ("PHOTOS", "Photos", "Real photos or a video, made into cameras and points (Make Cameras from Photos), or "
+                             "a COLMAP import's"),
     ], description="Where the splats come from: the views a capture renders, or real photos")
+    photos_path: StringProperty(name="Photos", subtype="FILE_PATH", default="",
+                                description="A folder of photos (or any photo in it) or a video, which Make Cameras "
+                                            "from Photos makes into cameras and points")
+    video_rate: FloatProperty(name="Frames a Second", default=DEFAULT_RATE, min=0.01, max=MAX_RATE,
+                              description="Frames taken a second of a video (of each run of near-duplicates, the "
+                                          "sharpest)")
     only_selected: BoolProperty(name="Only Selected", description="Only the selected camera objects")
     frame_step: IntProperty(name="Every N Frames", default=10, min=1)
     moving_scene: BoolProperty(name="Moving (4D)", default=True,

@@ -1,11 +1,13 @@
-"""Progress in Blender's status bar, where Blender's own jobs show theirs: the running capture's views and the
-training's steps with the time left, drawn beside Blender's job progress (STATUSBAR_HT_header)."""
+"""Progress in Blender's status bar, where Blender's own jobs show theirs: the running capture's views, the
+training's steps with the time left, and the photos being made into cameras, drawn beside Blender's job progress
+(STATUSBAR_HT_header)."""
 from __future__ import annotations
 
 import time
 
 import bpy
 
+from ..ops.colmap import reconstruction_progress
 from ..ops.flow import running_flow
 from ..scene import live
 from .kit import duration
@@ -28,6 +30,9 @@ def status_text() -> tuple[float | None, str]:
         what = "Training" if state == "training" else "Paused"
         return min(1.0, step / total), f"{what} {step}/{total}" + (f", {duration(left)} left" if left is not None
                                                                   else "")
+    factor, text = reconstruction_progress()
+    if text:
+        return factor, f"Photos: {text}"
     if doing := running_flow():
         return None, f"Splatwright: {doing}"
     return None, ""
