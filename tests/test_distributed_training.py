@@ -18,7 +18,7 @@ from backend.distributed import free_port
 from backend.policy import CHECKPOINT
 from backend.tools.cli import main
 from backend.train import load_checkpoint
-from helpers import ROOT, orbit_cameras, random_gaussians, wait_until, write_scene
+from helpers import ROOT, orbit_cameras, random_gaussians, spawned_workers, wait_until, write_scene
 
 STEPS = 20
 
@@ -37,12 +37,6 @@ def backend(*args: str, **popen) -> subprocess.Popen:
 
 def checkpoint_step(out: Path) -> int:
     return load_checkpoint(out / CHECKPOINT)["step"] if (out / CHECKPOINT).is_file() else 0
-
-
-def spawned_workers(pid: int) -> list[int]:
-    """The training processes `train --gpus` spawned (not multiprocessing's resource tracker)."""
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return [int(c) for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
 
 
 @pytest.fixture(scope="module")
