@@ -1,7 +1,7 @@
 """Training in a group (backend/distributed.py): two gloo processes on the CPU train the model that one process
-trains on the same batches, bit for bit, data-parallel with every training option (the image formations, views of
-mixed sizes, 4D models) and partitioned (backend/partition.py: each process holds half of the Gaussians and sends
-less a step than the model). One launch of two processes trains all of them (a launch costs more than a run)."""
+trains on the same batches, bit for bit, data-parallel and partitioned (backend/partition.py: each process holds
+half of the Gaussians and sends less a step than the model), each with the training options (the image formations,
+views of mixed sizes, 4D models). One launch of two processes trains all of them (a launch costs more than a run)."""
 from __future__ import annotations
 
 from dataclasses import asdict, replace
