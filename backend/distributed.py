@@ -8,8 +8,9 @@ makes a run of N processes equal to one process training on the same batches.
 
 What only one process can know (a signal that asks to stop, the leader's clock for a checkpoint by time) becomes
 the group's decision through Group.agree, once a step. A group starts in one of two ways: `launch` spawns its
-processes on one host (`train --gpus N`; `serve --gpus N` with `start` and `finished`), or torchrun starts them on one or more hosts and `join_torchrun`
-joins them through the env:// rendezvous torchrun sets up.
+processes on one host (`train --gpus N`; `serve --gpus N` spawns them with `start` and watches them with
+`finished`), or torchrun starts them on one or more hosts and `join_torchrun` joins them through the env://
+rendezvous torchrun sets up.
 """
 from __future__ import annotations
 

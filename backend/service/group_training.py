@@ -43,16 +43,16 @@ def from_bytes(data: bytes):
 
 def train_session(group: Group, device: str, state: bytes, data: Dataset, rasterizer: str, parallel: str,
                   settings: dict, checkpoint: str, stop, outbox) -> None:
-    """One process of a run (distributed.start): train on from `state` (a state_dict's bytes) until the schedule ends or the server sets
-    `stop`, checkpointing to `checkpoint` as `settings` say; the leader puts ("model", parameters and progress)
-    into `outbox` every progress interval, ("checkpoint", step) after each checkpoint, ("warning", text) and, last,
-    ("end", the whole state_dict)."""
+    """One process of a run (distributed.start): train on from `state` (a state_dict's bytes) until the schedule
+    ends or the server sets `stop`, checkpointing to `checkpoint` as `settings` say. The leader puts into `outbox`
+    ("note", Trainer.note: how it trains otherwise than asked), ("model", parameters and progress) every progress
+    interval, ("checkpoint", step) after each checkpoint, ("warning", text) and, last, ("end", the state_dict)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C reaches the server, which stops the group
     state = from_bytes(state)
     cfg = replace(TrainConfig.from_dict(state["config"]), rasterizer=rasterizer, parallel=parallel)
     trainer = Trainer.from_checkpoint(data, state, device, cfg, group)
-    if group.leader and trainer.note:
-        outbox.put(("warning", trainer.note))
+    if group.leader:
+        outbox.put(("note", trainer.note))
     parent = multiprocessing.parent_process()
     shared_at = time.monotonic()
     while trainer.step < trainer.cfg.iterations:

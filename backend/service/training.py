@@ -393,6 +393,7 @@ class Training:
 
     def _run_group(self) -> str:
         """Train in the group of processes, a run while the state is training; returns the state to end in."""
+        told = {"", self.shown.trainer.note}  # notes told once: the server's trainer's, and the group's
         while True:
             with self.cond:
                 self.stepping = False
@@ -401,13 +402,13 @@ class Training:
                 if self.state != "training":
                     return "stopped"
                 self.stepping = True
-            trainer = self._group_run()
+            trainer = self._group_run(told)
             if trainer.step >= trainer.cfg.iterations:
                 return "finished"
 
-    def _group_run(self) -> Trainer:
+    def _group_run(self, told: set[str]) -> Trainer:
         """A run of the group from the server's trainer until it finishes or the state leaves training; the
-        group's state at its end becomes the server's trainer, which it returns."""
+        group's state at its end becomes the server's trainer, which it returns. Its notes not in `told` are told."""
         shown = self.shown
         trainer = shown.trainer
         run = GroupRun(self.processes, self.device, self.parallel, trainer, self.rasterizer, self.settings,
@@ -425,7 +426,8 @@ class Training:
                     last_time, last_step = now, trainer.step
                 elif kind == "checkpoint":
                     self.run_checkpointed = True
-                elif kind == "warning":
+                elif kind == "warning" or (kind == "note" and message not in told):
+                    told.add(message)
                     log(f"session {shown.session.name}: {message}")
                     self.emit({"event": "warning", "message": message})
                 elif kind == "end":
