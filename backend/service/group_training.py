@@ -54,7 +54,7 @@ def train_session(group: Group, device: str, state: bytes, data: Dataset, raster
     if group.leader:
         outbox.put(("note", trainer.note))
     parent = multiprocessing.parent_process()
-    shared_at = time.monotonic()
+    shared_at, orphaned = time.monotonic(), False
     while trainer.step < trainer.cfg.iterations:
         trainer.train_step()
         due = trainer.checkpoint_due(settings["checkpoint_every"], settings["checkpoint_seconds"])
@@ -76,6 +76,9 @@ def train_session(group: Group, device: str, state: bytes, data: Dataset, raster
                 outbox.put(("model", to_bytes({"step": trainer.step, "last": trainer.last, "tensors": {
                     name: t.detach().cpu() for name, t in model.tensors().items()}})))
                 shared_at = time.monotonic()
+    if orphaned:  # nobody reads what the queue still holds: the process ends without sending it
+        outbox.cancel_join_thread()
+        return
     state = trainer.state_dict()  # every process takes part
     if group.leader:
         outbox.put(("end", to_bytes(state)))
