@@ -16,7 +16,7 @@ from backend.train import TrainConfig, Trainer, load_checkpoint
 from blender_addon.core.errors import SplatwrightError
 from helpers import MIXED_SIZES, cameras_of_sizes, orbit_cameras, random_gaussians, write_scene
 
-STEPS = 16
+STEPS = 12
 SHORT = 8  # the options' runs: they share the code the standard run's densification and reset already test
 INIT_POINTS = 120
 
@@ -74,7 +74,7 @@ def train_alone(scene, cfg: TrainConfig, device: str = "cpu") -> Trainer:
 def scenes(tmp_path_factory) -> dict:
     model = random_gaussians(300, seed=1, sh_degree=1)
     tiny, mixed = tmp_path_factory.mktemp("tiny"), tmp_path_factory.mktemp("mixed")
-    write_scene(tiny, model, orbit_cameras(8, 24, 24), "train")
+    write_scene(tiny, model, orbit_cameras(8, 20, 20), "train")
     write_scene(mixed, model, cameras_of_sizes(6, MIXED_SIZES), "train")
     return {"tiny": tiny, "mixed": mixed}
 
