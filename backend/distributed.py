@@ -8,8 +8,9 @@ makes a run of N processes equal to one process training on the same batches.
 
 What only one process can know (a signal that asks to stop, the leader's clock for a checkpoint by time) becomes
 the group's decision through Group.agree, once a step. A group starts in one of two ways: `launch` spawns its
-processes on one host (`train --gpus N`), or torchrun starts them on one or more hosts and `join_torchrun`
-joins them through the env:// rendezvous torchrun sets up.
+processes on one host (`train --gpus N`; `serve --gpus N` spawns them with `start` and watches them with
+`finished`), or torchrun starts them on one or more hosts and `join_torchrun` joins them through the env://
+rendezvous torchrun sets up.
 """
 from __future__ import annotations
 
@@ -159,38 +160,53 @@ def share_cores(processes: int) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // processes))
 
 
-def launch(work: Callable[..., None], world: int, device: str, *args) -> bool:
-    """Run work(group, device, *args) in `world` processes of one host: on GPUs 0..world-1 with NCCL, or
-    on the CPU with gloo. Returns once all have finished: whether Ctrl-C came meanwhile (it reaches every
-    process, and the work decides what it does; this process waits for them). A process that fails or dies
-    ends the others, and a SplatwrightError names it and the reason."""
+def start(work: Callable[..., None], world: int, device: str, *args) -> mp.ProcessContext:
+    """Start work(group, device, *args) in `world` processes of one host: on GPUs 0..world-1 with NCCL, or on the
+    CPU with gloo; `finished` tells when they are done."""
     if device == "cuda" and torch.cuda.device_count() < world:
         raise ValueError(f"{world} processes asked for, but {torch.cuda.device_count()} CUDA GPUs are visible")
-    context = mp.start_processes(_run, args=(work, world, device, free_port(), args), nprocs=world,
-                                 start_method="spawn", join=False)
-    interrupted = []
-    waiting = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
+    return mp.start_processes(_run, args=(work, world, device, free_port(), args), nprocs=world,
+                              start_method="spawn", join=False)
+
+
+def finished(context: mp.ProcessContext, timeout: float | None = None, advice: str = "") -> bool:
+    """Whether all the processes `start` started have finished, waiting up to `timeout` seconds (None: until one
+    ends). A process that fails or dies ends the others, and a SplatwrightError names it and the reason, followed
+    by `advice` after a death."""
+    world = len(context.processes)
     try:
-        while not context.join():
-            pass
-        return bool(interrupted)
+        return context.join(timeout)
     except mp.ProcessExitedException as e:
-        raise died(e.error_index, world, e.exit_code) from None
+        raise died(e.error_index, world, e.exit_code, advice) from None
     except mp.ProcessRaisedException as e:
         # A peer of a process that died can fail first, in a collective: the death is the reason.
         dead = [(i, p.exitcode) for i, p in enumerate(context.processes)
                 if p.exitcode is not None and p.exitcode < 0 and p.exitcode != -signal.SIGTERM]
         if dead:
-            raise died(*dead[0], world) from None
+            raise died(*dead[0], world, advice) from None
         raise SplatwrightError(f"process {e.error_index} of {world} failed: {raised(e.msg)}") from None
+
+
+def launch(work: Callable[..., None], world: int, device: str, *args) -> bool:
+    """Run work(group, device, *args) in `world` processes of one host (`start`). Returns once all have finished:
+    whether Ctrl-C came meanwhile (it reaches every process, and the work decides what it does; this process
+    waits for them). A process that fails or dies ends the others, and a SplatwrightError names it and the
+    reason."""
+    context = start(work, world, device, *args)
+    interrupted = []
+    waiting = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
+    try:
+        while not finished(context, advice="resume from its last checkpoint with --resume"):
+            pass
+        return bool(interrupted)
     finally:
         signal.signal(signal.SIGINT, waiting)
 
 
-def died(index: int, world: int, exit_code: int) -> SplatwrightError:
+def died(index: int, world: int, exit_code: int, advice: str) -> SplatwrightError:
     how = (f"was killed by {signal.Signals(-exit_code).name}" if exit_code < 0 else f"exited with code {exit_code}")
-    return SplatwrightError(f"process {index} of {world} {how}, which ended the training; resume from its last "
-                            "checkpoint with --resume")
+    return SplatwrightError(f"process {index} of {world} {how}, which ended the training" +
+                            (f"; {advice}" if advice else ""))
 
 
 def raised(traceback_text: str) -> str:

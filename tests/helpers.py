@@ -116,6 +116,13 @@ def assert_same_model(a: Gaussians, b: Gaussians, atol: float = 0.0) -> None:
                                    msg=name)
 
 
+def spawned_workers(pid: int) -> list[int]:
+    """The processes `pid`'s threads spawned with multiprocessing (training processes of `--gpus`, not its resource
+    tracker)."""
+    children = [c for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
+    return [int(c) for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+
+
 def wait_until(condition, timeout=60.0):
     """Wait for `condition`; the timeout only ends a hang."""
     deadline = time.monotonic() + timeout

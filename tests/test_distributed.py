@@ -1,7 +1,7 @@
 """Training in a group (backend/distributed.py): two gloo processes on the CPU train the model that one process
-trains on the same batches, bit for bit, data-parallel with every training option (the image formations, views of
-mixed sizes, 4D models) and partitioned (backend/partition.py: each process holds half of the Gaussians and sends
-less a step than the model). One launch of two processes trains all of them (a launch costs more than a run)."""
+trains on the same batches, bit for bit, data-parallel and partitioned (backend/partition.py: each process holds
+half of the Gaussians and sends less a step than the model), each with the training options (the image formations,
+views of mixed sizes, 4D models). One launch of two processes trains all of them (a launch costs more than a run)."""
 from __future__ import annotations
 
 from dataclasses import asdict, replace
@@ -16,26 +16,29 @@ from backend.train import TrainConfig, Trainer, load_checkpoint
 from blender_addon.core.errors import SplatwrightError
 from helpers import MIXED_SIZES, cameras_of_sizes, orbit_cameras, random_gaussians, write_scene
 
-STEPS = 24
+STEPS = 12
+SHORT = 8  # the options' runs: they share the code the standard run's densification and reset already test
+INIT_POINTS = 120
 
 
 def config(steps: int = STEPS, **changes) -> TrainConfig:
     """Two views a step, densification every quarter of the steps and an opacity reset, so that gradients,
     statistics and the decisions made from them all have to agree across the processes."""
     cfg = cpu_config(steps)
-    return replace(cfg, init_points=200, sh_interval=10, log_every=10, batch_views=2,
+    return replace(cfg, init_points=INIT_POINTS, sh_interval=steps // 2, log_every=10, batch_views=2,
                    densify=replace(cfg.densify, start=5, every=steps // 4, stop=steps,
                                    reset_opacity_every=3 * steps // 4), **changes)
 
 
-# The runs both ways: scene and configuration. The options' runs are shorter: they share the code the standard
-# run's densification and reset already test.
+# The runs both ways: scene and configuration.
 RUNS = {
     "standard": ("tiny", config()),
-    "blender formation": ("tiny", config(12, image_formation="blender")),
-    "mixed sizes": ("mixed", config(12)),
-    "4D": ("tiny", config(12, dynamic=True)),
     "partitioned": ("tiny", config(parallel="partitioned")),
+    "blender formation": ("tiny", config(SHORT, image_formation="blender")),
+    "partitioned blender formation": ("tiny", config(SHORT, image_formation="blender", parallel="partitioned")),
+    "mixed sizes": ("mixed", config(SHORT)),
+    "4D": ("tiny", config(SHORT, dynamic=True)),
+    "partitioned 4D": ("tiny", config(SHORT, dynamic=True, parallel="partitioned")),
 }
 
 
@@ -71,7 +74,7 @@ def train_alone(scene, cfg: TrainConfig, device: str = "cpu") -> Trainer:
 def scenes(tmp_path_factory) -> dict:
     model = random_gaussians(300, seed=1, sh_degree=1)
     tiny, mixed = tmp_path_factory.mktemp("tiny"), tmp_path_factory.mktemp("mixed")
-    write_scene(tiny, model, orbit_cameras(8, 32, 32), "train")
+    write_scene(tiny, model, orbit_cameras(8, 20, 20), "train")
     write_scene(mixed, model, cameras_of_sizes(6, MIXED_SIZES), "train")
     return {"tiny": tiny, "mixed": mixed}
 
@@ -94,7 +97,7 @@ def test_two_processes_train_the_model_one_process_trains(name, scenes, two_proc
     state = two_processes[name][0]
     assert state["step"] == cfg.iterations
     assert type(single.g).__name__ == ("DynamicGaussians" if cfg.dynamic else "Gaussians")
-    assert len(state["gaussians"]["means"]) == len(single.g) != 200  # densification ran, and agreed
+    assert len(state["gaussians"]["means"]) == len(single.g) != INIT_POINTS  # densification ran, and agreed
     for key, t in single.g.tensors().items():  # bit for bit: a sum of two gradients has one rounding
         assert torch.equal(state["gaussians"][key], t.detach()), key
     # The statistics add the same terms in another order (per process, then across): equal to rounding.

@@ -9,23 +9,25 @@ import re
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
 from backend.distributed import free_port
-from backend.policy import CHECKPOINT
+from backend.policy import CHECKPOINT, cpu_config
 from backend.tools.cli import main
 from backend.train import load_checkpoint
-from helpers import ROOT, orbit_cameras, random_gaussians, wait_until, write_scene
+from helpers import ROOT, orbit_cameras, random_gaussians, spawned_workers, wait_until, write_scene
 
-STEPS = 20
+STEPS = 16
+CHECKPOINT_SECONDS = "0.05"  # of training: a killed run has checkpointed a few steps in, well before its end
 
 
 def train_args(scene: Path, out: Path, *extra: str) -> list[str]:
     """A short CPU training of two views a step, checkpointed by time only where `extra` says."""
-    return ["train", str(scene), "--out", str(out), "--device", "cpu", "--iters", str(STEPS), "--init-points", "200",
+    return ["train", str(scene), "--out", str(out), "--device", "cpu", "--iters", str(STEPS), "--init-points", "120",
             "--sh-degree", "1", "--views-per-step", "2", "--checkpoint-every", "0", "--checkpoint-seconds", "0",
             *extra]
 
@@ -39,16 +41,10 @@ def checkpoint_step(out: Path) -> int:
     return load_checkpoint(out / CHECKPOINT)["step"] if (out / CHECKPOINT).is_file() else 0
 
 
-def spawned_workers(pid: int) -> list[int]:
-    """The training processes `train --gpus` spawned (not multiprocessing's resource tracker)."""
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return [int(c) for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
-
-
 @pytest.fixture(scope="module")
 def scene(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("scene")
-    write_scene(folder, random_gaussians(300, seed=1, sh_degree=1), orbit_cameras(8, 32, 32), "train")
+    write_scene(folder, random_gaussians(300, seed=1, sh_degree=1), orbit_cameras(8, 24, 24), "train")
     return folder
 
 
@@ -68,7 +64,7 @@ def assert_model(out: Path, expected: dict) -> None:
 
 
 def test_a_killed_process_ends_two_and_one_process_resumes_them(scene, uninterrupted, tmp_path):
-    run = backend("backend", *train_args(scene, tmp_path, "--gpus", "2", "--checkpoint-seconds", "0.3"))
+    run = backend("backend", *train_args(scene, tmp_path, "--gpus", "2", "--checkpoint-seconds", CHECKPOINT_SECONDS))
     wait_until(lambda: checkpoint_step(tmp_path) > 0, timeout=300)
     os.kill(max(spawned_workers(run.pid)), signal.SIGKILL)
     err = run.communicate(timeout=300)[1]
@@ -81,7 +77,7 @@ def test_a_killed_process_ends_two_and_one_process_resumes_them(scene, uninterru
 
 
 def test_one_process_killed_resumes_on_two_partitioned_which_stop_together_and_resume(scene, uninterrupted, tmp_path):
-    alone = backend("backend", *train_args(scene, tmp_path, "--checkpoint-seconds", "0.3"))
+    alone = backend("backend", *train_args(scene, tmp_path, "--checkpoint-seconds", CHECKPOINT_SECONDS))
     wait_until(lambda: checkpoint_step(tmp_path) > 0, timeout=300)
     alone.kill()
     alone.communicate(timeout=60)
@@ -89,7 +85,7 @@ def test_one_process_killed_resumes_on_two_partitioned_which_stop_together_and_r
     assert 0 < killed_at < STEPS
 
     two = backend("backend", *train_args(scene, tmp_path, "--resume", "--gpus", "2", "--parallel", "partitioned",
-                                         "--checkpoint-seconds", "0.3"))
+                                         "--checkpoint-seconds", CHECKPOINT_SECONDS))
     wait_until(lambda: checkpoint_step(tmp_path) > killed_at, timeout=300)
     os.killpg(two.pid, signal.SIGINT)  # Ctrl-C in a terminal reaches every process of the group
     err = two.communicate(timeout=300)[1]
@@ -125,6 +121,7 @@ def test_gpus_without_cuda_says_what_it_needs(scene, tmp_path, capsys):
 def test_bench_train_gpus_reports_seconds_psnr_and_scaling(scene, tmp_path, monkeypatch):
     from backend.tools.bench import scaling
     monkeypatch.setattr(scaling, "RESULTS", tmp_path)
+    monkeypatch.setattr(scaling, "cpu_config", lambda steps: replace(cpu_config(steps), init_points=120))
     rows = scaling.scaling(str(scene), 2, "cpu", "quality", 4, 0)
     assert list(rows) == ["1 process", "2 processes, data", "2 processes, partitioned"]
     assert rows["1 process"]["efficiency"] == 1.0

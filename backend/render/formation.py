@@ -40,15 +40,22 @@ def check_formation(formation: str) -> str:
     return formation
 
 
+def _power(x: torch.Tensor, p: float) -> torch.Tensor:
+    """x ** p for x > 0, as exp(p log x): torch's CPU pow rounds the elements past a tensor's last whole vector
+    otherwise than the rest, so a splat's colour would depend on where it sits in its tensor (a partitioned
+    process's share against the whole model); its exp and log round every element alike."""
+    return torch.exp(torch.log(x) * p)
+
+
 def srgb_to_linear(c: torch.Tensor) -> torch.Tensor:
     """The sRGB decoding (IEC 61966-2-1) of values in [0, 1]."""
-    curve = ((torch.clamp_min(c, _SRGB_KNEE) + 0.055) / 1.055) ** 2.4  # clamped: no NaN in the unused branch
+    curve = _power((torch.clamp_min(c, _SRGB_KNEE) + 0.055) / 1.055, 2.4)  # clamped: no NaN in the unused branch
     return torch.where(c <= _SRGB_KNEE, c / 12.92, curve)
 
 
 def linear_to_srgb(x: torch.Tensor) -> torch.Tensor:
     """The sRGB encoding of linear values in [0, 1]: what Blender's Standard view transform shows them as."""
-    curve = 1.055 * torch.clamp_min(x, _LINEAR_KNEE) ** (1 / 2.4) - 0.055
+    curve = 1.055 * _power(torch.clamp_min(x, _LINEAR_KNEE), 1 / 2.4) - 0.055
     return torch.where(x <= _LINEAR_KNEE, 12.92 * x, curve)
 
 

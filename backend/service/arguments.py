@@ -37,12 +37,23 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token-file", default=None, help="file holding the secret every client must send")
     p.add_argument("--workdir", default="out/sessions", help="folder of the sessions")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    add_group_arguments(p, "train sessions on N GPUs of this host, one process each, while this process serves "
+                        "(with --device cpu: N processes on the CPU)")
     p.add_argument("--exit-with-parent", action="store_true",
                    help="stop (with a checkpoint) when the process that started the server ends, however it ends: "
                    "when the pipe it gave as stdin closes, or (POSIX) when it is gone")
     for limit in fields(Limits):
         p.add_argument(Limits.flag(limit.name), type=positive_int, default=limit.default, metavar="N",
                        help=f"most {limit.metadata['help']} (default: {limit.default:,})")
+
+
+def add_group_arguments(p: argparse.ArgumentParser, gpus_help: str) -> None:
+    """--gpus and --parallel: training in several processes (backend/distributed.py)."""
+    p.add_argument("--gpus", type=positive_int, default=1, metavar="N", help=gpus_help)
+    p.add_argument("--parallel", default="data", choices=["data", "partitioned"],
+                   help="how several processes share the work: data (each holds the whole model and draws its share "
+                   "of the views) or partitioned (each holds a share of the Gaussians, by space: for models beyond "
+                   "one GPU's memory)")
 
 
 def run(command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:

@@ -33,7 +33,8 @@ class Engine:
     """The model of the open session (its trainer) or a model file loaded for viewing, a training thread and a
     render thread. Methods return reply fields and raise SplatwrightError with a message for the user."""
 
-    def __init__(self, workdir: Path, device: str, rasterizer: str, limits: Limits = Limits()):
+    def __init__(self, workdir: Path, device: str, rasterizer: str, limits: Limits = Limits(), processes: int = 1,
+                 parallel: str = "data"):
         self.workdir, self.device, self.rasterizer, self.limits = workdir, device, rasterizer, limits
         self.emit: Callable[[dict], None] = lambda event: None  # the server points this at its client
         self.shown = Shown()
@@ -42,7 +43,7 @@ class Engine:
         self.renderer = Renderer(self.shown, self.saved, self.training_copies, limits, device, rasterizer)
         # Training's events go wherever emit points when they happen.
         self.training = Training(self.shown, limits, device, rasterizer, self.training_copies, self.renderer.queue,
-                                 lambda event: self.emit(event))
+                                 lambda event: self.emit(event), processes, parallel)
         self.exports = Exports(self.shown, self.saved)
         self.reconstructions = Reconstructions(workdir, limits, lambda event: self.emit(event))
         self._capabilities: dict | None = None

@@ -29,6 +29,7 @@ import torch
 from blender_addon.core import codecs, protocol
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.protocol import REQUESTS, SERVER_MESSAGES, Message, ProtocolError
+from ..distributed import check_gpus
 from ..policy import resolve_device
 from ..train import warm_up
 from . import shared_frames
@@ -478,6 +479,8 @@ def serve(args) -> int:
         raise SplatwrightError(f"--host {args.host} is reachable from other machines; refusing to serve without "
                                "a token: pass --token-file with a secret, or serve on 127.0.0.1")
     device, rasterizer = resolve_device(args.device, build=False)  # the warm-up builds the kernels after 'ready'
+    if args.gpus > 1:
+        check_gpus(args.gpus, args.device)
     workdir = Path(args.workdir)
     try:
         workdir.mkdir(parents=True, exist_ok=True)
@@ -485,7 +488,8 @@ def serve(args) -> int:
         raise SplatwrightError(f"--workdir {workdir}: cannot make the folder ({e.strerror or e})") from None
     limits = Limits(**{f.name: getattr(args, "max_" + f.name) for f in fields(Limits)})
     try:
-        server = Server(Engine(workdir, device, rasterizer, limits), args.host, args.port, token)
+        server = Server(Engine(workdir, device, rasterizer, limits, args.gpus, args.parallel), args.host, args.port,
+                        token)
     except OSError as e:
         raise SplatwrightError(f"cannot listen on {args.host}:{args.port} ({e.strerror or e}); pass another "
                                "--port (0: a free one)") from None
@@ -493,7 +497,9 @@ def serve(args) -> int:
     if args.exit_with_parent:
         watch_parent(server)
     print(json.dumps({"event": "ready", "port": server.port, "protocol": protocol.PROTOCOL_VERSION}), flush=True)
-    log(f"listening on {args.host}:{server.port}, {device} ({rasterizer} rasterizer), sessions in {workdir}")
+    processes = f", training in {args.gpus} processes ({args.parallel} parallel)" if args.gpus > 1 else ""
+    log(f"listening on {args.host}:{server.port}, {device} ({rasterizer} rasterizer){processes}, sessions in "
+        f"{workdir}")
     if device == "cuda":
         threading.Thread(target=_warm_up, name="warm-up", daemon=True).start()
     try:

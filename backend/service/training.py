@@ -20,6 +20,7 @@ from ..gaussians import Gaussians
 from ..policy import make_config
 from ..train import TrainConfig, Trainer
 from .frames import view_rgb
+from .group_training import GroupRun, follow, from_bytes
 from .limits import Limits
 from .log import log
 from .render_queue import RenderQueue
@@ -76,8 +77,10 @@ class Training:
     message for the user, and every change of state is told as a state event."""
 
     def __init__(self, shown: Shown, limits: Limits, device: str, rasterizer: str, copies: TrainingCopies,
-                 renders: RenderQueue, emit: Callable[[dict], None]):
+                 renders: RenderQueue, emit: Callable[[dict], None], processes: int = 1, parallel: str = "data"):
         self.shown, self.limits, self.device, self.rasterizer = shown, limits, device, rasterizer
+        # How many processes train (group_training.py, `serve --gpus`) and how they share the work.
+        self.processes, self.parallel = processes, parallel
         self.copies = copies  # made after each step while a live view watches
         self.renders = renders  # waiting frames are let in between steps
         self.emit = emit
@@ -162,6 +165,7 @@ class Training:
         else:
             self.run_checkpointed = False
             config = make_config(self.device, self.rasterizer, settings)
+            config = replace(config, batch_views=max(config.batch_views, self.processes))  # a view a process
             self._launch(lambda: self._new_trainer(config))
         return {**self.status(), "continued": continued}
 
@@ -212,6 +216,7 @@ class Training:
         return self.status()
 
     def save_checkpoint(self) -> dict:
+        self._check_not_in_group("checkpoint")
         shown = self.shown
         with shown.lock:
             if shown.trainer is None:
@@ -223,6 +228,7 @@ class Training:
     def load_checkpoint(self) -> dict:
         """Replace the trainer by the session's checkpoint (also while training: the next step uses it); in a
         session made by an import that has none, show the file it keeps."""
+        self._check_not_in_group("load a checkpoint")
         shown = self.shown
         session = shown.require_session()
         if not session.checkpoint_path.is_file():
@@ -242,6 +248,13 @@ class Training:
                 self.state = "stopped"
         self._emit_state()
         return self.status()
+
+    def _check_not_in_group(self, what: str) -> None:
+        """The server's trainer only shows a group's model while the group trains (group_training.py)."""
+        with self.cond:
+            if self.processes > 1 and self.stepping:
+                raise SplatwrightError(f"training runs in {self.processes} processes, which write its checkpoints; "
+                                       f"pause it to {what}")
 
     # ---- the training thread ----
 
@@ -300,7 +313,7 @@ class Training:
         try:
             if set_up is not None and not self._install(set_up()):
                 return
-            final_state = self._run_steps()
+            final_state = self._run_steps() if self.processes == 1 else self._run_group()
             with self.shown.lock:
                 self.copies.clear()
                 self._checkpoint()
@@ -377,6 +390,57 @@ class Training:
             if now - last_time >= self.settings["progress_interval"]:
                 self.emit(self._progress((trainer.step - last_step) / (now - last_time)))
                 last_time, last_step = now, trainer.step
+
+    def _run_group(self) -> str:
+        """Train in the group of processes, a run while the state is training; returns the state to end in."""
+        told = {"", self.shown.trainer.note}  # notes told once: the server's trainer's, and the group's
+        while True:
+            with self.cond:
+                self.stepping = False
+                self.cond.notify_all()
+                self.cond.wait_for(lambda: self.state != "paused")
+                if self.state != "training":
+                    return "stopped"
+                self.stepping = True
+            trainer = self._group_run(told)
+            if trainer.step >= trainer.cfg.iterations:
+                return "finished"
+
+    def _group_run(self, told: set[str]) -> Trainer:
+        """A run of the group from the server's trainer until it finishes or the state leaves training; the
+        group's state at its end becomes the server's trainer, which it returns. Its notes not in `told` are told."""
+        shown = self.shown
+        trainer = shown.trainer
+        run = GroupRun(self.processes, self.device, self.parallel, trainer, self.rasterizer, self.settings,
+                       str(shown.session.checkpoint_path))
+        last_time, last_step, final = time.monotonic(), trainer.step, None
+        try:
+            for kind, message in run.messages():
+                if self.state != "training":
+                    run.stop.set()
+                if kind == "model":
+                    with shown.lock:
+                        follow(trainer, message, self.device)
+                    now = time.monotonic()
+                    self.emit(self._progress((trainer.step - last_step) / (now - last_time)))
+                    last_time, last_step = now, trainer.step
+                elif kind == "checkpoint":
+                    self.run_checkpointed = True
+                elif kind == "warning" or (kind == "note" and message not in told):
+                    told.add(message)
+                    log(f"session {shown.session.name}: {message}")
+                    self.emit({"event": "warning", "message": message})
+                elif kind == "end":
+                    final = from_bytes(message)
+        finally:
+            run.end()
+        if final is None:
+            raise SplatwrightError(f"the {self.processes} training processes ended without sending their model")
+        cfg = replace(TrainConfig.from_dict(final["config"]), rasterizer=self.rasterizer)
+        ended = Trainer.from_checkpoint(trainer.data, final, self.device, cfg)
+        with shown.lock:
+            shown.trainer = ended
+        return ended
 
     def _fail(self, code: str, message: str) -> None:
         """After a failed step the model in memory may be half updated: go back to the last checkpoint of

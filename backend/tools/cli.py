@@ -12,7 +12,7 @@ from ..data.photos import EXHAUSTIVE_UP_TO
 from ..data.video import DEFAULT_RATE, MAX_RATE
 from ..formats import spz
 from ..service import server
-from ..service.arguments import Parser, add_serve_arguments, positive_int, run
+from ..service.arguments import Parser, add_group_arguments, add_serve_arguments, positive_int, run
 from ..service.limits import Limits
 from . import bench, commands, convert, demo
 from .bench import BENCHMARKS
@@ -37,13 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dynamic", action="store_true",
                    help="train a 4D model of moving Gaussians (OUT/splats4d.pt) even when the frames have no "
                    "'time'; frames with times always train one")
-    p.add_argument("--gpus", type=positive_int, default=1, metavar="N",
-                   help="train on N GPUs of this host, one process each (with --device cpu: N processes on the CPU); "
-                   "across hosts, start the command with torchrun instead (backend/README.md)")
-    p.add_argument("--parallel", default="data", choices=["data", "partitioned"],
-                   help="how several processes share the work: data (each holds the whole model and draws its share "
-                   "of the views) or partitioned (each holds a share of the Gaussians, by space: for models beyond "
-                   "one GPU's memory)")
+    add_group_arguments(p, "train on N GPUs of this host, one process each (with --device cpu: N processes on the "
+                        "CPU); across hosts, start the command with torchrun instead (backend/README.md)")
     p.add_argument("--views-per-step", type=positive_int, default=None, metavar="N",
                    help="views each step trains on, shared out among the processes (default: one a process); a "
                    "resumed run keeps its checkpoint's")
