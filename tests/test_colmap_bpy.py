@@ -3,7 +3,6 @@ tests/blender/scenarios/colmap.py in the bpy module of each Blender version test
 against tests/data/colmap_skull, COLMAP's model of 65 real photos (see its README.md)."""
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 

@@ -13,7 +13,7 @@ import torch
 from blender_addon.logic import frames
 from blender_addon.core import codecs, protocol
 from blender_addon.logic.colors import display_pixels
-from blender_addon.core.client import Client, MappedFrames, RemoteError, decode_depth, decode_frame, decode_pixels
+from blender_addon.core.client import MappedFrames, RemoteError, decode_depth, decode_frame, decode_pixels
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.protocol import ProtocolError
 from backend.service import shared_frames

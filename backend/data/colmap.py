@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from blender_addon.core.cameras import Camera
-from blender_addon.core.colmap import (IMAGES_FOLDER, UNDISTORTED, ColmapCamera, ColmapImage, Model, camera_of,
+from blender_addon.core.colmap import (IMAGES_FOLDER, ColmapCamera, ColmapImage, Model, camera_of,
                                        distortion, find_model, image_path, make_undistorted, read_model,
                                        split_images, undistorted_copy)
 from blender_addon.core.errors import SplatwrightError

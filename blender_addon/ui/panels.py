@@ -46,7 +46,7 @@ class SPLATWRIGHT_PT_main(SplatsPanel, bpy.types.Panel):
     bl_idname = "SPLATWRIGHT_PT_main"
 
     def draw(self, context):
-        layout, s, b = self.layout, context.scene.splatwright, live.backend
+        layout, s = self.layout, context.scene.splatwright
         col = layout.column()
         col.prop(s, "source")
         for name in SOURCE_SETTINGS[s.source]:

@@ -11,7 +11,6 @@ status bar's text is kept, and screenshots are taken. Writes result.json into --
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import blf
