@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 from backend.data import colmap, load_split, prepare
-from backend.data.photos import DISTORTED, reconstruct
+from backend.data.photos import DATABASE, DISTORTED, _forget_other_photos, list_photos, reconstruct
 from backend.service.limits import Limits
 from backend.tools import cli
 from blender_addon.core.errors import SplatwrightError
@@ -108,6 +108,37 @@ def test_the_dataset_written_loads_every_registered_photo(skull):
     train, test = load_split(skull.folder, "train"), load_split(skull.folder, "test")
     assert len(train.cameras) + len(test.cameras) == skull.registered
     assert len(colmap.read_points(skull.folder)[0]) == skull.points > 200
+
+
+
+def test_other_photos_start_a_new_database(skull, tmp_path):
+    """The same output folder again on 12 of its 16 photos: those are mapped, not the 16 the database holds."""
+    out = tmp_path / "out"
+    shutil.copytree(skull.folder, out)
+    photos = tmp_path / "fewer"
+    photos.mkdir()
+    for name in OVERLAPPING[:12]:
+        shutil.copy(SKULL / "images" / f"{name}.jpg", photos)
+    again = reconstruct(photos, out, CHECK)
+    assert again.photos == 12 and 3 <= again.registered <= 12, again
+    assert set(colmap.load_cameras(out)[1]) <= set(OVERLAPPING[:12])
+
+
+def test_a_photo_of_other_bytes_under_its_name_forgets_the_database(tmp_path):
+    folder, out = tmp_path / "photos", tmp_path / "out"
+    folder.mkdir()
+    out.mkdir()
+    for name in OVERLAPPING[:3]:
+        shutil.copy(SKULL / "images" / f"{name}.jpg", folder)
+    photos = list_photos(folder, CHECK)
+    database = out / DATABASE
+    _forget_other_photos(out, folder, photos)
+    database.write_bytes(b"features")
+    _forget_other_photos(out, folder, photos)  # the same photos: kept
+    assert database.read_bytes() == b"features"
+    shutil.copy(SKULL / "images" / "01.jpg", folder / f"{OVERLAPPING[0]}.jpg")
+    _forget_other_photos(out, folder, photos)
+    assert not database.exists()
 
 
 def test_a_simple_radial_model_loads_after_undistortion(tmp_path):

@@ -16,12 +16,14 @@ The stages, each reporting progress as (stage, done, total):
    layout `colmap image_undistorter` writes (without its stereo/ folder and scripts, which training needs not;
    blender_addon/core/colmap.py's undistort, which the add-on also runs).
 
-The COLMAP database (OUT/database.db) stays in the output folder: run again, the features and matches it holds
-are reused and only mapping and undistortion run again. pycolmap is imported only where it is used: a backend
+The COLMAP database (OUT/database.db) stays in the output folder: run again on the same photos (names and bytes),
+the features and matches it holds are reused and only mapping and undistortion run again; other photos start a
+new database. pycolmap is imported only where it is used: a backend
 without it trains and serves as before. A run stops at its next progress report once its `cancel` event is set.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import threading
@@ -42,6 +44,7 @@ DATABASE = "database.db"
 DISTORTED = "distorted"  # OUT/distorted/sparse/0: the mapper's model, before undistortion
 PAIRS = "pairs.txt"  # the image pairs matched last, one "name1 name2" a line
 VIDEO_RECORD = "video.json"  # which video, and at which rate, the database's frames were taken from
+PHOTOS_RECORD = "photos.json"  # the photos the database holds: each one's name and the SHA-256 of its bytes
 EXHAUSTIVE_UP_TO = 100  # photos matched every pair with every pair; more are matched sequentially
 EXTRACT_CHUNK = 8  # photos per feature-extraction call, between progress reports
 MATCH_CHUNK = 200  # image pairs per matching call, between progress reports
@@ -135,6 +138,7 @@ def reconstruct(source: str | Path, out: str | Path, check: LimitCheck,
         stage_done("decoding")
     folder = frames.folder if frames else source
     photos = list_photos(folder, check)
+    _forget_other_photos(out, folder, photos)
     _extract(pycolmap, database, folder, photos, max_image_size, report)
     stage_done("features")
     _match(pycolmap, database, out / PAIRS, len(photos), frames is not None, report)
@@ -164,8 +168,23 @@ def _forget_another_video(out: Path, video: Path, rate: float) -> None:
     """Remove the database of another video, or of other frames of this one: its features belong to the frames'
     names, which name other frames now."""
     stat = video.stat()
-    taken = {"video": str(video.resolve()), "bytes": stat.st_size, "modified_ns": stat.st_mtime_ns, "rate": rate}
-    record = out / VIDEO_RECORD
+    _keep_database_of(out, VIDEO_RECORD, {"video": str(video.resolve()), "bytes": stat.st_size,
+                                          "modified_ns": stat.st_mtime_ns, "rate": rate})
+
+
+def _forget_other_photos(out: Path, folder: Path, photos: list[Photo]) -> None:
+    """Remove the database of other photos (a photo more or less, or other bytes under a name): the mapper maps
+    every photo the database holds, and features are found only for the names it does not hold yet."""
+    digests = {}
+    for photo in photos:
+        with open(folder / photo.name, "rb") as file:
+            digests[photo.name] = hashlib.file_digest(file, "sha256").hexdigest()
+    _keep_database_of(out, PHOTOS_RECORD, digests)
+
+
+def _keep_database_of(out: Path, name: str, taken: dict) -> None:
+    """Remove OUT's database unless its record `name` says it was made from `taken`; then record `taken`."""
+    record = out / name
     try:
         before = json.loads(record.read_text())
     except (OSError, ValueError):
