@@ -199,6 +199,8 @@ def advance_photos() -> float:
         event = b.reconstruction
         if event["state"] in ("failed", "cancelled"):  # reported as the event came
             live.photos = None
+        elif event["state"] == "finished" and job.cancelled:  # it finished before the cancel reached it
+            live.photos = None
         elif event["state"] == "finished":
             job.stage = "fetching"
             if b.remote:
@@ -242,6 +244,8 @@ def fetch(client, capture: str, root: Path) -> Path:
 def bring_in(job: Reconstruction, folder, made: str) -> str:
     """On the main thread: the capture made comes in as Import COLMAP brings a model in, and From is Photos."""
     live.photos = None
+    if job.cancelled:
+        return f"{job.source.path.name}: cancelled; the cameras made were not brought in"
     context = bpy.context
     _, summary = import_model(context, str(folder), UP_AXIS, CENTRE, SCALE)
     context.scene.splatwright.source = PHOTOS
