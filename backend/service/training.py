@@ -366,17 +366,23 @@ class Training:
             log(str(e))
             self.emit({"event": "warning", "message": f"{e}; training goes on without it"})
 
+    def _between_steps(self) -> bool:
+        """Not stepping while paused (what waits for a pause goes on); whether the state is training again."""
+        with self.cond:
+            self.stepping = False
+            self.cond.notify_all()
+            self.cond.wait_for(lambda: self.state != "paused")
+            if self.state != "training":
+                return False
+            self.stepping = True
+            return True
+
     def _run_steps(self) -> str:
         """Step until stopped or finished; returns the state to end in."""
         last_time, last_step = time.monotonic(), self.shown.trainer.step
         while True:
-            with self.cond:
-                self.stepping = False
-                self.cond.notify_all()
-                self.cond.wait_for(lambda: self.state != "paused")
-                if self.state != "training":
-                    return "stopped"
-                self.stepping = True
+            if not self._between_steps():
+                return "stopped"
             with self.shown.lock:
                 trainer = self.shown.trainer
                 if trainer.step >= trainer.cfg.iterations:
@@ -395,13 +401,8 @@ class Training:
         """Train in the group of processes, a run while the state is training; returns the state to end in."""
         told = {"", self.shown.trainer.note}  # notes told once: the server's trainer's, and the group's
         while True:
-            with self.cond:
-                self.stepping = False
-                self.cond.notify_all()
-                self.cond.wait_for(lambda: self.state != "paused")
-                if self.state != "training":
-                    return "stopped"
-                self.stepping = True
+            if not self._between_steps():
+                return "stopped"
             trainer = self._group_run(told)
             if trainer.step >= trainer.cfg.iterations:
                 return "finished"
