@@ -86,13 +86,11 @@ def film(image: torch.Tensor) -> torch.Tensor:
     """The film filter's taps applied to an (H, W, C) image of linear values (rows and columns in turn; the
     edges' pixels stand in for what lies beyond). Sums of shifted copies, not a convolution: cuDNN convolves
     float32 in TF32 on recent GPUs, 5e-4 off."""
-    side, centre = FILM_TAPS[:2]
-
     def along(x: torch.Tensor, dim: int) -> torch.Tensor:
         n = x.shape[dim]
         before = torch.cat([x.narrow(dim, 0, 1), x.narrow(dim, 0, n - 1)], dim)
         after = torch.cat([x.narrow(dim, 1, n - 1), x.narrow(dim, n - 1, 1)], dim)
-        return side * before + centre * x + side * after
+        return FILM_TAP_SIDE * before + FILM_TAP_CENTRE * x + FILM_TAP_SIDE * after
 
     return along(along(image, 1), 0)
 
