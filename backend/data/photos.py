@@ -37,8 +37,8 @@ from PIL import Image
 from blender_addon.core.codecs import MAX_IMAGE_SIDE
 from blender_addon.core import colmap as core_colmap
 from blender_addon.core.errors import SplatwrightError
-from blender_addon.core.reconstruction import PHOTO_SUFFIXES
-from .video import DEFAULT_RATE, VIDEO_SUFFIXES, extract_frames, is_video
+from blender_addon.core.reconstruction import PHOTO_SUFFIXES, VIDEO_SUFFIXES, is_photo
+from .video import DEFAULT_RATE, extract_frames, is_video
 
 DATABASE = "database.db"
 DISTORTED = "distorted"  # OUT/distorted/sparse/0: the mapper's model, before undistortion
@@ -88,7 +88,7 @@ def list_photos(folder: Path, check: LimitCheck) -> list[Photo]:
     if not folder.is_dir():
         raise SplatwrightError(f"{folder}: neither a folder of photos nor a video ({', '.join(sorted(VIDEO_SUFFIXES))}"
                                " files)")
-    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in PHOTO_SUFFIXES)
+    files = sorted(p for p in folder.iterdir() if p.is_file() and is_photo(p.name))
     if not files:
         raise SplatwrightError(f"{folder}: no photos ({', '.join(sorted(PHOTO_SUFFIXES))} files)")
     check("views", len(files), f"{folder}: photos", "choose fewer photos")

@@ -19,7 +19,8 @@ import numpy as np
 from PIL import Image
 
 from blender_addon.core.errors import SplatwrightError
-from blender_addon.core.reconstruction import DEFAULT_RATE, MAX_RATE, VIDEO_SUFFIXES
+from blender_addon.core import reconstruction
+from blender_addon.core.reconstruction import DEFAULT_RATE, MAX_RATE
 
 FRAMES = "frames"  # OUT/frames: the frames taken, the photos structure from motion runs on
 JPEG_QUALITY = 95
@@ -40,7 +41,7 @@ class Frames:
 
 
 def is_video(path: str | Path) -> bool:
-    return Path(path).is_file() and Path(path).suffix.lower() in VIDEO_SUFFIXES
+    return Path(path).is_file() and reconstruction.is_video(Path(path).name)
 
 
 def sharpness(gray: np.ndarray) -> float:
