@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 from backend.data import colmap, load_split, prepare
-from backend.data.photos import DATABASE, DISTORTED, _forget_other_photos, list_photos, reconstruct
+from backend.data.photos import DATABASE, _forget_other_photos, list_photos, reconstruct
 from backend.service.limits import Limits
 from backend.tools import cli
 from blender_addon.core.errors import SplatwrightError
