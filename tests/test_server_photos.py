@@ -6,6 +6,7 @@ cancelled; refused over the caps; too few registered."""
 from __future__ import annotations
 
 import io
+import re
 import shutil
 import zipfile
 
@@ -210,7 +211,12 @@ def test_too_few_registered_photos_end_with_a_line_that_says_what_to_do(server, 
 def test_chosen_photos_and_videos(tmp_path):
     (tmp_path / "walk around.MP4").write_bytes(b"")
     video = source_of(str(tmp_path / "walk around.MP4"))
-    assert video.video and video.files == [tmp_path / "walk around.MP4"] and video.capture == "photos-walk_around"
+    assert video.video and video.files == [tmp_path / "walk around.MP4"]
+    assert re.fullmatch(r"photos-walk_around-[0-9a-f]{8}", video.capture)
+    for camera in ("a", "b"):  # two folders of one name
+        (tmp_path / camera / "DCIM").mkdir(parents=True)
+        (tmp_path / camera / "DCIM" / "1.jpg").write_bytes(b"")
+    assert source_of(str(tmp_path / "a" / "DCIM")).capture != source_of(str(tmp_path / "b" / "DCIM")).capture
     with pytest.raises(SplatwrightError, match="holds no photos"):
         source_of(str(tmp_path))
     with pytest.raises(SplatwrightError, match="choose a folder of photos"):

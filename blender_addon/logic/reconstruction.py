@@ -3,6 +3,7 @@ photos, a photo in one, or a video), the capture's name, the upload to a backend
 progress as the panel and the status bar say it."""
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,9 +31,11 @@ class Source:
 
     @property
     def capture(self) -> str:
-        """The capture's name (a session name): photos-<the folder's name or the video's stem>."""
+        """The capture's name (a session name): photos-<the folder's name or the video's stem>-<a hash of its whole
+        path>, so that two folders of one name (two cameras' DCIM) make two captures."""
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", self.path.stem if self.video else self.path.name).strip("_.-")
-        return f"photos-{safe or 'capture'}"[:64].rstrip(".")
+        where = hashlib.sha256(str(self.path.resolve()).encode()).hexdigest()[:8]
+        return f"photos-{(safe or 'capture')[:46]}-{where}"
 
 
 def source_of(chosen: str) -> Source:
