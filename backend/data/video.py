@@ -20,7 +20,7 @@ from PIL import Image
 
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core import reconstruction
-from blender_addon.core.reconstruction import DEFAULT_RATE, MAX_RATE
+from blender_addon.core.reconstruction import DEFAULT_RATE, MAX_RATE, MIN_RATE
 
 FRAMES = "frames"  # OUT/frames: the frames taken, the photos structure from motion runs on
 JPEG_QUALITY = 95
@@ -57,8 +57,8 @@ def extract_frames(video: str | Path, out: str | Path, check: LimitCheck, progre
     near-duplicates reduced to its sharpest frame; progress as ("decoding", frames taken, frames expected)."""
     av = _av()
     video, folder = Path(video), Path(out) / FRAMES
-    if not 0 < rate <= MAX_RATE:
-        raise SplatwrightError(f"frame rate {rate}: choose a number of frames a second in (0, {MAX_RATE:g}]")
+    if not MIN_RATE <= rate <= MAX_RATE:
+        raise SplatwrightError(f"frame rate {rate}: choose from {MIN_RATE:g} to {MAX_RATE:g} frames a second")
     try:
         container = av.open(str(video))
     except (av.error.FFmpegError, OSError) as e:

@@ -9,7 +9,7 @@ from blender_addon.core.schema import Float, Str
 from blender_addon.core.settings import TRAINING
 from ..data.images import parse_background
 from ..data.photos import EXHAUSTIVE_UP_TO
-from ..data.video import DEFAULT_RATE, MAX_RATE
+from ..data.video import DEFAULT_RATE, MAX_RATE, MIN_RATE
 from ..formats import spz
 from ..service import server
 from ..service.arguments import Parser, add_group_arguments, add_serve_arguments, positive_int, run
@@ -137,8 +137,8 @@ def frame_rate(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0.0 < value <= MAX_RATE:
-        raise argparse.ArgumentTypeError(f"{value} is not a rate in (0, {MAX_RATE:g}] frames a second")
+    if not MIN_RATE <= value <= MAX_RATE:
+        raise argparse.ArgumentTypeError(f"{value} is not a rate from {MIN_RATE:g} to {MAX_RATE:g} frames a second")
     return value
 
 

@@ -259,7 +259,7 @@ REQUESTS: dict[str, MessageSpec] = {
     "reconstruct": MessageSpec(Fields(capture=SessionName(),
                                       path=optional(Str(4096), "", "a folder of photos or a video on the backend's "
                                                     "machine, for a client there; empty: the photos uploaded"),
-                                      rate=optional(Float(0.001, reconstruction.MAX_RATE), reconstruction.DEFAULT_RATE,
+                                      rate=optional(Float(reconstruction.MIN_RATE, reconstruction.MAX_RATE), reconstruction.DEFAULT_RATE,
                                                     "frames taken a second of a video"))),
     "cancel_reconstruction": MessageSpec(),
     "fetch_reconstruction": MessageSpec(Fields(capture=SessionName())),

@@ -17,6 +17,7 @@ from .errors import SplatwrightError
 PHOTO_SUFFIXES = (".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp")
 VIDEO_SUFFIXES = (".mp4", ".mov", ".m4v", ".mkv", ".avi", ".webm")
 DEFAULT_RATE = 2.0  # frames taken a second of video: a walk around an object moves a few degrees between them
+MIN_RATE = 0.01  # a frame every 100 s: slower, a video is a few frames far apart
 MAX_RATE = 120.0  # frames are named by their time in milliseconds, and no video has more frames a second
 STAGES = ("decoding", "features", "matching", "mapping", "undistortion")
 # A reconstruction's states, as its events give them: running, then one of the others.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import bpy
 from bpy.props import BoolProperty, EnumProperty, FloatProperty, FloatVectorProperty, IntProperty, StringProperty
 
-from ..core.reconstruction import DEFAULT_RATE, MAX_RATE
+from ..core.reconstruction import DEFAULT_RATE, MAX_RATE, MIN_RATE
 from ..core.settings import PRESETS, TRAINING, default
 from ..logic.defaults import DEVICE_DEFAULTS, GPU, defaults_for, device_of, machine_device
 from ..scene import live
@@ -29,7 +29,7 @@ class SPLATWRIGHT_PG_settings(bpy.types.PropertyGroup):
     photos_path: StringProperty(name="Photos", subtype="FILE_PATH", default="",
                                 description="A folder of photos (or any photo in it) or a video, which Make Cameras "
                                             "from Photos makes into cameras and points")
-    video_rate: FloatProperty(name="Frames a Second", default=DEFAULT_RATE, min=0.01, max=MAX_RATE,
+    video_rate: FloatProperty(name="Frames a Second", default=DEFAULT_RATE, min=MIN_RATE, max=MAX_RATE,
                               description="Frames taken a second of a video (of each run of near-duplicates, the "
                                           "sharpest)")
     only_selected: BoolProperty(name="Only Selected", description="Only the selected camera objects")
