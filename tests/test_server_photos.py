@@ -182,11 +182,11 @@ def test_a_video_goes_up_in_parts_and_its_length_is_capped(server, tmp_path, mon
         monkeypatch.setattr(client, "request", lambda *args: parts.append(args[1]["offset"]) or real_request(*args))
         assert upload(client, source, lambda: False)
         assert len(parts) == video.stat().st_size // 1000 + 1 and parts[:3] == [0, 1000, 2000]
-        uploaded = server.workdir / ".reconstructions" / "photos-walk" / "upload" / "walk.mp4"
+        uploaded = server.workdir / ".reconstructions" / source.capture / "upload" / "walk.mp4"
         assert uploaded.read_bytes() == video.read_bytes()
         monkeypatch.undo()
-        assert client.call("reconstruct", capture="photos-walk", rate=4.0)["source"] == "walk.mp4"
-        event, _ = ended(client, "photos-walk")
+        assert client.call("reconstruct", capture=source.capture, rate=4.0)["source"] == "walk.mp4"
+        event, _ = ended(client, source.capture)
     assert event["state"] == "failed" and "4 s of video: 4 is over the cap of 2 seconds" in event["message"], event
     assert "--max-video-seconds N" in event["message"]
 

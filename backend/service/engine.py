@@ -173,5 +173,5 @@ class Engine:
         within `render_wait` seconds (a long CPU render cannot be interrupted: the process then exits without
         waiting for it)."""
         self.stop()
-        self.reconstructions.cancel()
+        self.reconstructions.close(wait=5.0)
         return self.renderer.close(render_wait)

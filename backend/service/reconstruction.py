@@ -32,6 +32,7 @@ class Reconstructions:
         self.lock = threading.Lock()
         self.running: str | None = None  # the capture being reconstructed
         self.cancel_event = threading.Event()
+        self.thread: threading.Thread | None = None
 
     def _refuse_while_running(self, capture: str, doing: str) -> None:
         if self.running == capture:
@@ -64,9 +65,13 @@ class Reconstructions:
             total = sum(sizes.values()) + len(data)
             self.limits.check("upload_bytes", total, f"{capture}: bytes uploaded", "choose fewer or smaller photos, "
                               "or a shorter video")
-            with open(folder / file, "r+b" if offset else "wb") as out:
-                out.seek(offset)
-                out.write(data)
+            try:
+                with open(folder / file, "r+b" if offset else "wb") as out:
+                    out.seek(offset)
+                    out.write(data)
+            except OSError as e:
+                raise SplatwrightError(f"{file}: the backend's machine could not store it ({e.strerror}); free "
+                                       "space there, or rename the file") from None
         return {"files": len(set(sizes) | {file}), "bytes": total}
 
     def start(self, capture: str, path: str, rate: float, local_client: bool) -> dict:
@@ -92,8 +97,9 @@ class Reconstructions:
                                        "it first")
             self.running = capture
             self.cancel_event.clear()
-        threading.Thread(target=self._run, args=(capture, source, rate), name=f"reconstruct {capture}",
-                         daemon=True).start()
+        self.thread = threading.Thread(target=self._run, args=(capture, source, rate), name=f"reconstruct {capture}",
+                                       daemon=True)
+        self.thread.start()
         return {"capture": capture, "source": source.name if not path else str(source)}
 
     def cancel(self) -> dict:
@@ -102,6 +108,13 @@ class Reconstructions:
             running = self.running is not None
             self.cancel_event.set()
         return {"running": running}
+
+    def close(self, wait: float) -> None:
+        """Cancel the running reconstruction and wait up to `wait` seconds for it to stop, so that its database
+        is not left half written (a long mapping step reports, and so stops, only at its end)."""
+        self.cancel()
+        if self.thread is not None:
+            self.thread.join(wait)
 
     def fetch(self, capture: str) -> tuple[dict, bytes]:
         """The capture made, as core/reconstruction.pack_capture's zip."""
