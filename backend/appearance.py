@@ -61,9 +61,13 @@ class Appearance:
         return {"params": self.params.detach().cpu(), "optimizer": self.optimizer.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        with torch.no_grad():
-            self.params.copy_(state["params"])
+        """A state_dict's transforms, and identity for the views added since (a session's)."""
+        views = len(self.params)
+        self.params = state["params"].to(self.params.device, copy=True).requires_grad_()
+        self.optimizer.param_groups[0]["params"] = [self.params]
         self.optimizer.load_state_dict(state["optimizer"])
+        for _ in range(views - len(self.params)):
+            self.add_view()
 
 
 def transform(image: torch.Tensor, params: torch.Tensor) -> torch.Tensor:

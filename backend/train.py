@@ -11,8 +11,8 @@ import torch
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.settings import default, stretched_steps
 from blender_addon.core.cameras import Camera, intrinsics_from_fov_x, look_at
-from .data.dataset import Dataset, camera_extent, scene_bounds
 from .appearance import Appearance, fitted_psnr
+from .data.dataset import Dataset, camera_extent, scene_bounds
 from .data.images import as_float, quantise
 from .distributed import SINGLE, Group
 from .dynamic import DynamicGaussians, gaussians_from_tensors
