@@ -23,7 +23,6 @@ import torch
 from .distributed import Group
 from .formats.compressed_ply import morton_order
 from .gaussians import Gaussians
-from .metrics import photometric_loss
 from .render.reference import draw, project_splats
 from .strategy import DefaultStrategy, edit_rows
 
@@ -212,10 +211,10 @@ def train_views(trainer, batch: list[int]):
             rows[name].requires_grad_(True)
         proj = with_fields(projected[k][0], rows)
         out = draw(proj, rows["opacities.drawn"], cam.width, cam.height, trainer.background, cfg.image_formation)
-        loss = photometric_loss(out.image, gt, cfg.ssim_weight)
+        loss, image = trainer.view_loss(out.image, i)
         loss.backward()
         if first is None:
-            first = (loss, out.image, gt)
+            first = (loss, image, gt)
     for k, (proj, fields, visible, ids) in enumerate(projected):  # the gradients back, view after view
         floats = trainable(fields)
         widths = [math.prod(fields[name].shape[1:]) for name in floats]

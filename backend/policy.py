@@ -70,17 +70,19 @@ def cpu_config(iterations: int) -> TrainConfig:
     return TrainConfig(
         iterations=iterations, init_points=5000, sh_interval=max(1, iterations // 4),
         # Colours at 4x the standard rates: at the standard ones, a few hundred steps cannot move a colour
-        # across its range (Blender's startup cube at 300 steps: held-out 13.6 dB, at 4x 25.9 dB).
-        lr=LearningRates(sh_dc=4 * LearningRates.sh_dc, sh_rest=4 * LearningRates.sh_rest),
+        # across its range (Blender's startup cube at 300 steps: held-out 13.6 dB, at 4x 25.9 dB); so the photos'
+        # colour transforms too, each seen a few times.
+        lr=LearningRates(sh_dc=4 * LearningRates.sh_dc, sh_rest=4 * LearningRates.sh_rest,
+                         colour_transforms=4 * LearningRates.colour_transforms),
         densify=DensifyConfig(start=100, every=100, stop=int(iterations * 0.8), reset_opacity_every=0,
                               max_gaussians=20_000))
 
 
-def make_config(device: str, rasterizer: str, s: dict) -> TrainConfig:
+def make_config(device: str, rasterizer: str, s: dict, photos: bool = False) -> TrainConfig:
     """The training configuration for a device: a preset's schedule on the GPU, the short CPU schedule on the
     reference path, with the settings `s` on top (every setting of the table, checked where they came in:
     the protocol's request, the command line's options, training_settings; None keeps the schedule's own
-    value)."""
+    value). `photos`: the views are photos (data.is_colmap), for which appearance "auto" is on."""
     if device == "cuda":
         cfg = PRESETS[s["preset"]]
         if s["iterations"]:
@@ -92,7 +94,8 @@ def make_config(device: str, rasterizer: str, s: dict) -> TrainConfig:
         densify = replace(densify, max_gaussians=s["max_gaussians"])
     return replace(cfg, rasterizer=rasterizer, sh_degree=s["sh_degree"], seed=s["seed"],
                    background=tuple(s["background"]), densify=densify,
-                   init_points=s["init_points"] or cfg.init_points, image_formation=s["image_formation"])
+                   init_points=s["init_points"] or cfg.init_points, image_formation=s["image_formation"],
+                   colour_transforms=s["appearance"] == "on" or (s["appearance"] == "auto" and photos))
 
 
 def device_name(device: str) -> str:

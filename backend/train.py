@@ -11,6 +11,7 @@ import torch
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.settings import default, stretched_steps
 from blender_addon.core.cameras import Camera, intrinsics_from_fov_x, look_at
+from .appearance import Appearance, fitted_psnr
 from .data.dataset import Dataset, camera_extent, scene_bounds
 from .data.images import as_float, quantise
 from .distributed import SINGLE, Group
@@ -46,6 +47,7 @@ class LearningRates:
     angular_velocities: float = 5e-3
     time_centers: float = 1e-3
     time_precisions: float = 0.2
+    colour_transforms: float = 1e-3  # the training views' colour transforms (backend.appearance)
 
 
 POSITION_RATES = ("means", "velocities", "accelerations")  # scaled by the extent, decaying like the means'
@@ -73,6 +75,9 @@ class TrainConfig:
     # "partitioned", each holding a share of the Gaussians by space (backend/partition.py).
     parallel: str = "data"
     dynamic: bool = False  # train a 4D model (backend.dynamic) even when the views have no times
+    # A colour transform per training view, trained with the model (backend.appearance): the setting
+    # `appearance` decides it (policy.make_config).
+    colour_transforms: bool = False
     # The schedule stretches to at least this many steps a training view (fit_to_views); 0: as it is.
     min_steps_per_view: int = 0
     lr: LearningRates = field(default_factory=LearningRates)
@@ -129,19 +134,21 @@ def score(render_view, data: Dataset) -> dict:
 
 def mean_scores(images, targets) -> dict:
     """Mean PSNR and SSIM of (H, W, 3) images (an iterable, drawn without autograd) against targets (a
-    dataset's uint8 views, or float ones, each of its image's size), each converted to float in its turn; and
-    the lowest view PSNR with the view's index, since a mean hides a few bad views (a floater in front of one
-    camera)."""
-    psnrs, ssims = [], []
+    dataset's uint8 views, or float ones, each of its image's size), each converted to float in its turn; the
+    lowest view PSNR with the view's index, since a mean hides a few bad views (a floater in front of one
+    camera); and the mean fitted PSNR (appearance.fitted_psnr: each view's right half after a colour transform
+    fitted on its left half), which leaves out a photo's exposure, which no model of the scene can know."""
+    psnrs, ssims, fitted = [], [], []
     with torch.no_grad():
         for img, gt in zip(images, targets):
-            img = img.clamp(0, 1)
             gt = as_float(gt.to(img.device))
+            fitted.append(fitted_psnr(img, gt))
+            img = img.clamp(0, 1)
             psnrs.append(psnr(img, gt))
             ssims.append(float(ssim(img, gt)))
     worst = min(range(len(psnrs)), key=psnrs.__getitem__)
     return {"psnr": sum(psnrs) / len(psnrs), "ssim": sum(ssims) / len(ssims), "worst_psnr": psnrs[worst],
-            "worst_view": worst}
+            "worst_view": worst, "fitted_psnr": sum(fitted) / len(fitted)}
 
 
 class Trainer:
@@ -179,9 +186,14 @@ class Trainer:
         for name in POSITION_RATES:
             self.initial_rates[name] *= self.extent
         self.optimizer = self._make_optimizer()
+        # Every process holds every view's transform (a partitioned group's too) and sums their gradients.
+        self.appearance = (Appearance(len(data), cfg.lr.colour_transforms, self.device) if cfg.colour_transforms
+                           else None)
         # A static model on the CUDA rasterizer takes its gradients straight from the kernels (bit-equal to
-        # autograd's, for a third less host time a step); a 4D model's motion goes through autograd.
-        self.without_autograd = cfg.rasterizer == "cuda" and not self.dynamic and self.share is None
+        # autograd's, for a third less host time a step); a 4D model's motion goes through autograd, and so does
+        # a view's colour transform (the fused step computes the loss of the render itself).
+        self.without_autograd = (cfg.rasterizer == "cuda" and not self.dynamic and self.share is None
+                                 and self.appearance is None)
         self.strategy = (DefaultStrategy(cfg.densify, self.extent) if self.share is None
                          else PartitionedStrategy(cfg.densify, self.extent, self.share))
         # On the CPU, so drawing a view or split noise never waits for the GPU.
@@ -230,9 +242,9 @@ class Trainer:
             else:
                 out = render(self.g.at(self.data.time(i)), cam, self.sh_degree, self.background,
                              self.cfg.rasterizer, self.views[i], self.cfg.image_formation)
-                loss = photometric_loss(out.image, gt, self.cfg.ssim_weight)
+                loss, image = self.view_loss(out.image, i)
                 loss.backward()
-                image, means2d_grad, radii = out.image, out.means2d.grad, out.radii
+                means2d_grad, radii = out.means2d.grad, out.radii
             self.strategy.accumulate(self.step + 1, means2d_grad, radii, cam.width, cam.height, len(self.g))
             if k == 0:
                 first = (loss, image, gt)
@@ -246,6 +258,8 @@ class Trainer:
             self.last = {"loss": loss_value, "psnr": psnr(image, gt)}
         self.strategy.refine(self.step, self.g, self.optimizer, self.generator, self.group)
         self.optimizer.step()
+        if self.appearance is not None:
+            self.appearance.step()
         if self.dynamic:
             self.g.keep_valid_()
         self.optimizer.zero_grad(set_to_none=True)
@@ -253,11 +267,23 @@ class Trainer:
             torch.cuda.synchronize(self.device)
         self.train_seconds += time.perf_counter() - start
 
+    def view_loss(self, image: torch.Tensor, view: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training loss of a render of view `view`, and the image it scores: the render in the view's
+        colour transform where training has them."""
+        if self.appearance is None:
+            return photometric_loss(image, self.data.images[view], self.cfg.ssim_weight), image
+        image = self.appearance.apply(image, view)
+        loss = photometric_loss(image, self.data.images[view], self.cfg.ssim_weight) + self.appearance.penalty(view)
+        return loss, image
+
     def _sum_gradients(self) -> None:
         """The step's gradient: the mean over its views, of all the group's processes."""
         grads = [t.grad for t in self.g.tensors().values() if t.grad is not None]
-        if self.share is None:  # a share's gradients are whole already
-            self.group.sum_(grads)
+        summed = grads if self.share is None else []  # a share's gradients are whole already
+        if self.appearance is not None:  # each process's views' rows: the sum holds every view's
+            summed = summed + [self.appearance.gradient()]
+            grads = grads + [self.appearance.gradient()]
+        self.group.sum_(summed)
         if self.cfg.batch_views > 1:
             for grad in grads:
                 grad /= self.cfg.batch_views
@@ -276,6 +302,8 @@ class Trainer:
         times = self.data.times + [view_time] if self.data.times is not None else None
         self.data = Dataset(self.data.cameras + [camera], images, self.data.names + [name], times)
         self.views.append(camera_tensors(camera, self.device))
+        if self.appearance is not None:
+            self.appearance.add_view()
 
     # Checkpoints hold everything needed to continue exactly: parameters, optimizer moments,
     # densification statistics, step and random state.
@@ -295,29 +323,35 @@ class Trainer:
             "optimizer": optimizer,
             "strategy": self.strategy.state_dict(self.group),
             "generator": self.generator.get_state(),
+            "appearance": None if self.appearance is None else self.appearance.state_dict(),
         }
 
     @classmethod
     def from_checkpoint(cls, data: Dataset, state: dict, device, cfg: TrainConfig | None = None,
                         group: Group = SINGLE) -> "Trainer":
         """A trainer continuing a checkpoint (load_checkpoint), with the checkpoint's config or `cfg`; in the image
-        formation its model was trained in either way, which it remembers, and with its views per step, so that a
-        checkpoint continues alike on any number of processes up to its views per step; more processes take one
-        view each, which the trainer says."""
+        formation its model was trained in either way, which it remembers, with or without the views' colour
+        transforms as it trained, and with its views per step, so that a checkpoint continues alike on any number
+        of processes up to its views per step; more processes take one view each, which the trainer says."""
         saved = TrainConfig.from_dict(state["config"])
-        asked = (cfg or saved).image_formation
+        asked = cfg or saved
         batch_views = max(saved.batch_views, group.world)
-        cfg = replace(cfg or saved, image_formation=saved.image_formation, batch_views=batch_views)
+        cfg = replace(cfg or saved, image_formation=saved.image_formation, batch_views=batch_views,
+                      colour_transforms=saved.colour_transforms)
         gaussians = gaussians_from_tensors(state["gaussians"])
         trainer = cls(data, cfg, device, gaussians, group)
         if batch_views != saved.batch_views:
             trainer.note = "; ".join(filter(None, [
                 f"the checkpoint trained on {saved.batch_views} view(s) a step; on {group.world} processes it goes on "
                 f"with {batch_views}, one a process", trainer.note]))
-        if asked != saved.image_formation:
+        if asked.image_formation != saved.image_formation:
             trainer.note = "; ".join(filter(None, [
                 f"the checkpoint's model was trained in image formation {saved.image_formation!r}, and training "
-                f"goes on in it, not in {asked!r} (train from scratch to change it)", trainer.note]))
+                f"goes on in it, not in {asked.image_formation!r} (train from scratch to change it)", trainer.note]))
+        if asked.colour_transforms != saved.colour_transforms:
+            trainer.note = "; ".join(filter(None, [
+                f"the checkpoint trained {'with' if saved.colour_transforms else 'without'} per-photo appearance, "
+                "and training goes on so (train from scratch to change it)", trainer.note]))
         if trainer.dynamic != isinstance(gaussians, DynamicGaussians):
             raise SplatwrightError("the checkpoint holds a static model, but these views have times (or the "
                                    "configuration says dynamic); train the 4D model from scratch (without --resume)")
@@ -325,6 +359,8 @@ class Trainer:
                                           else own_optimizer_state(state["optimizer"], trainer.share))
         trainer.strategy.load_state_dict(state["strategy"], trainer.device, group)
         trainer.generator.set_state(state["generator"])
+        if trainer.appearance is not None:
+            trainer.appearance.load_state_dict(state["appearance"])
         trainer.step = state["step"]
         trainer.train_seconds = trainer.checkpointed_at = state["train_seconds"]
         return trainer

@@ -1,7 +1,8 @@
 """Training in a group (backend/distributed.py): two gloo processes on the CPU train the model that one process
 trains on the same batches, bit for bit, data-parallel and partitioned (backend/partition.py: each process holds
 half of the Gaussians and sends less a step than the model), each with the training options (the image formations,
-views of mixed sizes, 4D models). One launch of two processes trains all of them (a launch costs more than a run)."""
+views of mixed sizes, 4D models; per-photo appearance data-parallel). One launch of two processes trains all of
+them (a launch costs more than a run)."""
 from __future__ import annotations
 
 from dataclasses import asdict, replace
@@ -39,6 +40,7 @@ RUNS = {
     "mixed sizes": ("mixed", config(SHORT)),
     "4D": ("tiny", config(SHORT, dynamic=True)),
     "partitioned 4D": ("tiny", config(SHORT, dynamic=True, parallel="partitioned")),
+    "appearance": ("tiny", config(SHORT, colour_transforms=True)),
 }
 
 
@@ -100,6 +102,8 @@ def test_two_processes_train_the_model_one_process_trains(name, scenes, two_proc
     assert len(state["gaussians"]["means"]) == len(single.g) != INIT_POINTS  # densification ran, and agreed
     for key, t in single.g.tensors().items():  # bit for bit: a sum of two gradients has one rounding
         assert torch.equal(state["gaussians"][key], t.detach()), key
+    if cfg.colour_transforms:  # each process's views' transforms, summed
+        assert torch.equal(state["appearance"]["params"], single.appearance.params.detach())
     # The statistics add the same terms in another order (per process, then across): equal to rounding.
     torch.testing.assert_close(state["strategy"]["count"], single.strategy.count, rtol=0, atol=0)
     torch.testing.assert_close(state["strategy"]["grad_sum"], single.strategy.grad_sum, rtol=1e-5, atol=1e-9)

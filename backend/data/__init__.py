@@ -32,18 +32,21 @@ def scene_point_cloud(root: str | Path) -> tuple[Path, np.ndarray, np.ndarray] |
     return (path, xyz, rgb) if len(xyz) else None
 
 
+def is_colmap(root: str | Path) -> bool:
+    """Whether a scene folder is a COLMAP capture (photos): no transforms files, a COLMAP model (sparse/0)."""
+    return Path(root).is_dir() and nerf.transforms_path(root, "train") is None and colmap.find_model(root) is not None
+
+
 def prepare(root: str | Path) -> str | None:
     """Make what a scene folder needs before it loads (a distorted COLMAP model's undistorted copy,
     colmap.undistorted); a note saying what was made, or None."""
-    if Path(root).is_dir() and nerf.transforms_path(root, "train") is None and colmap.find_model(root) is not None:
-        return colmap.undistorted(root)[1]
-    return None
+    return colmap.undistorted(root)[1] if is_colmap(root) else None
 
 
 def load_split(root: str | Path, split: str, background=BACKGROUND, downscale: float = 1.0) -> Dataset | None:
-    """Load one split, or None if the scene has no file for it (only 'train' is required). A folder without
-    transforms files but with a COLMAP model (sparse/0) is a COLMAP capture (backend.data.colmap)."""
-    if nerf.transforms_path(root, "train") is None and colmap.find_model(root) is not None:
+    """Load one split, or None if the scene has no file for it (only 'train' is required). A COLMAP capture
+    (is_colmap) loads through backend.data.colmap."""
+    if is_colmap(root):
         return colmap.load_split(root, split, background, downscale)
     path = nerf.transforms_path(root, split)
     if path is None:

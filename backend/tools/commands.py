@@ -17,7 +17,7 @@ from PIL import Image
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.files import sequence_state
 from blender_addon.core.settings import TRAINING
-from ..data import load_cameras, load_split, prepare, scene_point_cloud
+from ..data import is_colmap, load_cameras, load_split, prepare, scene_point_cloud
 from ..data.dataset import Dataset
 from ..data.photos import reconstruct
 from ..distributed import (SINGLE, Group, check_gpus, join_torchrun, launch, leave, restarted_by_torchrun,
@@ -36,7 +36,7 @@ from .progress import Progress
 def training_config(args, device: str, rasterizer: str) -> TrainConfig:
     """The configuration of the training settings the CLI was given (cli.add_training_arguments)."""
     cfg = make_config(device, rasterizer, {name: getattr(args, name) for name in TRAINING.fields
-                                           if name != "progress_interval"})
+                                           if name != "progress_interval"}, photos=is_colmap(args.data))
     return replace(cfg, dynamic=args.dynamic)
 
 
@@ -252,7 +252,8 @@ def finish(trainer: Trainer, eval_set: Dataset, out: Path, device: str, model: G
     scores = evaluate(model, eval_set, trainer.sh_degree, trainer.cfg.background, trainer.cfg.rasterizer,
                       formation)
     metrics = {**scores, "iterations": trainer.step, "train_seconds": round(trainer.train_seconds, 3),
-               "gaussians": len(model), "device": device_name(device), "image_formation": formation, **extra}
+               "gaussians": len(model), "device": device_name(device), "image_formation": formation,
+               "appearance": trainer.cfg.colour_transforms, **extra}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     return metrics
 

@@ -29,9 +29,10 @@ from .schema import (MAX_TEXT_CHARS, AnyObject, Bool, Fields, Float, Int, Kind, 
                      optional)
 from .settings import BACKGROUND, SPZ_AXES, TRAINING, default
 
-# 18: structure from motion (upload_photo, reconstruct, cancel_reconstruction, fetch_reconstruction and the
-# reconstruction event); 17: load_ply's spz_axes (how an SPZ without a coordinate-system record is read);
-# export_ply writes SOG and glTF names; 16: start_training's payload, a model to continue from that replaces the session's;
+# 19: start_training's appearance (a training setting, so status's settings hold it too); 18: structure from
+# motion (upload_photo, reconstruct, cancel_reconstruction, fetch_reconstruction and the reconstruction event);
+# 17: load_ply's spz_axes (how an SPZ without a coordinate-system record is read); export_ply writes SOG and glTF
+# names; 16: start_training's payload, a model to continue from that replaces the session's;
 # 15: export_ply's `motion` (a 4D model's parameters and motion, for Blender's own splats); 14: convert_model's placement may be any invertible affine map; 13: status's `rendered` (the frames the server has rendered and answered); 12: convert_model (a model the client
 # holds, as a file of another format); 11: start_training's image_formation (a training setting, so status's
 # settings hold it too); 10: load_ply keeps the file in a new session, which opens (its reply names it); status's
@@ -41,7 +42,7 @@ from .settings import BACKGROUND, SPZ_AXES, TRAINING, default
 # writes one (*.pt); status, render and export_ply say whether the model is 4D; 6: render streams; 5: render and
 # export_ply name a session's saved model and a crop box, export_ply a placement; 4: load_ply and export_ply name
 # their files (the splat format); 3: warning events; 2: replies and events declared and checked by the client
-PROTOCOL_VERSION = 18
+PROTOCOL_VERSION = 19
 DEFAULT_PORT = 7380  # where `serve` listens and the add-on looks for a remote backend, unless told otherwise
 MAGIC = b"SPW\x00"
 PREFIX = struct.Struct(">4sI")  # magic, header length

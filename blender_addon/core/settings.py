@@ -18,6 +18,9 @@ FORMATIONS = ("standard", "blender")
 # The axes an SPZ that does not say its own is read in (backend/formats/spz.py): the PLY's, as SuperSplat and
 # splat-transform store them (the default), or RUB, as the SPZ specification says and Niantic's tools store them.
 SPZ_AXES = ("ply", "rub")
+# Per-photo appearance (backend/appearance.py): auto trains it for photos (a COLMAP dataset), whose exposure
+# varies, and not for Blender's captures, whose exposure is constant.
+APPEARANCE = ("auto", "on", "off")
 
 TRAINING = Fields(
     preset=optional(Str(choices=PRESETS), "quality",
@@ -39,6 +42,10 @@ TRAINING = Fields(
                              "the image formation the model is trained for: standard (3DGS viewers) or blender "
                              "(Blender 5.3's native splats: linear-light blending, ray-space splats); the CUDA "
                              "kernels train the standard one"),
+    appearance=optional(Str(choices=APPEARANCE), "auto",
+                        "a colour transform per training photo (gain and offset per channel), trained with the "
+                        "model, for photos whose exposure varies; not part of the model. auto: on for photos (a "
+                        "COLMAP dataset), off for Blender captures"),
 )
 
 # Where a context starts a setting elsewhere than the table does (the table's defaults are the backend's: the
