@@ -217,7 +217,7 @@ def test_a_frame_stream_whose_thread_failed_gives_every_frame_back():
 # ---- training settings ----
 
 def panel(**overrides):
-    values = dict(preset="QUALITY", custom_steps=False, iterations=7000, sh_degree=3, max_gaussians=0,
+    values = dict(source="ORBIT", preset="QUALITY", custom_steps=False, iterations=7000, sh_degree=3, max_gaussians=0,
                   background="WHITE", background_color=(0.5, 0.5, 0.5))
     return SimpleNamespace(**{**values, **overrides})
 
@@ -240,6 +240,8 @@ def test_training_fields_are_start_training_fields():
     np.testing.assert_allclose(checked["background"], [0.1, 0.2, 0.3])
     assert checked["fresh"] is False and checked["checkpoint_every"] == settings.default("checkpoint_every")
     assert training.background_rgb("BLACK", (0.5, 0.5, 0.5)) == [0.0, 0.0, 0.0]
+    assert REQUESTS["start_training"].fields.check(training.training_fields(panel()))["appearance"] == "auto"
+    assert training.training_fields(panel(source="PHOTOS"))["appearance"] == "on"  # the photos' exposure varies
 
 
 def test_training_settings_survive_json():

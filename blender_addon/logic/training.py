@@ -13,13 +13,16 @@ def background_rgb(choice: str, color) -> list[float]:
 
 
 def training_fields(s, fresh: bool = True, native_splats: bool = False) -> dict:
-    """start_training fields of the panel's settings `s` (preset, custom_steps, iterations, sh_degree,
+    """start_training fields of the panel's settings `s` (source, preset, custom_steps, iterations, sh_degree,
     max_gaussians, background, background_color); what the panel leaves to the schedule is not sent. Where
-    Blender draws the splats itself (`native_splats`), the model is trained for the way it draws them."""
+    Blender draws the splats itself (`native_splats`), the model is trained for the way it draws them; real photos
+    (exposure varies between them) train with per-photo appearance."""
     fields = {"preset": s.preset.lower(), "sh_degree": s.sh_degree,
               "background": background_rgb(s.background, s.background_color), "fresh": fresh}
     if native_splats:
         fields["image_formation"] = default("image_formation", NATIVE_CONTEXT)
+    if s.source == "PHOTOS":
+        fields["appearance"] = "on"
     if s.custom_steps:
         fields["iterations"] = s.iterations
     if s.max_gaussians:
