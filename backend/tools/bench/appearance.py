@@ -3,7 +3,7 @@ points, the same steps and seeds) with and without the views' colour transforms,
 plainly and by the fitted protocol (appearance.fitted_psnr). The bar: fitted PSNR at least BAR_DB above off, plain
 PSNR not below it, in the mean over the seeds.
 
-    python -m backend bench appearance [--data tests/data/colmap_skull] [--downscale 6] [--steps 300] [--seeds 0]
+    python -m backend bench appearance --data tests/data/colmap_skull [--downscale 6] [--steps 300] [--seeds 0]
 
 Writes appearance-<scene>-<date>.json and .md into --out (default bench/results); exits 1 when the bar is missed.
 """
@@ -25,15 +25,15 @@ from ...gaussians import Gaussians
 from ...policy import device_name, make_config
 from ...train import Trainer, evaluate
 from ..progress import Progress
-from . import RESULTS, ROOT, git_commit, write_results
+from . import RESULTS, git_commit, write_results
 
-SKULL = ROOT / "tests" / "data" / "colmap_skull"
 BAR_DB = 0.5
 
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m backend bench appearance", description=__doc__.split("\n")[0])
-    p.add_argument("--data", type=Path, default=SKULL, help="a COLMAP capture (default: the skull's 65 photos)")
+    p.add_argument("--data", type=Path, required=True,
+                   help="a COLMAP capture (the skull's 65 photos: tests/data/colmap_skull in a checkout)")
     p.add_argument("--downscale", type=float, default=6.0, help="divide the photos' sizes by this (default: 6)")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--seeds", type=int, nargs="+", default=[0], metavar="SEED")
