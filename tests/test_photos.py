@@ -29,8 +29,8 @@ SKULL = Path(__file__).resolve().parent / "data" / "colmap_skull"
 CHECK = Limits().check
 
 
-# Skull photos that register together at their shipped size (534x356, no EXIF), for a quick check of the dataset
-# written. At that size all 65 do not (bench/results/photos-skull-20261206.md).
+# Skull photos that register together, for a quick check of the dataset written (all 65 take minutes:
+# bench/results/photos-skull-20261206-sfm.md).
 OVERLAPPING = ["35", "36", "37", "38", "39", "47", "48", "49", "50", "53", "54", "55", "56", "64", "65", "66"]
 
 
@@ -40,18 +40,6 @@ def reconstructed(photos: Path, out: Path):
     print(f"\n{photos.name}: {result.registered} of {result.photos} registered, {result.points} points, stages "
           f"{result.seconds}, {time.monotonic() - started:.1f} s in all")
     return result
-
-
-def camera_photo(path: Path, folder: Path) -> None:
-    """A shipped photo as the camera gave it, as far as the shipped ones tell: at the size the shipped model was
-    made from (1068x712, twice the shipped size) and with the EXIF of the original photos (a Canon EOS REBEL T3 at
-    55 mm, 88 mm in 35 mm terms), from which pycolmap takes the focal length."""
-    exif = Image.Exif()
-    exif[0x010F], exif[0x0110] = "Canon", "Canon EOS REBEL T3"  # Make, Model
-    exif.get_ifd(0x8769).update({0x920A: 55.0, 0xA405: 88})  # FocalLength, FocalLengthIn35mmFilm
-    with Image.open(path) as im:
-        im.resize((2 * im.width, 2 * im.height), Image.Resampling.LANCZOS).save(folder / path.name, quality=95,
-                                                                               exif=exif)
 
 
 @pytest.fixture(scope="module")
@@ -65,11 +53,8 @@ def skull(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def skull_photos(tmp_path_factory):
-    """All 65 photos as the camera gave them."""
-    photos = tmp_path_factory.mktemp("camera")
-    for path in sorted((SKULL / "images").iterdir()):
-        camera_photo(path, photos)
-    return reconstructed(photos, tmp_path_factory.mktemp("skull_all"))
+    """All 65 photos as shipped: 534x356, without EXIF (so without a focal length)."""
+    return reconstructed(SKULL / "images", tmp_path_factory.mktemp("skull_all"))
 
 
 def centres_and_rotations(root: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:

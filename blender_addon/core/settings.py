@@ -18,6 +18,9 @@ FORMATIONS = ("standard", "blender")
 # The axes an SPZ that does not say its own is read in (backend/formats/spz.py): the PLY's, as SuperSplat and
 # splat-transform store them (the default), or RUB, as the SPZ specification says and Niantic's tools store them.
 SPZ_AXES = ("ply", "rub")
+# Gaussians a COLMAP capture's sparse points are joined by on a far sphere, for the background that structure from
+# motion leaves without points (backend/gaussians.py's far_field); a Blender capture's points start none.
+FAR_FIELD_POINTS = 2000
 
 TRAINING = Fields(
     preset=optional(Str(choices=PRESETS), "quality",
@@ -29,6 +32,10 @@ TRAINING = Fields(
                            "most Gaussians densification may make (0: no cap; default: the schedule's)"),
     init_points=optional(Maybe(Int(1, 10_000_000)), None,
                          "random initial Gaussians when there are no initial points (default: the schedule's)"),
+    far_field=optional(Maybe(Int(0, 10_000_000)), None,
+                       "Gaussians on a far sphere around the initial points, for the background they miss "
+                       f"(default: {FAR_FIELD_POINTS} for a COLMAP capture's points, none for a Blender capture's; "
+                       "0: none)"),
     background=optional(BACKGROUND, [1.0, 1.0, 1.0], "colour the views are composited over, r,g,b in [0, 1]"),
     checkpoint_every=optional(Int(0, 10_000_000), 500, "steps between checkpoints (0: only at stop and finish)"),
     checkpoint_seconds=optional(Float(0.0, 86_400.0), 30.0,
