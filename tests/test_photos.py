@@ -17,11 +17,11 @@ import pytest
 from PIL import Image
 
 from backend.data import colmap, load_split, prepare
-from backend.data.photos import DISTORTED, reconstruct
+from backend.data.photos import DISTORTED, reconstruct, similarity
 from backend.service.limits import Limits
 from backend.tools import cli
 from blender_addon.core.errors import SplatwrightError
-from helpers import ROOT, simple_radial_capture, similarity
+from helpers import ROOT, simple_radial_capture
 
 pycolmap = pytest.importorskip("pycolmap", reason="pycolmap is not installed (pyproject.toml's dependencies have it)")
 

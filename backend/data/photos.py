@@ -164,6 +164,18 @@ def reconstruct(source: str | Path, out: str | Path, check: LimitCheck,
                           frames.sampled if frames else None)
 
 
+def similarity(source: np.ndarray, target: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+    """The similarity (scale s, rotation R, translation t) taking the points `source` (N, 3) closest to `target`
+    (N, 3) in the least-squares sense, s R x + t (Umeyama 1991)."""
+    mu_s, mu_t = source.mean(axis=0), target.mean(axis=0)
+    a, b = source - mu_s, target - mu_t
+    u, d, vt = np.linalg.svd(b.T @ a / len(source))
+    flip = np.diag([1.0, 1.0, np.sign(np.linalg.det(u @ vt))])
+    rotation = u @ flip @ vt
+    scale = float(np.trace(np.diag(d) @ flip) / (a ** 2).sum(axis=1).mean())
+    return scale, rotation, mu_t - scale * rotation @ mu_s
+
+
 def undistort(model_folder: Path, images: Path, out: Path) -> None:
     """colmap.undistort through this backend's pycolmap."""
     core_colmap.undistort(pycolmap_module(), model_folder, images, out)
