@@ -19,7 +19,8 @@ FORMATIONS = ("standard", "blender")
 # splat-transform store them (the default), or RUB, as the SPZ specification says and Niantic's tools store them.
 SPZ_AXES = ("ply", "rub")
 # Gaussians a COLMAP capture's sparse points are joined by on a far sphere, for the background that structure from
-# motion leaves without points (backend/gaussians.py's far_field); a Blender capture's points start none.
+# motion leaves without points (backend/gaussians.py's far_field); a Blender capture's points start none, and a
+# server session's (whose points do not say where they come from) only where the setting asks.
 FAR_FIELD_POINTS = 2000
 
 TRAINING = Fields(
@@ -34,7 +35,7 @@ TRAINING = Fields(
                          "random initial Gaussians when there are no initial points (default: the schedule's)"),
     far_field=optional(Maybe(Int(0, 10_000_000)), None,
                        "Gaussians on a far sphere around the initial points, for the background they miss "
-                       f"(default: {FAR_FIELD_POINTS} for a COLMAP capture's points, none for a Blender capture's; "
+                       f"(default: {FAR_FIELD_POINTS} for a COLMAP capture's points on the command line, else none; "
                        "0: none)"),
     background=optional(BACKGROUND, [1.0, 1.0, 1.0], "colour the views are composited over, r,g,b in [0, 1]"),
     checkpoint_every=optional(Int(0, 10_000_000), 500, "steps between checkpoints (0: only at stop and finish)"),

@@ -10,7 +10,11 @@ the CPU three times:
 
 Bars: sfm within EXACT_GAP_DB of exact and at least MIN_PSNR held out; the far field above none.
 
-    python -m backend bench video [--steps N] [--downscale D] [--out DIR] [--keep DIR]
+With --surface-points N, no video: the exact cameras, the frames drawn at the training size, and N points drawn
+from the ball's and the ground's Gaussians in their colours (the surfaces structure from motion finds), trained
+with and without the far field. Bar: the far field above none.
+
+    python -m backend bench video [--steps N] [--downscale D] [--surface-points N] [--out DIR] [--keep DIR]
 
 Writes video-<date>.json and .md into --out (default bench/results); exits 1 when a bar is missed.
 """
@@ -28,6 +32,7 @@ import numpy as np
 import torch
 
 from blender_addon.core.cameras import Camera, intrinsics_from_fov_x, look_at
+from blender_addon.core.colmap import TEST_EVERY
 from blender_addon.core.settings import FAR_FIELD_POINTS
 from ...data import colmap, load_split
 from ...data.dataset import Dataset
@@ -35,6 +40,7 @@ from ...data.images import load_rgb, quantise, resized
 from ...data.photos import reconstruct, similarity
 from ...data.video import FRAMES
 from ...gaussians import Gaussians, rgb_to_sh_dc, with_far_field
+from ...sh import SH_C0
 from ...policy import cpu_config
 from ...render import render
 from ...service.limits import Limits
@@ -42,11 +48,12 @@ from ...train import Trainer, evaluate
 from ..progress import Progress
 from . import RESULTS, git_commit, write_results
 
-WIDTH, HEIGHT = 256, 192  # the video's frames
-FRAME_COUNT = 64  # one turn around the object
+WIDTH, HEIGHT = 192, 144  # the video's frames
+FRAME_COUNT = 48  # one turn around the object
 FPS = 8  # the video's rate, and the rate its frames are taken at: every frame
 EXACT_GAP_DB = 1.0
 MIN_PSNR = 25.0
+SURFACE = 13_000  # textured_scene's first Gaussians: the ball's and the ground's
 
 
 def textured_scene(seed: int = 0) -> Gaussians:
@@ -65,7 +72,7 @@ def textured_scene(seed: int = 0) -> Gaussians:
     ball = 0.5 * ball / np.linalg.norm(ball, axis=1, keepdims=True) + [0.0, 0.0, 0.5]
     radius, angle = 3.0 * np.sqrt(rng.uniform(size=8000)), rng.uniform(0, 2 * np.pi, 8000)
     ground = np.stack([radius * np.cos(angle), radius * np.sin(angle), np.zeros(8000)], axis=1)
-    sky = rng.normal(size=(1500, 3))
+    sky = rng.normal(size=(400, 3))
     sky = 20.0 * sky / np.linalg.norm(sky, axis=1, keepdims=True)
     elevation = np.clip(sky[:, 2] / 20.0, 0.0, 1.0)[:, None]
     sky_colour = (1 - elevation) * [0.85, 0.88, 0.92] + elevation * [0.35, 0.55, 0.85]
@@ -73,7 +80,7 @@ def textured_scene(seed: int = 0) -> Gaussians:
     means = np.concatenate([ball, ground, sky])
     colours = np.concatenate([texture(ball), texture(ground), sky_colour])
     scales = np.concatenate([np.full((5000, 3), 0.025), np.tile([0.045, 0.045, 0.004], (8000, 1)),
-                             np.full((1500, 3), 2.2)])
+                             np.full((400, 3), 3.0)])
     n = len(means)
     quats = torch.zeros(n, 4)
     quats[:, 0] = 1.0
@@ -159,13 +166,35 @@ def train(data: Dataset, test: Dataset, xyz: np.ndarray, rgb: np.ndarray, far: i
             "seconds": time.monotonic() - start}
 
 
+def surface_runs(points: int, steps: int, downscale: float) -> tuple[dict, dict]:
+    """The far field against none on the exact cameras, from `points` of the scene's surfaces (--surface-points);
+    (the runs, what they ran on)."""
+    model = textured_scene()
+    cameras = orbit(FRAME_COUNT, round(WIDTH / downscale), round(HEIGHT / downscale))
+    images = [torch.from_numpy(frame) for frame in draw(model, cameras)]
+    held = [i % TEST_EVERY == 0 for i in range(FRAME_COUNT)]
+    split = [Dataset([c for c, h in zip(cameras, held) if h == test], [im for im, h in zip(images, held) if h == test],
+                     [str(i) for i, h in enumerate(held) if h == test]) for test in (False, True)]
+    chosen = np.random.default_rng(1).choice(SURFACE, points, replace=False)
+    xyz = model.means[chosen].numpy()
+    rgb = (model.sh_dc[chosen, 0].numpy() * SH_C0 + 0.5).clip(0, 1) * 255 + 0.5
+    runs = {"far_field": train(split[0], split[1], xyz, rgb.astype(np.uint8), FAR_FIELD_POINTS, steps, "far field"),
+            "no_far_field": train(split[0], split[1], xyz, rgb.astype(np.uint8), 0, steps, "no far field")}
+    return runs, {"train_views": len(split[0]), "test_views": len(split[1]), "train_size": [cameras[0].width,
+                                                                                             cameras[0].height]}
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m backend bench video", description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=1500, help="training steps of each run")
+    p.add_argument("--steps", type=int, default=600, help="training steps of each run")
     p.add_argument("--downscale", type=float, default=2.0, help="training and scoring size: the frames' / D")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--keep", type=Path, help="keep the video and the reconstruction in this folder")
+    p.add_argument("--surface-points", type=int, help="no video: the far field on the exact cameras from this many "
+                   "points of the scene's surfaces")
     args = p.parse_args(argv)
+    if args.surface_points:
+        return surface_main(args)
     work = args.keep or Path(tempfile.mkdtemp(prefix="splatwright-bench-video-"))
     work.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()[0]
@@ -215,3 +244,24 @@ def main(argv: list[str]) -> int:
         f"{passed['sfm_psnr']}; far field above none: {passed['far_field_helps']}."])
     write_results(args.out, f"video-{now.strftime('%Y%m%d-%H%M')}", out, report)
     return 0 if all(passed.values()) else 1
+
+
+def surface_main(args) -> int:
+    load_before = os.getloadavg()[0]
+    runs, ran = surface_runs(args.surface_points, args.steps, args.downscale)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    out = {"benchmark": "video", "mode": "surface points", "date": now.strftime("%Y-%m-%d %H:%M UTC"),
+           "commit": git_commit(), "frames": FRAME_COUNT, "surface_points": args.surface_points, **ran,
+           "steps": args.steps, "far_field": FAR_FIELD_POINTS, "threads": torch.get_num_threads(),
+           "load_average": [load_before, os.getloadavg()[0]], "runs": runs}
+    report = "\n".join([
+        f"The far-field start on the exact cameras (CPU), {FRAME_COUNT} views of the textured scene drawn at "
+        f"{ran['train_size'][0]}x{ran['train_size'][1]}, {ran['train_views']} trained on and {ran['test_views']} "
+        f"held out, from {args.surface_points} points of the ball and the ground, {args.steps} steps; commit "
+        f"{out['commit']}, {out['date']}, {out['threads']} threads (1-minute load average {load_before:.1f} before, "
+        f"{out['load_average'][1]:.1f} after)", "",
+        "| run | held-out PSNR | SSIM | Gaussians | train s |", "|---|---:|---:|---:|---:|",
+        *[f"| {name} | {r['psnr']:.2f} | {r['ssim']:.3f} | {r['gaussians']} | {r['seconds']:.0f} |"
+          for name, r in runs.items()]])
+    write_results(args.out, f"video-surface-{now.strftime('%Y%m%d-%H%M')}", out, report)
+    return 0 if runs["far_field"]["psnr"] > runs["no_far_field"]["psnr"] else 1
