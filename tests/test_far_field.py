@@ -12,6 +12,7 @@ from backend.gaussians import FAR_FIELD_RADIUS, far_field
 from backend.tools import cli
 from blender_addon.core.settings import FAR_FIELD_POINTS
 from helpers import orbit_cameras, write_capture
+from server_helpers import png_bytes, wait_for
 
 WIDTH, HEIGHT = 40, 30
 
@@ -69,3 +70,17 @@ def test_train_joins_a_colmap_captures_points_with_the_far_field_and_a_points_fi
     assert "starting from the 153 points" in err and "far-field" not in err and gaussians == 153
     gaussians, err = trained_gaussians(capsys, mixed_size_scene, tmp_path / "forced", "--far-field", "40")
     assert "and 40 far-field points" in err and gaussians == 193
+
+
+def test_a_server_session_starts_far_field_points_only_where_asked(tmp_path, start_server, scene):
+    """A session's points say not where they come from: none unless start_training's far_field asks."""
+    model, cameras, images = scene
+    client = start_server(tmp_path / "work").client()
+    client.call("open_session", name="far")
+    for cam, image in zip(cameras, images):
+        client.add_view(cam, png_bytes(image))
+    client.set_points(model.means.numpy(), np.full((len(model), 3), 128, np.uint8))
+    for far, expected in ((None, len(model)), (25, len(model) + 25)):
+        client.call("start_training", fresh=True, iterations=1, progress_interval=0.05,
+                    **({} if far is None else {"far_field": far}))
+        wait_for(client, lambda e: e["event"] == "state" and e["state"] == "finished" and e["gaussians"] == expected)
