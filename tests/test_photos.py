@@ -85,8 +85,13 @@ def check_against_the_shipped_model(result) -> None:
 
 @pytest.mark.slow
 def test_all_the_skulls_photos_register_where_the_shipped_model_has_them(skull_photos):
+    """Found features on at twice their size, their camera calibrating itself (they have no EXIF)."""
     assert skull_photos.registered >= 60, skull_photos
     check_against_the_shipped_model(skull_photos)
+    camera, = pycolmap.Reconstruction(str(skull_photos.folder / DISTORTED / "sparse" / "0")).cameras.values()
+    shipped, = pycolmap.Reconstruction(str(SKULL / "sparse")).cameras.values()
+    assert (camera.width, camera.height) == (534, 356)  # the features' positions scaled back to the photos
+    assert abs(camera.focal_length / shipped.mean_focal_length - 1) < 0.05, camera
 
 
 def test_the_dataset_written_loads_every_registered_photo(skull):

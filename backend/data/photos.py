@@ -117,8 +117,8 @@ def reconstruct(source: str | Path, out: str | Path, check: LimitCheck,
                 cancel: threading.Event | None = None) -> Reconstruction:
     """Structure from motion from the photos in the folder `source`, or from the frames of the video `source`
     taken `rate` a second, to a COLMAP capture folder `out` (the module's docstring says how).
-    `max_image_size`: the longest side features are found at (photos are scaled down to it for SIFT; the
-    undistorted images keep their size up to MAX_IMAGE_SIDE). Cancelled once `cancel` is set."""
+    `max_image_size`: the longest side features are found at (photos are scaled down to it for SIFT, and a small
+    photo is doubled only where twice its size fits; the undistorted images keep their size up to MAX_IMAGE_SIDE). Cancelled once `cancel` is set."""
     pycolmap = pycolmap_module()
     source, out = Path(source), Path(out)
     out.mkdir(parents=True, exist_ok=True)
