@@ -91,7 +91,7 @@ def test_all_the_skulls_photos_register_where_the_shipped_model_has_them(skull_p
     camera, = pycolmap.Reconstruction(str(skull_photos.folder / DISTORTED / "sparse" / "0")).cameras.values()
     shipped, = pycolmap.Reconstruction(str(SKULL / "sparse")).cameras.values()
     assert (camera.width, camera.height) == (534, 356)  # the features' positions scaled back to the photos
-    assert abs(camera.focal_length / shipped.mean_focal_length - 1) < 0.05, camera
+    assert abs(camera.focal_length / shipped.mean_focal_length() - 1) < 0.05, camera
 
 
 def test_the_dataset_written_loads_every_registered_photo(skull):
