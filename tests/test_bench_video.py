@@ -27,7 +27,8 @@ def test_each_frame_taken_from_the_video_gets_the_camera_it_was_drawn_from(tmp_p
                             rate=bench.FPS)
     names = sorted(p.stem for p in frames.folder.iterdir())
     assert [bench.frame_index(name) for name in names] == list(range(FRAMES))
-    sfm = Dataset(cameras, [torch.zeros((48, 64, 3), dtype=torch.uint8)] * FRAMES, names)  # stands for the registered views
+    # Stands for the registered views: exact_split takes their names alone.
+    sfm = Dataset(cameras, [torch.zeros((48, 64, 3), dtype=torch.uint8)] * FRAMES, names)
     exact = bench.exact_split(tmp_path, sfm, bench.orbit(FRAMES * 8, 64, 48), downscale=1.0)
     for i, (cam, image) in enumerate(zip(exact.cameras, exact.images)):
         error = [np.abs(image.numpy().astype(float) - frame).mean() for frame in drawn]

@@ -118,7 +118,8 @@ def reconstruct(source: str | Path, out: str | Path, check: LimitCheck,
     """Structure from motion from the photos in the folder `source`, or from the frames of the video `source`
     taken `rate` a second, to a COLMAP capture folder `out` (the module's docstring says how).
     `max_image_size`: the longest side features are found at (photos are scaled down to it for SIFT, and a small
-    photo is doubled only where twice its size fits; the undistorted images keep their size up to MAX_IMAGE_SIDE). Cancelled once `cancel` is set."""
+    photo is doubled only where twice its size fits; the undistorted images keep their size up to
+    MAX_IMAGE_SIDE). Cancelled once `cancel` is set."""
     pycolmap = pycolmap_module()
     source, out = Path(source), Path(out)
     out.mkdir(parents=True, exist_ok=True)
