@@ -128,6 +128,52 @@ class Gaussians:
         return cls.from_points(points, colors, sh_degree)
 
 
+# The far field's sphere lies this many times as far from the points' centre as the farthest camera, or the
+# bulk of the points where they reach farther.
+FAR_FIELD_RADIUS = 2.0
+FAR_FIELD_BULK = 95  # the percentile of the points' distances from their centre that is their bulk's reach
+
+
+def far_field(cameras, images, xyz: np.ndarray, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """`count` points for what lies beyond a capture's sparse points (a far background the structure from motion
+    left without points, as trainers of unbounded scenes start one): where rays through random pixels of random
+    views (`cameras` with their uint8 (H, W, 3) `images`) leave a sphere around the points' median, of
+    FAR_FIELD_RADIUS times the reach of the cameras or the points' bulk, each in its pixel's colour. A few
+    points far from the rest move neither the centre nor the radius. (positions (count, 3), uint8 colours)."""
+    rng = np.random.default_rng(seed)
+    xyz = np.asarray(xyz, dtype=np.float64)
+    centre = np.median(xyz, axis=0)
+    positions = np.stack([cam.position for cam in cameras])
+    reach = max(float(np.linalg.norm(positions - centre, axis=1).max()),
+                float(np.percentile(np.linalg.norm(xyz - centre, axis=1), FAR_FIELD_BULK)))
+    radius = FAR_FIELD_RADIUS * reach
+    views = rng.integers(0, len(cameras), count)
+    out_xyz, out_rgb = np.empty((count, 3), np.float32), np.empty((count, 3), np.uint8)
+    for i in np.unique(views):
+        rows = np.flatnonzero(views == i)
+        cam, image = cameras[i], images[i]
+        x, y = rng.random(len(rows)) * cam.width, rng.random(len(rows)) * cam.height  # pixel i spans [i, i + 1)
+        rays = np.linalg.solve(cam.K, np.stack([x, y, np.ones_like(x)]))  # camera space, z = 1
+        d = (cam.c2w[:3, :3] @ rays).T
+        d /= np.linalg.norm(d, axis=1, keepdims=True)
+        o = cam.position - centre  # inside the sphere: each ray leaves it once, at t > 0
+        b = d @ o
+        t = -b + np.sqrt(b * b - (o @ o - radius * radius))
+        out_xyz[rows] = centre + o + t[:, None] * d
+        out_rgb[rows] = torch.as_tensor(image)[torch.from_numpy(y.astype(np.int64)),
+                                               torch.from_numpy(x.astype(np.int64))].cpu().numpy()
+    return out_xyz, out_rgb
+
+
+def with_far_field(xyz: np.ndarray, rgb: np.ndarray, cameras, images, count: int,
+                   seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The points (positions, uint8 colours) with `count` far-field points after them (far_field)."""
+    if not count:
+        return xyz, rgb
+    far_xyz, far_rgb = far_field(cameras, images, xyz, count, seed)
+    return np.concatenate([np.asarray(xyz, np.float32), far_xyz]), np.concatenate([np.asarray(rgb, np.uint8), far_rgb])
+
+
 def quat_multiply(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Hamilton product a b of quaternions (..., 4) in (w, x, y, z) order: b's rotation, then a's."""
     aw, av = a[..., :1], a[..., 1:]

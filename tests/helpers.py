@@ -344,18 +344,6 @@ def assert_bombs_refused(files: dict[str, tuple[bytes, str]], folder: Path, rise
     assert not (folder / "out.ply").exists()
 
 
-def similarity(source: np.ndarray, target: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
-    """The similarity (scale s, rotation R, translation t) taking the points `source` (N, 3) closest to `target`
-    (N, 3) in the least-squares sense, s R x + t (Umeyama 1991)."""
-    mu_s, mu_t = source.mean(axis=0), target.mean(axis=0)
-    a, b = source - mu_s, target - mu_t
-    u, d, vt = np.linalg.svd(b.T @ a / len(source))
-    flip = np.diag([1.0, 1.0, np.sign(np.linalg.det(u @ vt))])
-    rotation = u @ flip @ vt
-    scale = float(np.trace(np.diag(d) @ flip) / (a ** 2).sum(axis=1).mean())
-    return scale, rotation, mu_t - scale * rotation @ mu_s
-
-
 def simple_radial_capture(folder: Path) -> Path:
     """The skull's photos with its model's camera made SIMPLE_RADIAL (a small k), as `colmap mapper` leaves a
     capture; made with pycolmap."""

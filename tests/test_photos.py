@@ -17,11 +17,11 @@ import pytest
 from PIL import Image
 
 from backend.data import colmap, load_split, prepare
-from backend.data.photos import DATABASE, _forget_other_photos, list_photos, reconstruct
+from backend.data.photos import DATABASE, DISTORTED, _forget_other_photos, list_photos, reconstruct, similarity
 from backend.service.limits import Limits
 from backend.tools import cli
 from blender_addon.core.errors import SplatwrightError
-from helpers import ROOT, simple_radial_capture, similarity
+from helpers import ROOT, simple_radial_capture
 
 pycolmap = pytest.importorskip("pycolmap", reason="pycolmap is not installed (pyproject.toml's dependencies have it)")
 
@@ -29,29 +29,17 @@ SKULL = Path(__file__).resolve().parent / "data" / "colmap_skull"
 CHECK = Limits().check
 
 
-# Skull photos that register together at their shipped size (534x356, no EXIF), for a quick check of the dataset
-# written. At that size all 65 do not (bench/results/photos-skull-20261206.md).
+# Skull photos that register together, for a quick check of the dataset written (all 65 take minutes:
+# bench/results/photos-skull-20261206-sfm.md).
 OVERLAPPING = ["35", "36", "37", "38", "39", "47", "48", "49", "50", "53", "54", "55", "56", "64", "65", "66"]
 
 
-def reconstructed(photos: Path, out: Path):
+def reconstructed(photos: Path, out: Path, **options):
     started = time.monotonic()
-    result = reconstruct(photos, out, CHECK)
+    result = reconstruct(photos, out, CHECK, **options)
     print(f"\n{photos.name}: {result.registered} of {result.photos} registered, {result.points} points, stages "
           f"{result.seconds}, {time.monotonic() - started:.1f} s in all")
     return result
-
-
-def camera_photo(path: Path, folder: Path) -> None:
-    """A shipped photo as the camera gave it, as far as the shipped ones tell: at the size the shipped model was
-    made from (1068x712, twice the shipped size) and with the EXIF of the original photos (a Canon EOS REBEL T3 at
-    55 mm, 88 mm in 35 mm terms), from which pycolmap takes the focal length."""
-    exif = Image.Exif()
-    exif[0x010F], exif[0x0110] = "Canon", "Canon EOS REBEL T3"  # Make, Model
-    exif.get_ifd(0x8769).update({0x920A: 55.0, 0xA405: 88})  # FocalLength, FocalLengthIn35mmFilm
-    with Image.open(path) as im:
-        im.resize((2 * im.width, 2 * im.height), Image.Resampling.LANCZOS).save(folder / path.name, quality=95,
-                                                                               exif=exif)
 
 
 @pytest.fixture(scope="module")
@@ -60,16 +48,14 @@ def skull(tmp_path_factory):
     photos = tmp_path_factory.mktemp("overlapping")
     for name in OVERLAPPING:
         shutil.copy(SKULL / "images" / f"{name}.jpg", photos)
-    return reconstructed(photos, tmp_path_factory.mktemp("skull"))
+    # At their own size: twice it (small photos' features) takes minutes, and the slow test below does it.
+    return reconstructed(photos, tmp_path_factory.mktemp("skull"), max_image_size=534)
 
 
 @pytest.fixture(scope="module")
 def skull_photos(tmp_path_factory):
-    """All 65 photos as the camera gave them."""
-    photos = tmp_path_factory.mktemp("camera")
-    for path in sorted((SKULL / "images").iterdir()):
-        camera_photo(path, photos)
-    return reconstructed(photos, tmp_path_factory.mktemp("skull_all"))
+    """All 65 photos as shipped: 534x356, without EXIF (so without a focal length)."""
+    return reconstructed(SKULL / "images", tmp_path_factory.mktemp("skull_all"))
 
 
 def centres_and_rotations(root: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -99,8 +85,13 @@ def check_against_the_shipped_model(result) -> None:
 
 @pytest.mark.slow
 def test_all_the_skulls_photos_register_where_the_shipped_model_has_them(skull_photos):
+    """Found features on at twice their size, their camera calibrating itself (they have no EXIF)."""
     assert skull_photos.registered >= 60, skull_photos
     check_against_the_shipped_model(skull_photos)
+    camera, = pycolmap.Reconstruction(str(skull_photos.folder / DISTORTED / "sparse" / "0")).cameras.values()
+    shipped, = pycolmap.Reconstruction(str(SKULL / "sparse")).cameras.values()
+    assert (camera.width, camera.height) == (534, 356)  # the features' positions scaled back to the photos
+    assert abs(camera.focal_length / shipped.mean_focal_length() - 1) < 0.05, camera
 
 
 def test_the_dataset_written_loads_every_registered_photo(skull):

@@ -4,14 +4,17 @@ COLMAP loader (colmap.py) reads, with undistorted images and the sparse points t
 The stages, each reporting progress as (stage, done, total):
 
 0. decoding, for a video: its frames taken at a rate into OUT/frames (video.py), the photos from then on.
-1. features: SIFT on each photo. Photos of one camera share one camera model (SIMPLE_RADIAL, its focal length
-   from EXIF where the photo has it, else pycolmap's guess): photos whose sizes and EXIF make, model and focal
-   length agree are one camera.
+1. features: SIFT on each photo; a small photo (longest side under SMALL_PHOTO) is found features on at twice its
+   size (SIFT finds few on a small photo of a smooth subject), their positions then scaled back to the photo.
+   Photos of one camera share one camera model (SIMPLE_RADIAL, its focal length from EXIF where the photo has it,
+   else pycolmap's guess): photos whose sizes and EXIF make, model and focal length agree are one camera.
 2. matching: every pair of photos up to EXHAUSTIVE_UP_TO photos; beyond, and for a video's frames whatever their
    count, each photo with its neighbours in name order (sequential matching, for photos taken walking around);
    guided by each pair's verified geometry.
 3. mapping: incremental mapping; the model that registers the most photos is kept, before undistortion in
-   OUT/distorted/sparse/0.
+   OUT/distorted/sparse/0. Where a camera's focal length was a guess (no EXIF), the mapping runs twice: the
+   first model's refined focal length becomes the camera's known one, the pairs are verified again with it
+   (a calibrated pair's geometry is the stronger), and the second mapping starts from there (self-calibration).
 4. undistortion: the kept model's photos resampled to a pinhole camera, into OUT/images and OUT/sparse, the
    layout `colmap image_undistorter` writes (without its stereo/ folder and scripts, which training needs not;
    blender_addon/core/colmap.py's undistort, which the add-on also runs).
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 from PIL import Image
 
 from blender_addon.core.codecs import MAX_IMAGE_SIDE
@@ -47,6 +51,8 @@ VIDEO_RECORD = "video.json"  # which video, and at which rate, the database's fr
 PHOTOS_RECORD = "photos.json"  # the photos the database holds: each one's name and the SHA-256 of its bytes
 EXHAUSTIVE_UP_TO = 100  # photos matched every pair with every pair; more are matched sequentially
 EXTRACT_CHUNK = 8  # photos per feature-extraction call, between progress reports
+SMALL_PHOTO = 1000  # photos whose longest side is under this many pixels are found features on at twice their size
+UPSCALED = "upscaled"  # OUT/upscaled: the small photos at twice their size while their features are found
 MATCH_CHUNK = 200  # image pairs per matching call, between progress reports
 MIN_REGISTERED = 3  # a model needs at least this many photos, and at least half of them, to train on
 PHOTOS_ADVICE = ("the photos likely overlap too little or are blurred: take them closer together, each seeing much of "
@@ -113,8 +119,9 @@ def reconstruct(source: str | Path, out: str | Path, check: LimitCheck,
                 cancel: threading.Event | None = None) -> Reconstruction:
     """Structure from motion from the photos in the folder `source`, or from the frames of the video `source`
     taken `rate` a second, to a COLMAP capture folder `out` (the module's docstring says how).
-    `max_image_size`: the longest side features are found at (photos are scaled down to it for SIFT; the
-    undistorted images keep their size up to MAX_IMAGE_SIDE). Cancelled once `cancel` is set."""
+    `max_image_size`: the longest side features are found at (photos are scaled down to it for SIFT, and a small
+    photo is doubled only where twice its size fits; the undistorted images keep their size up to
+    MAX_IMAGE_SIDE). Cancelled once `cancel` is set."""
     pycolmap = pycolmap_module()
     source, out = Path(source), Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -139,11 +146,13 @@ def reconstruct(source: str | Path, out: str | Path, check: LimitCheck,
     folder = frames.folder if frames else source
     photos = list_photos(folder, check)
     _forget_other_photos(out, folder, photos)
-    _extract(pycolmap, database, folder, photos, max_image_size, report)
+    _extract(pycolmap, database, folder, out / UPSCALED, photos, max_image_size, report)
     stage_done("features")
-    _match(pycolmap, database, out / PAIRS, len(photos), frames is not None, report)
+    pairs = _pairs(pycolmap, database, len(photos), frames is not None)
+    _match(pycolmap, database, out / PAIRS, pairs, report)
     stage_done("matching")
-    model = _map(pycolmap, database, folder, out / DISTORTED, len(photos), report)
+    model = _map(pycolmap, database, folder, out / DISTORTED, len(photos), report,
+                 lambda: _match(pycolmap, database, out / PAIRS, pairs, lambda *a: None))
     registered = model.num_reg_images() if model is not None else 0
     if registered < MIN_REGISTERED or 2 * registered < len(photos):
         raise SplatwrightError(
@@ -157,6 +166,18 @@ def reconstruct(source: str | Path, out: str | Path, check: LimitCheck,
     stage_done("undistortion")
     return Reconstruction(out, model.num_reg_images(), len(photos), model.num_points3D(), seconds,
                           frames.sampled if frames else None)
+
+
+def similarity(source: np.ndarray, target: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+    """The similarity (scale s, rotation R, translation t) taking the points `source` (N, 3) closest to `target`
+    (N, 3) in the least-squares sense, s R x + t (Umeyama 1991)."""
+    mu_s, mu_t = source.mean(axis=0), target.mean(axis=0)
+    a, b = source - mu_s, target - mu_t
+    u, d, vt = np.linalg.svd(b.T @ a / len(source))
+    flip = np.diag([1.0, 1.0, np.sign(np.linalg.det(u @ vt))])
+    rotation = u @ flip @ vt
+    scale = float(np.trace(np.diag(d) @ flip) / (a ** 2).sum(axis=1).mean())
+    return scale, rotation, mu_t - scale * rotation @ mu_s
 
 
 def undistort(model_folder: Path, images: Path, out: Path) -> None:
@@ -206,23 +227,37 @@ def pycolmap_module():
     return pycolmap
 
 
-def _extract(pycolmap, database: Path, folder: Path, photos: list[Photo], max_image_size: int,
+def upscale_factor(photo: Photo, max_image_size: int) -> int:
+    """How many times its size a photo is found features on: 2 for a small photo (SMALL_PHOTO) where twice its
+    size fits `max_image_size`, else 1."""
+    longest = max(photo.width, photo.height)
+    return 2 if longest < SMALL_PHOTO and 2 * longest <= max_image_size else 1
+
+
+def _extract(pycolmap, database: Path, folder: Path, upscaled: Path, photos: list[Photo], max_image_size: int,
              progress: ProgressCallback) -> None:
-    """SIFT features of every photo not yet in the database, one camera for each group of photos of one camera."""
+    """SIFT features of every photo not yet in the database, one camera for each group of photos of one camera;
+    a small photo's found on a copy at twice its size in `upscaled` (upscale_factor), then scaled back."""
     options = pycolmap.FeatureExtractionOptions()
     options.max_image_size = max_image_size
-    groups: dict[tuple, list[str]] = {}
-    for photo in photos:
-        groups.setdefault(photo.camera, []).append(photo.name)
-    done = 0
+    with pycolmap.Database.open(str(database)) as db:
+        new = [photo for photo in photos if not db.exists_image(photo.name)]
+    groups: dict[tuple, list[Photo]] = {}
+    for photo in new:
+        groups.setdefault(photo.camera, []).append(photo)
+    done = len(photos) - len(new)
     progress("features", done, len(photos))
-    for names in groups.values():
+    for group in groups.values():
+        factor = upscale_factor(group[0], max_image_size)
+        source = upscaled if factor > 1 else folder
         camera_id = -1  # the group's camera, once its first photos made it
-        for start in range(0, len(names), EXTRACT_CHUNK):
-            chunk = names[start:start + EXTRACT_CHUNK]
+        for start in range(0, len(group), EXTRACT_CHUNK):
+            chunk = [photo.name for photo in group[start:start + EXTRACT_CHUNK]]
+            if factor > 1:
+                _upscale(folder, upscaled, chunk, factor)
             reader = pycolmap.ImageReaderOptions()
             reader.existing_camera_id = camera_id
-            pycolmap.extract_features(str(database), str(folder), image_names=chunk,
+            pycolmap.extract_features(str(database), str(source), image_names=chunk,
                                       camera_mode=pycolmap.CameraMode.SINGLE, reader_options=reader,
                                       extraction_options=options, device=pycolmap.Device.cpu)
             with pycolmap.Database.open(str(database)) as db:
@@ -231,19 +266,52 @@ def _extract(pycolmap, database: Path, folder: Path, photos: list[Photo], max_im
                 camera_id = known[0].camera_id
             done += len(chunk)
             progress("features", done, len(photos))
+        if factor > 1 and camera_id != -1:
+            _scale_back(pycolmap, database, camera_id, group, factor)
+    shutil.rmtree(upscaled, ignore_errors=True)
 
 
-def _match(pycolmap, database: Path, pairs_file: Path, count: int, sequential: bool,
-           progress: ProgressCallback) -> None:
-    """Match the pairs of photos the pairing chooses (`sequential`: each with its neighbours, whatever the count);
-    pairs matched before are not matched again."""
+def _upscale(folder: Path, upscaled: Path, names: list[str], factor: int) -> None:
+    """The photos `names` of `folder` at `factor` times their size into `upscaled`, with their EXIF (from which
+    pycolmap takes a focal length, in pixels of the size it reads)."""
+    shutil.rmtree(upscaled, ignore_errors=True)  # the chunk before's
+    upscaled.mkdir(parents=True)
+    for name in names:
+        with Image.open(folder / name) as im:
+            exif = im.getexif()
+            im.resize((factor * im.width, factor * im.height), Image.Resampling.LANCZOS).save(
+                upscaled / name, quality=95, exif=exif)
+
+
+def _scale_back(pycolmap, database: Path, camera_id: int, group: list[Photo], factor: int) -> None:
+    """The camera and keypoints of photos whose features were found at `factor` times their size, at their own
+    size (positions and shapes divided by `factor`: COLMAP's coordinates scale with the image)."""
+    with pycolmap.Database.open(str(database)) as db:
+        camera = db.read_camera(camera_id)
+        camera.rescale(group[0].width, group[0].height)
+        db.update_camera(camera)
+        for photo in group:
+            if db.exists_image(photo.name):
+                image_id = db.read_image_with_name(photo.name).image_id
+                db.update_keypoints(image_id, db.read_keypoints(image_id) / np.float32(factor))
+
+
+def _pairs(pycolmap, database: Path, count: int, sequential: bool) -> list[tuple[str, str]]:
+    """The pairs of photos to match: every pair up to EXHAUSTIVE_UP_TO photos, else (and where `sequential`,
+    whatever the count) each with its neighbours in name order."""
     with pycolmap.Database.open(str(database)) as db:
         if count <= EXHAUSTIVE_UP_TO and not sequential:
             generator = pycolmap.ExhaustivePairGenerator(pycolmap.ExhaustivePairingOptions(), db)
         else:
             generator = pycolmap.SequentialPairGenerator(pycolmap.SequentialPairingOptions(), db)
         names = {image.image_id: image.name for image in db.read_all_images()}
-        pairs = [(names[a], names[b]) for a, b in generator.all_pairs()]
+        return [(names[a], names[b]) for a, b in generator.all_pairs()]
+
+
+def _match(pycolmap, database: Path, pairs_file: Path, pairs: list[tuple[str, str]],
+           progress: ProgressCallback) -> None:
+    """Match `pairs` and verify their geometry; pairs matched before are not matched again, and those whose
+    geometry is not in the database are verified again."""
     matching = pycolmap.FeatureMatchingOptions()
     matching.guided_matching = True  # after verification, matches along the epipolar lines too: more photos register
     progress("matching", 0, len(pairs))
@@ -257,26 +325,53 @@ def _match(pycolmap, database: Path, pairs_file: Path, count: int, sequential: b
         progress("matching", start + len(chunk), len(pairs))
 
 
-def _map(pycolmap, database: Path, folder: Path, out: Path, count: int, progress: ProgressCallback):
-    """Incremental mapping; the model registering the most photos (None where it made none), written to
-    OUT/sparse/0 (`out` is the distorted folder)."""
+def _map(pycolmap, database: Path, folder: Path, out: Path, count: int, progress: ProgressCallback,
+         verify_again: Callable[[], None]):
+    """Incremental mapping, twice where a camera's focal length is a guess (the module's docstring); the model
+    registering the most photos (None where it made none), written to OUT/sparse/0 (`out` is the distorted
+    folder). `verify_again()` verifies the pairs whose geometry was cleared."""
     shutil.rmtree(out, ignore_errors=True)
     models = out / "models"
-    models.mkdir(parents=True)
+    with pycolmap.Database.open(str(database)) as db:
+        guessed = {camera.camera_id for camera in db.read_all_cameras() if not camera.has_prior_focal_length}
+    total = (2 if guessed else 1) * count
     placed = [0]
 
     def next_image() -> None:
         placed[0] += 1
-        progress("mapping", min(placed[0], count), count)
+        progress("mapping", min(placed[0], total), total)
 
-    progress("mapping", 0, count)
-    found = pycolmap.incremental_mapping(str(database), str(folder), str(models), next_image_callback=next_image)
-    model = max(found.values(), key=lambda m: m.num_reg_images(), default=None)
+    progress("mapping", 0, total)
+    model = _largest_model(pycolmap, database, folder, models, next_image)
+    calibrated = guessed & set(model.cameras) if model is not None else set()
+    if calibrated:
+        with pycolmap.Database.open(str(database)) as db:
+            for camera_id in calibrated:
+                camera = db.read_camera(camera_id)
+                params = camera.params
+                for i in camera.focal_length_idxs():
+                    params[i] = model.cameras[camera_id].params[i]
+                camera.params, camera.has_prior_focal_length = params, True
+                db.update_camera(camera)
+            db.clear_two_view_geometries()
+        verify_again()
+        placed[0] = count
+        second = _largest_model(pycolmap, database, folder, models, next_image)
+        if second is not None and second.num_reg_images() >= model.num_reg_images():
+            model = second
     if model is None:
         return None
-    progress("mapping", count, count)
+    progress("mapping", total, total)
     final = out / "sparse" / "0"
     final.mkdir(parents=True)
     model.write(str(final))
     shutil.rmtree(models)
     return model
+
+
+def _largest_model(pycolmap, database: Path, folder: Path, models: Path, next_image: Callable[[], None]):
+    """Incremental mapping into `models` (emptied first); the model that registers the most photos, or None."""
+    shutil.rmtree(models, ignore_errors=True)
+    models.mkdir(parents=True)
+    found = pycolmap.incremental_mapping(str(database), str(folder), str(models), next_image_callback=next_image)
+    return max(found.values(), key=lambda m: m.num_reg_images(), default=None)

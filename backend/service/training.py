@@ -16,7 +16,7 @@ from blender_addon.core import protocol
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.settings import TRAINING
 from ..dynamic import DynamicGaussians
-from ..gaussians import Gaussians
+from ..gaussians import Gaussians, with_far_field
 from ..policy import make_config
 from ..train import TrainConfig, Trainer
 from .frames import view_rgb
@@ -149,6 +149,7 @@ class Training:
             raise SplatwrightError(f"session {session.name!r} trains a 4D model (its views have times), and a model "
                                    "sent to continue from is static; continue without it, or start over")
         self.limits.check("points", settings["init_points"] or 0, "init_points")
+        self.limits.check("points", settings["far_field"] or 0, "far_field")
         with shown.lock:
             if fields["fresh"]:
                 shown.trainer = None
@@ -265,12 +266,15 @@ class Training:
         """The set-up of a run from scratch; run on the training thread, InterruptedError once stopped."""
         session = self.shown.session
         views, points = len(session.cameras), session.points  # what it has now; views added later join after
+        data = session.dataset(cfg.background, views)
         gaussians = None
         if points is not None:
             start = time.monotonic()
+            # The session's points say not where they come from: far-field points only where asked for.
+            points = with_far_field(*points, data.cameras, data.images, self.settings["far_field"] or 0, cfg.seed)
             gaussians = Gaussians.from_point_cloud(*points, cfg.sh_degree, self.device, cancelled=self._stopping)
             log(f"initial Gaussians from {len(points[0])} points in {time.monotonic() - start:.1f} s")
-        return Trainer(session.dataset(cfg.background, views), cfg, self.device, gaussians)
+        return Trainer(data, cfg, self.device, gaussians)
 
     def _trainer_from_checkpoint(self) -> Trainer:
         session = self.shown.session

@@ -16,7 +16,8 @@ from PIL import Image
 
 from blender_addon.core.errors import SplatwrightError
 from blender_addon.core.files import sequence_state
-from blender_addon.core.settings import TRAINING
+from blender_addon.core.points import POINTS_FILE
+from blender_addon.core.settings import FAR_FIELD_POINTS, TRAINING
 from ..data import is_colmap, load_cameras, load_split, prepare, scene_point_cloud
 from ..data.dataset import Dataset
 from ..data.photos import reconstruct
@@ -25,7 +26,7 @@ from ..distributed import (SINGLE, Group, check_gpus, join_torchrun, launch, lea
 from ..dynamic import DYNAMIC_FILE, DynamicGaussians, read_dynamic, write_dynamic
 from ..formats import formation_of, read_any, with_sh_degree
 from ..formats.ply import write_ply
-from ..gaussians import Gaussians
+from ..gaussians import Gaussians, with_far_field
 from ..policy import CHECKPOINT, device_name, make_config, resolve_device, system_report
 from ..render import render
 from ..service.limits import Limits
@@ -140,7 +141,7 @@ def train_in_group(group: Group, device: str | torch.device, args) -> int:
             print(f"resuming at step {trainer.step}", file=sys.stderr)
         else:
             initial = (init_gaussians(args.init, cfg, args.spz_axes) if args.init
-                       else None if args.random_init else scene_points(args.data, cfg, kind))
+                       else None if args.random_init else scene_points(args.data, cfg, kind, train_set, args.far_field))
             trainer = Trainer(train_set, cfg, device, initial, group)
         if trainer.note:
             print(f"warning: {trainer.note}", file=sys.stderr)
@@ -220,14 +221,19 @@ def output_folder(path: str) -> Path:
     return out
 
 
-def scene_points(folder: str | Path, cfg: TrainConfig, device: str) -> Gaussians | None:
+def scene_points(folder: str | Path, cfg: TrainConfig, device: str, data: Dataset,
+                 far: int | None = None) -> Gaussians | None:
     """Initial Gaussians on the scene's own points (data.scene_point_cloud), if it has them, else None: random
-    ones inside the cameras' view."""
+    ones inside the cameras' view. A COLMAP model's points are joined by `far` far-field points seen in the
+    views of `data` (gaussians.far_field; None: FAR_FIELD_POINTS for a COLMAP model's, none for a points file's)."""
     points = scene_point_cloud(folder)
     if points is None:
         return None
     path, xyz, rgb = points
-    print(f"starting from the {len(xyz)} points of {path}", file=sys.stderr)
+    far = far if far is not None else 0 if path.name == POINTS_FILE else FAR_FIELD_POINTS
+    print(f"starting from the {len(xyz)} points of {path}" + (f" and {far} far-field points" if far else ""),
+          file=sys.stderr)
+    xyz, rgb = with_far_field(xyz, rgb, data.cameras, data.images, far, cfg.seed)
     return Gaussians.from_point_cloud(xyz, rgb, cfg.sh_degree, device)
 
 

@@ -99,7 +99,7 @@ def scene_demo(args, data: Path, out: Path) -> int:
         downscale = max(1.0, probe[0].width / 100)
     train_set = load_split(data, "train", cfg.background, downscale)
     test_set = load_split(data, "test", cfg.background, downscale) or train_set
-    trainer = Trainer(train_set, cfg, device, scene_points(data, cfg, device))
+    trainer = Trainer(train_set, cfg, device, scene_points(data, cfg, device, train_set, settings["far_field"]))
     initial = evaluate(trainer.g, test_set, 0, cfg.background, rasterizer)
     run_training(trainer, out / CHECKPOINT, 0, 0.0)  # one checkpoint, at the end
     metrics = finish(trainer, test_set, out, device, initial_psnr=initial["psnr"])

@@ -21,6 +21,10 @@ SPZ_AXES = ("ply", "rub")
 # Per-photo appearance (backend/appearance.py): auto trains it for photos (a COLMAP dataset), whose exposure
 # varies, and not for Blender's captures, whose exposure is constant.
 APPEARANCE = ("auto", "on", "off")
+# Gaussians a COLMAP capture's sparse points are joined by on a far sphere, for the background that structure from
+# motion leaves without points (backend/gaussians.py's far_field); a Blender capture's points start none, and a
+# server session's (whose points do not say where they come from) only where the setting asks.
+FAR_FIELD_POINTS = 2000
 
 TRAINING = Fields(
     preset=optional(Str(choices=PRESETS), "quality",
@@ -32,6 +36,10 @@ TRAINING = Fields(
                            "most Gaussians densification may make (0: no cap; default: the schedule's)"),
     init_points=optional(Maybe(Int(1, 10_000_000)), None,
                          "random initial Gaussians when there are no initial points (default: the schedule's)"),
+    far_field=optional(Maybe(Int(0, 10_000_000)), None,
+                       "Gaussians on a far sphere around the initial points, for the background they miss "
+                       f"(default: {FAR_FIELD_POINTS} for a COLMAP capture's points on the command line, else none; "
+                       "0: none)"),
     background=optional(BACKGROUND, [1.0, 1.0, 1.0], "colour the views are composited over, r,g,b in [0, 1]"),
     checkpoint_every=optional(Int(0, 10_000_000), 500, "steps between checkpoints (0: only at stop and finish)"),
     checkpoint_seconds=optional(Float(0.0, 86_400.0), 30.0,
