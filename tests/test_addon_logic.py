@@ -241,7 +241,8 @@ def test_training_fields_are_start_training_fields():
     assert checked["fresh"] is False and checked["checkpoint_every"] == settings.default("checkpoint_every")
     assert training.background_rgb("BLACK", (0.5, 0.5, 0.5)) == [0.0, 0.0, 0.0]
     assert REQUESTS["start_training"].fields.check(training.training_fields(panel()))["appearance"] == "auto"
-    assert training.training_fields(panel(source="PHOTOS"))["appearance"] == "on"  # the photos' exposure varies
+    photos = REQUESTS["start_training"].fields.check(training.training_fields(panel(source="PHOTOS")))
+    assert photos["appearance"] == "on" and photos["far_field"] == settings.FAR_FIELD_POINTS
 
 
 def test_training_settings_survive_json():
