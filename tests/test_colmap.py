@@ -19,6 +19,7 @@ from PIL import Image
 from backend.data import colmap, load_cameras, load_split
 from backend.tools import cli
 from blender_addon.core.cameras import Camera
+from blender_addon.core.colmap import UNDISTORTED
 from blender_addon.core.errors import SplatwrightError
 from helpers import cameras_of_sizes, orbit_cameras, write_capture
 
@@ -115,7 +116,7 @@ def test_distorted_camera_models_load_undistorted_beside_the_model(tmp_path, mod
     write_capture(tmp_path, orbit_cameras(3, 16, 16), binary=True, model=model)
     views = load_split(tmp_path, "train")
     assert len(views.cameras) == 2  # the first of 3 is held out
-    undistorted = colmap.read_model(colmap.find_model(tmp_path / colmap.UNDISTORTED))
+    undistorted = colmap.read_model(colmap.find_model(tmp_path / UNDISTORTED))
     assert {cam.model for cam in undistorted.cameras.values()} == {"PINHOLE"}
 
 

@@ -20,6 +20,7 @@ from backend.data import colmap, load_split, prepare
 from backend.data.photos import DATABASE, DISTORTED, _forget_other_photos, list_photos, reconstruct, similarity
 from backend.service.limits import Limits
 from backend.tools import cli
+from blender_addon.core.colmap import UNDISTORTED
 from blender_addon.core.errors import SplatwrightError
 from helpers import ROOT, simple_radial_capture
 
@@ -138,13 +139,13 @@ def test_a_simple_radial_model_loads_after_undistortion(tmp_path):
     capture = simple_radial_capture(tmp_path / "capture")
     assert {cam.model for cam in colmap.read_model(colmap.find_model(capture)).cameras.values()} == {"SIMPLE_RADIAL"}
     note = prepare(capture)
-    assert "SIMPLE_RADIAL" in note and str(capture / colmap.UNDISTORTED) in note
+    assert "SIMPLE_RADIAL" in note and str(capture / UNDISTORTED) in note
     assert prepare(capture) is None  # made once
     train, test = load_split(capture, "train"), load_split(capture, "test")
     assert len(train.cameras) + len(test.cameras) == 65
-    undistorted = colmap.read_model(colmap.find_model(capture / colmap.UNDISTORTED))
+    undistorted = colmap.read_model(colmap.find_model(capture / UNDISTORTED))
     assert {cam.model for cam in undistorted.cameras.values()} == {"PINHOLE"}
-    assert sorted(p.name for p in (capture / colmap.UNDISTORTED).iterdir()) == ["images", "sparse"]
+    assert sorted(p.name for p in (capture / UNDISTORTED).iterdir()) == ["images", "sparse"]
 
 
 def test_a_simple_radial_capture_trains_on_the_command_line_and_undistorts_alone(tmp_path, capsys):
@@ -160,8 +161,8 @@ def test_a_simple_radial_capture_trains_on_the_command_line_and_undistorts_alone
     done = subprocess.run([sys.executable, "-m", "backend.data", str(again)], capture_output=True, text=True,
                           cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.strip().splitlines()[-1] == str(again / colmap.UNDISTORTED)
-    assert {cam.model for cam in colmap.read_model(colmap.find_model(again / colmap.UNDISTORTED)).cameras.values()} == {
+    assert done.stdout.strip().splitlines()[-1] == str(again / UNDISTORTED)
+    assert {cam.model for cam in colmap.read_model(colmap.find_model(again / UNDISTORTED)).cameras.values()} == {
         "PINHOLE"}
 
 

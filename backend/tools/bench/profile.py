@@ -27,6 +27,7 @@ STAGES = [
      r"cub::"),
     ("rasterize forward", r"rasterize_fwd"),
     ("rasterize backward", r"rasterize_bwd|sum_entry_grads"),
+    ("film (Blender's formation)", r"film_(fwd|bwd)"),
     ("optimizer (Adam)", r"adam"),
     ("loss (fused L1 + D-SSIM)", r"ssim_|loss_"),
     ("densification + indexing", r"grad_stats|index|gather|scatter|nonzero|masked|sort|topk"),
