@@ -12,10 +12,9 @@ The stages, each reporting progress as (stage, done, total):
    count, each photo with its neighbours in name order (sequential matching, for photos taken walking around);
    guided by each pair's verified geometry.
 3. mapping: incremental mapping; the model that registers the most photos is kept, before undistortion in
-   OUT/distorted/sparse/0. Where a camera's focal length was a guess (no EXIF) and the first mapping left photos
-   out, it runs again: the first model's refined focal length becomes the camera's known one, the pairs are
-   verified again with it (a calibrated pair's geometry is the stronger), and the second mapping starts from
-   there (self-calibration).
+   OUT/distorted/sparse/0. Where a camera's focal length was a guess (no EXIF), the mapping runs twice: the
+   first model's refined focal length becomes the camera's known one, the pairs are verified again with it
+   (a calibrated pair's geometry is the stronger), and the second mapping starts from there (self-calibration).
 4. undistortion: the kept model's photos resampled to a pinhole camera, into OUT/images and OUT/sparse, the
    layout `colmap image_undistorter` writes (without its stereo/ folder and scripts, which training needs not;
    blender_addon/core/colmap.py's undistort, which the add-on also runs).
@@ -328,9 +327,9 @@ def _match(pycolmap, database: Path, pairs_file: Path, pairs: list[tuple[str, st
 
 def _map(pycolmap, database: Path, folder: Path, out: Path, count: int, progress: ProgressCallback,
          verify_again: Callable[[], None]):
-    """Incremental mapping, again where a camera's focal length is a guess and photos were left out (the module's
-    docstring); the model registering the most photos (None where it made none), written to OUT/sparse/0 (`out` is
-    the distorted folder). `verify_again()` verifies the pairs whose geometry was cleared."""
+    """Incremental mapping, twice where a camera's focal length is a guess (the module's docstring); the model
+    registering the most photos (None where it made none), written to OUT/sparse/0 (`out` is the distorted
+    folder). `verify_again()` verifies the pairs whose geometry was cleared."""
     shutil.rmtree(out, ignore_errors=True)
     models = out / "models"
     with pycolmap.Database.open(str(database)) as db:
@@ -344,8 +343,7 @@ def _map(pycolmap, database: Path, folder: Path, out: Path, count: int, progress
 
     progress("mapping", 0, total)
     model = _largest_model(pycolmap, database, folder, models, next_image)
-    left_out = model is None or model.num_reg_images() < count
-    calibrated = guessed & set(model.cameras) if model is not None and left_out else set()
+    calibrated = guessed & set(model.cameras) if model is not None else set()
     if calibrated:
         with pycolmap.Database.open(str(database)) as db:
             for camera_id in calibrated:
