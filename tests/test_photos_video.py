@@ -20,6 +20,7 @@ from backend.gaussians import Gaussians
 from backend.render import render
 from backend.service.limits import Limits
 from backend.tools import cli
+from backend.tools.bench.video import encode
 from blender_addon.core.cameras import Camera, intrinsics_from_fov_x, look_at
 from blender_addon.core.colmap import TEST_EVERY
 from blender_addon.core.errors import SplatwrightError
@@ -58,16 +59,6 @@ def blur(frame: np.ndarray) -> np.ndarray:
     return np.asarray(Image.fromarray(frame).filter(ImageFilter.GaussianBlur(1.5)))
 
 
-def encode(frames: list[np.ndarray], path: Path, fps: int = FPS) -> Path:
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream("libx264", rate=fps, options={"crf": "12", "preset": "fast"})
-        stream.width, stream.height, stream.pix_fmt = frames[0].shape[1], frames[0].shape[0], "yuv420p"
-        for pixels in frames:
-            container.mux(stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")))
-        container.mux(stream.encode())
-    return path
-
-
 @pytest.fixture(scope="module")
 def reconstruction(tmp_path_factory):
     """The video of the frames drawn along the path, with the pause, through `photos`; (its result, its progress)."""
@@ -79,7 +70,7 @@ def reconstruction(tmp_path_factory):
             frames.append((image.numpy() * 255 + 0.5).astype(np.uint8))
     blurred = blur(frames[PAUSE_AT])
     shown = frames[:PAUSE_AT] + [blurred, frames[PAUSE_AT], blurred] + frames[PAUSE_AT + 1:]
-    video = encode(shown, tmp_path_factory.mktemp("video") / "orbit.mp4")
+    video = encode(shown, tmp_path_factory.mktemp("video") / "orbit.mp4", FPS)
     stages = []
     result = reconstruct(video, tmp_path_factory.mktemp("sfm"), CHECK,
                          lambda stage, done, total: stages.append((stage, done, total)), rate=FPS)
