@@ -55,7 +55,7 @@ class SPLATWRIGHT_PG_settings(bpy.types.PropertyGroup):
                           description="Scale the views down further so their longer side has at most this many "
                                       "pixels (0: no limit)")
     render_engine: EnumProperty(name="Engine", default=START["render_engine"], items=[
-        ("SCENE", "Scene's Engine", "The scene's render engine (Cycles while it is Splatwright)"),
+        ("SCENE", "Scene's", "The scene's render engine (Cycles while it is Splatwright)"),
         ("CYCLES", "Cycles", "Cycles, whatever the scene's engine is"),
     ])
     samples: IntProperty(name="Samples", default=START["samples"], min=0, max=65536,
