@@ -45,10 +45,11 @@ def test_a_session_trains_in_two_processes_while_the_server_renders_it(tmp_path,
         assert back_to, error
         failed = wait_for(client, lambda e: e["event"] == "state")
         assert failed["state"] == "failed" and failed["step"] == int(back_to.group(1)) > paused["step"]
+        assert failed["reason"] == error == client.call("status")["reason"]
 
         client.call("resume")
         progress_past(failed["step"])
         stopped = client.call("stop")
-        assert stopped["state"] == "stopped" and stopped["step"] > failed["step"]
+        assert stopped["state"] == "stopped" and stopped["step"] > failed["step"] and stopped["reason"] is None
         assert load_checkpoint(tmp_path / "work" / "group" / "checkpoint.pt")["step"] == stopped["step"]
         assert rendered_step() == stopped["step"]

@@ -86,6 +86,7 @@ class Training:
         self.emit = emit
         self.cond = threading.Condition()  # state and stepping
         self.state = "idle"
+        self.failure = ""  # why the training last failed: the state event's reason while the state is failed
         self.stepping = False  # the training thread is inside a step
         self.settings = TRAINING.defaults()  # of the running training: its checkpoint and progress cadence
         # Whether the trainer's run has a checkpoint of its own: a fresh run leaves the old model's checkpoint
@@ -98,7 +99,9 @@ class Training:
         in progress shows as the one before it."""
         session, t, viewed = self.shown.session, self.shown.trainer, self.shown.viewed
         model = viewed.g if viewed else (t.g if t else None)
-        return {"session": session.name if session else None, "state": self.state,
+        state = self.state
+        return {"session": session.name if session else None, "state": state,
+                "reason": self.failure if state == "failed" else None,
                 "views": len(session.cameras) if session else 0,
                 "step": t.step if t else 0, "iterations": t.cfg.iterations if t else 0,
                 "gaussians": len(viewed.g) if viewed else (len(t.g) if t else 0),
@@ -462,13 +465,13 @@ class Training:
                     log(f"cannot reload the checkpoint after the failure: {e}")
             back_to = f"step {shown.trainer.step}" if shown.trainer else "nothing (no checkpoint yet)"
         log(f"step {step}: {message}")
+        failure = (f"at step {step}: {message}. The model went back to the last checkpoint, {back_to}; resume to "
+                   f"retry from there or start with fresh=true.")
         with self.cond:
-            self.state = "failed"
+            self.state, self.failure = "failed", failure
             self.stepping = False
             self.cond.notify_all()
-        self.emit({"event": "error", "code": code,
-                   "message": f"at step {step}: {message}. The model went back to the last checkpoint, "
-                              f"{back_to}; resume to retry from there or start with fresh=true."})
+        self.emit({"event": "error", "code": code, "message": failure})
         self._emit_state()
 
     def _set_state(self, state: str) -> None:

@@ -29,7 +29,7 @@ from .schema import (MAX_TEXT_CHARS, AnyObject, Bool, Fields, Float, Int, Kind, 
                      optional)
 from .settings import BACKGROUND, SPZ_AXES, TRAINING, default
 
-# 19: start_training's appearance (a training setting, so status's settings hold it too); 18: structure from
+# 20: status's `reason` (why the training failed); 19: start_training's appearance (a training setting, so status's settings hold it too); 18: structure from
 # motion (upload_photo, reconstruct, cancel_reconstruction, fetch_reconstruction and the reconstruction event);
 # 17: load_ply's spz_axes (how an SPZ without a coordinate-system record is read); export_ply writes SOG and glTF
 # names; 16: start_training's payload, a model to continue from that replaces the session's;
@@ -42,7 +42,7 @@ from .settings import BACKGROUND, SPZ_AXES, TRAINING, default
 # writes one (*.pt); status, render and export_ply say whether the model is 4D; 6: render streams; 5: render and
 # export_ply name a session's saved model and a crop box, export_ply a placement; 4: load_ply and export_ply name
 # their files (the splat format); 3: warning events; 2: replies and events declared and checked by the client
-PROTOCOL_VERSION = 19
+PROTOCOL_VERSION = 20
 DEFAULT_PORT = 7380  # where `serve` listens and the add-on looks for a remote backend, unless told otherwise
 MAGIC = b"SPW\x00"
 PREFIX = struct.Struct(">4sI")  # magic, header length
@@ -276,10 +276,11 @@ SHARED_FRAMES = Fields(path=Str(4096), slot_bytes=Int(1, 2**40))
 # What a session is doing; `checkpoint`: it has a saved model (a checkpoint, or the splat file an import made it
 # from); `settings` are the training settings it runs (or last ran) with, null before; `dynamic`: the model shown
 # (an imported file's, else the trained one) is 4D, different at each time; `rendered`: the frames the server has
-# rendered and answered since it started (a closed connection's waiting renders are dropped, not rendered).
+# rendered and answered since it started (a closed connection's waiting renders are dropped, not rendered);
+# `reason`: while the state is failed, why (the error event's message), else null.
 STATUS = Fields(session=Maybe(Str(64)), state=Str(choices=STATES), views=COUNT, step=COUNT, iterations=COUNT,
                 gaussians=COUNT, checkpoint=Bool(), settings=Maybe(TRAINING), dynamic=optional(Bool(), False),
-                rendered=optional(COUNT, 0))
+                rendered=optional(COUNT, 0), reason=optional(Maybe(Str(MAX_TEXT_CHARS)), None))
 
 # The fields of each request's reply; the payloads are named in comments.
 REPLIES: dict[str, Fields] = {
