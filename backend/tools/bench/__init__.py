@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 BENCHMARKS = ("raster", "train", "serve", "profile", "viewport", "defaults", "cpu", "overlay", "dynamic", "scrub",
-              "memory", "formation", "native4d", "follow", "appearance", "video")
+              "memory", "formation", "native4d", "follow", "appearance", "video", "photos")
 ROOT = Path(__file__).resolve().parents[3]  # the checkout
 RESULTS = ROOT / "bench" / "results"
 
