@@ -360,6 +360,18 @@ def test_training_that_finishes_is_reported_once_and_a_session_found_finished_is
     assert backend.drain()[1] == [("INFO", "training of cube finished: step 300 of 300, 4,144 Gaussians")]
 
 
+def test_a_connection_to_a_failed_training_keeps_its_reason_as_the_backends_error():
+    from blender_addon.logic.runtime import Backend
+    backend = Backend()
+    backend.errors["connection"] = "refused"
+    status = {"session": "cube", "state": "failed", "step": 30, "reason": "at step 31: training diverged"}
+    backend._connected({"capabilities": {"device": "cpu"}, "status": status, "reopened": ""})
+    assert backend.errors == {"backend": "backend: at step 31: training diverged"}
+    backend._connected({"capabilities": {"device": "cpu"}, "status": {**status, "state": "stopped", "reason": None},
+                        "reopened": ""})
+    assert backend.errors == {}
+
+
 def test_the_machines_device_is_a_gpu_where_nvidias_driver_is_loaded(monkeypatch, tmp_path):
     from blender_addon.logic import defaults
     found = {}

@@ -442,7 +442,8 @@ def test_nan_loss_and_out_of_memory_are_reported_and_survived(local_server, scen
         error = wait_for(client, lambda e: e["event"] == "error")
         assert error["code"] == "diverged" and "loss became nan" in error["message"]
         assert "last checkpoint, step 30" in error["message"]
-        assert wait_for(client, lambda e: e["event"] == "state")["state"] == "failed"
+        failed = wait_for(client, lambda e: e["event"] == "state")
+        assert failed["state"] == "failed" and failed["reason"] == error["message"]
         assert client.call("status")["step"] == 30  # back at the checkpoint, still serving
 
         failure[0] = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")

@@ -8,9 +8,10 @@ The stages, each reporting progress as (stage, done, total):
    size (SIFT finds few on a small photo of a smooth subject), their positions then scaled back to the photo.
    Photos of one camera share one camera model (SIMPLE_RADIAL, its focal length from EXIF where the photo has it,
    else pycolmap's guess): photos whose sizes and EXIF make, model and focal length agree are one camera.
-2. matching: every pair of photos up to EXHAUSTIVE_UP_TO photos; beyond, and for a video's frames whatever their
-   count, each photo with its neighbours in name order (sequential matching, for photos taken walking around);
-   guided by each pair's verified geometry.
+2. matching: every pair of photos or frames up to EXHAUSTIVE_UP_TO (a video that comes back to where it started
+   is then joined end to start, as sequential matching alone would not); beyond, each photo with its neighbours in
+   name order (sequential matching, for photos taken walking around and a video's frames in time order); guided by
+   each pair's verified geometry.
 3. mapping: incremental mapping; the model that registers the most photos is kept, before undistortion in
    OUT/distorted/sparse/0. Where a camera's focal length was a guess (no EXIF), the mapping runs twice: the
    first model's refined focal length becomes the camera's known one, the pairs are verified again with it
@@ -49,7 +50,7 @@ DISTORTED = "distorted"  # OUT/distorted/sparse/0: the mapper's model, before un
 PAIRS = "pairs.txt"  # the image pairs matched last, one "name1 name2" a line
 VIDEO_RECORD = "video.json"  # which video, and at which rate, the database's frames were taken from
 PHOTOS_RECORD = "photos.json"  # the photos the database holds: each one's name and the SHA-256 of its bytes
-EXHAUSTIVE_UP_TO = 100  # photos matched every pair with every pair; more are matched sequentially
+EXHAUSTIVE_UP_TO = 100  # photos or frames matched every pair with every pair; more are matched sequentially
 EXTRACT_CHUNK = 8  # photos per feature-extraction call, between progress reports
 SMALL_PHOTO = 1000  # photos whose longest side is under this many pixels are found features on at twice their size
 UPSCALED = "upscaled"  # OUT/upscaled: the small photos at twice their size while their features are found
@@ -148,7 +149,7 @@ def reconstruct(source: str | Path, out: str | Path, check: LimitCheck,
     _forget_other_photos(out, folder, photos)
     _extract(pycolmap, database, folder, out / UPSCALED, photos, max_image_size, report)
     stage_done("features")
-    pairs = _pairs(pycolmap, database, len(photos), frames is not None)
+    pairs = _pairs(pycolmap, database, len(photos))
     _match(pycolmap, database, out / PAIRS, pairs, report)
     stage_done("matching")
     model = _map(pycolmap, database, folder, out / DISTORTED, len(photos), report,
@@ -296,11 +297,11 @@ def _scale_back(pycolmap, database: Path, camera_id: int, group: list[Photo], fa
                 db.update_keypoints(image_id, db.read_keypoints(image_id) / np.float32(factor))
 
 
-def _pairs(pycolmap, database: Path, count: int, sequential: bool) -> list[tuple[str, str]]:
-    """The pairs of photos to match: every pair up to EXHAUSTIVE_UP_TO photos, else (and where `sequential`,
-    whatever the count) each with its neighbours in name order."""
+def _pairs(pycolmap, database: Path, count: int) -> list[tuple[str, str]]:
+    """The pairs of photos to match: every pair up to EXHAUSTIVE_UP_TO photos, else each with its neighbours in
+    name order."""
     with pycolmap.Database.open(str(database)) as db:
-        if count <= EXHAUSTIVE_UP_TO and not sequential:
+        if count <= EXHAUSTIVE_UP_TO:
             generator = pycolmap.ExhaustivePairGenerator(pycolmap.ExhaustivePairingOptions(), db)
         else:
             generator = pycolmap.SequentialPairGenerator(pycolmap.SequentialPairingOptions(), db)

@@ -466,9 +466,10 @@ class Training:
             back_to = f"step {shown.trainer.step}" if shown.trainer else "nothing (no checkpoint yet)"
         log(f"step {step}: {message}")
         failure = (f"at step {step}: {message}. The model went back to the last checkpoint, {back_to}; resume to "
-                   f"retry from there or start with fresh=true.")
+                   f"retry from there or start with fresh=true.")[:protocol.MAX_TEXT_CHARS]
         with self.cond:
-            self.state, self.failure = "failed", failure
+            self.failure = failure  # before the state: status() reads both without the lock
+            self.state = "failed"
             self.stepping = False
             self.cond.notify_all()
         self.emit({"event": "error", "code": code, "message": failure})

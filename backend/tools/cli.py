@@ -46,8 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("photos", help="structure from motion: a folder of photos, or a video, to a COLMAP dataset to "
                        "train on")
     p.add_argument("photos", help=f"folder of photos (.jpg, .png, .tif) of one scene, or a video (.mp4, .mov, .mkv, "
-                   f"...); up to {EXHAUSTIVE_UP_TO} photos are matched every one with every other, more photos and a "
-                   "video's frames each with its neighbours in name (time) order")
+                   f"...); up to {EXHAUSTIVE_UP_TO} photos or frames are matched every one with every other, more of "
+                   "them each with its neighbours in name (time) order")
     p.add_argument("--out", required=True,
                    help="output folder: the dataset (images/, sparse/), and the COLMAP database that a second run "
                    "reuses")

@@ -31,7 +31,7 @@ from ..policy import CHECKPOINT, device_name, make_config, resolve_device, syste
 from ..render import render
 from ..service.limits import Limits
 from ..train import TrainConfig, Trainer, evaluate, load_latest_checkpoint, previous_checkpoint
-from .progress import Progress
+from .progress import Progress, StageProgress
 
 
 def training_config(args, device: str, rasterizer: str) -> TrainConfig:
@@ -176,26 +176,13 @@ def photos(args) -> int:
     """Structure from motion: the photos (or the video) args.photos to a COLMAP dataset in --out, a progress bar
     per stage."""
     limits = Limits(views=args.max_views, view_pixels=args.max_view_pixels, video_seconds=args.max_video_seconds)
-    bars: dict[str, Progress] = {}
-    closed: set[str] = set()
-
-    def progress(stage: str, done: int, total: int) -> None:
-        if stage in closed:
-            return
-        if stage not in bars:
-            bars[stage] = Progress(total, stage)
-        bars[stage].update(done)
-        if done >= total:
-            bars[stage].close()
-            closed.add(stage)
-
+    progress = StageProgress()
     out = output_folder(args.out)
     try:
         result = reconstruct(args.photos, out, lambda *a: limits.check(*a, command="photos"), progress,
                              args.max_image_size, args.rate)
     finally:
-        for stage in bars.keys() - closed:
-            bars[stage].close()
+        progress.close()
     taken = "photos" if result.sampled is None else (
         f"frames ({result.sampled} taken at {args.rate:g} a second, {result.sampled - result.photos} near-duplicates "
         "dropped)")

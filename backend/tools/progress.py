@@ -43,6 +43,30 @@ class Progress:
         self.stream.flush()
 
 
+class StageProgress:
+    """A bar per stage of work that reports (stage, done, total), as structure from motion does: each closed once it
+    reaches its total, a stage reported again after that left alone; close() ends those still open."""
+
+    def __init__(self):
+        self.bars: dict[str, Progress] = {}
+        self.closed: set[str] = set()
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if stage in self.closed:
+            return
+        if stage not in self.bars:
+            self.bars[stage] = Progress(total, stage)
+        self.bars[stage].update(done)
+        if done >= total:
+            self.bars[stage].close()
+            self.closed.add(stage)
+
+    def close(self) -> None:
+        for stage in self.bars.keys() - self.closed:
+            self.bars[stage].close()
+        self.closed |= self.bars.keys()
+
+
 def _fmt(v) -> str:
     if isinstance(v, float):
         return f"{v:.4g}" if math.isfinite(v) else "-"  # not measured yet (NaN)

@@ -29,8 +29,9 @@ from .schema import (MAX_TEXT_CHARS, AnyObject, Bool, Fields, Float, Int, Kind, 
                      optional)
 from .settings import BACKGROUND, SPZ_AXES, TRAINING, default
 
-# 20: status's `reason` (why the training failed); 19: start_training's appearance (a training setting, so status's settings hold it too); 18: structure from
-# motion (upload_photo, reconstruct, cancel_reconstruction, fetch_reconstruction and the reconstruction event);
+# 20: status's `reason` (why the training failed); 19: start_training's appearance (a training setting, so
+# status's settings hold it too); 18: structure from motion (upload_photo, reconstruct, cancel_reconstruction,
+# fetch_reconstruction and the reconstruction event);
 # 17: load_ply's spz_axes (how an SPZ without a coordinate-system record is read); export_ply writes SOG and glTF
 # names; 16: start_training's payload, a model to continue from that replaces the session's;
 # 15: export_ply's `motion` (a 4D model's parameters and motion, for Blender's own splats); 14: convert_model's placement may be any invertible affine map; 13: status's `rendered` (the frames the server has rendered and answered); 12: convert_model (a model the client

@@ -128,7 +128,7 @@ class Backend:
         self.remote = False  # the backend runs elsewhere: what comes from it crosses a network
         self.detail = ""  # why the connection is what it is
         self.capabilities: dict = {}
-        self.status: dict = {}  # session, state, views, step, iterations, gaussians, checkpoint
+        self.status: dict = {}  # the backend's status (protocol.STATUS)
         self.progress: dict = {}  # the latest progress event
         self.reconstruction: dict = {}  # the latest reconstruction event (structure from motion of photos)
         self.clock = StepClock()  # training's steps over time: the time it has left
@@ -257,7 +257,9 @@ class Backend:
     def _connected(self, reply: dict) -> str:
         self.connection, self.detail = "connected", ""
         self.capabilities, self.status, self.progress = reply["capabilities"], reply["status"], {}
-        self.errors.clear()  # a new connection: what failed on the old one is moot
+        self.errors.clear()  # a new connection: what failed on the old one is moot, but for a failed training
+        if self.status.get("reason"):
+            self._failed("backend", f"backend: {self.status['reason']}")
         self.revision += 1
         caps = self.capabilities
         ready = f"backend ready: {caps.get('gpu') or caps.get('device')}, torch {caps.get('torch')}"

@@ -8,7 +8,8 @@ below; the far field's not below off in either.
     python -m backend bench appearance --data tests/data/colmap_skull [--setting far_field] [--downscale 6]
         [--steps 300] [--seeds 0]
 
-Writes <setting>-<scene>-<date>.json and .md into --out (default bench/results); exits 1 when a bar is missed.
+Writes appearance-<scene>-<date> or far-field-<scene>-<date>, .json and .md, into --out (default bench/results);
+exits 1 when a bar is missed.
 """
 from __future__ import annotations
 

@@ -45,10 +45,10 @@ from ...policy import cpu_config
 from ...render import render
 from ...service.limits import Limits
 from ...train import Trainer, evaluate
-from ..progress import Progress
+from ..progress import Progress, StageProgress
 from . import RESULTS, git_commit, write_results
 
-WIDTH, HEIGHT = 192, 144  # the video's frames
+WIDTH, HEIGHT = 384, 288  # the video's frames
 FRAME_COUNT = 48  # one turn around the object
 FPS = 8  # the video's rate, and the rate its frames are taken at: every frame
 EXACT_GAP_DB = 1.0
@@ -61,7 +61,7 @@ def textured_scene(seed: int = 0) -> Gaussians:
     dome (radius 20) whose colour changes slowly: structure from motion finds the ball and the ground, not the
     sky."""
     rng = np.random.default_rng(seed)
-    waves = rng.normal(size=(12, 3)) * rng.uniform(2.0, 12.0, (12, 1))  # wave vectors of 0.5-3 unit wavelengths
+    waves = rng.normal(size=(12, 3)) * rng.uniform(2.0, 40.0, (12, 1))  # wave vectors of 0.15-3 unit wavelengths
     phases, amplitudes = rng.uniform(0, 2 * np.pi, (12, 3)), rng.uniform(0.05, 0.15, (12, 3))
 
     def texture(xyz: np.ndarray) -> np.ndarray:
@@ -187,7 +187,7 @@ def surface_runs(points: int, steps: int, downscale: float) -> tuple[dict, dict]
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m backend bench video", description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=600, help="training steps of each run")
-    p.add_argument("--downscale", type=float, default=2.0, help="training and scoring size: the frames' / D")
+    p.add_argument("--downscale", type=float, default=4.0, help="training and scoring size: the frames' / D")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--keep", type=Path, help="keep the video and the reconstruction in this folder")
     p.add_argument("--surface-points", type=int, help="no video: the far field on the exact cameras from this many "
@@ -202,13 +202,9 @@ def main(argv: list[str]) -> int:
     started = time.monotonic()
     video = encode(draw(textured_scene(), cameras), work / "orbit.mp4")
     drawn = time.monotonic() - started
-    bars: dict[str, Progress] = {}
-
-    def progress(stage: str, done: int, total: int) -> None:
-        bars.setdefault(stage, Progress(total, stage)).update(done)
+    progress = StageProgress()
     result = reconstruct(video, work / "capture", Limits().check, progress, rate=FPS)
-    for bar in bars.values():
-        bar.close()
+    progress.close()
     capture = result.folder
     sfm = [load_split(capture, split, downscale=args.downscale) for split in ("train", "test")]
     exact = [exact_split(capture, data, cameras, args.downscale) for data in sfm]

@@ -293,8 +293,10 @@ def scenario(args: dict, result: dict):
     yield from redrawn(area)
     snapshot(addon, "idle", out, result)
     # The views render with Workbench: now and then Debian's Blender 3.4 crashes starting a Cycles render on a
-    # busy machine (a segfault in Cycles' create), and what the panels draw does not depend on the renderer.
-    bpy.context.scene.render.engine, bpy.context.scene.splatwright.render_engine = "BLENDER_WORKBENCH", "SCENE"
+    # busy machine (a segfault in Cycles' create), and what the panels draw does not depend on the renderer. More
+    # of them keep the capture going while its snapshot is taken, Workbench being quick.
+    settings = bpy.context.scene.splatwright
+    bpy.context.scene.render.engine, settings.render_engine, settings.orbit_count = "BLENDER_WORKBENCH", "SCENE", 48
     with bpy.context.temp_override(window=window, area=area, region=next(r for r in area.regions if r.type == "WINDOW")):
         result["pressed"] = list(bpy.ops.splatwright.capture_train("INVOKE_DEFAULT"))
     yield from until(lambda: live.capture is not None and live.capture.done >= 2, "the capture's views", 180)
