@@ -1,7 +1,8 @@
-"""A training setting for photos on and off: per-photo appearance (backend/appearance.py) or the far-field start
+"""A training setting on and off: per-photo appearance (backend/appearance.py) or the far-field start
 (gaussians.far_field). The same training (the CPU schedule from the scene's points, the same steps and seeds) with
 the setting on and off, scored on the held-out photos plainly and by the fitted protocol (appearance.fitted_psnr).
-Appearance is compared without the far field; the far field with appearance as a COLMAP capture has it (on).
+Appearance is compared without the far field; the far field with appearance as the capture has it by default (on
+for photos, off for Blender's captures).
 The bars, in the mean over the seeds: appearance's fitted PSNR at least BAR_DB above off and its plain PSNR not
 below; the far field's not below off in either.
 
@@ -24,7 +25,7 @@ from pathlib import Path
 import torch
 
 from blender_addon.core.settings import FAR_FIELD_POINTS, training_settings
-from ...data import load_split, scene_point_cloud
+from ...data import is_colmap, load_split, scene_point_cloud
 from ...gaussians import Gaussians, with_far_field
 from ...policy import device_name, make_config
 from ...train import Trainer, evaluate
@@ -90,8 +91,9 @@ def train_run(data: Path, downscale: float, steps: int, seed: int, setting: str,
     held-out scores."""
     train = load_split(data, "train", downscale=downscale)
     test = load_split(data, "test", downscale=downscale)
-    appearance = value if setting == "appearance" else "on"
-    cfg = make_config("cpu", "reference", training_settings(iterations=steps, seed=seed, appearance=appearance))
+    appearance = value if setting == "appearance" else "auto"
+    cfg = make_config("cpu", "reference", training_settings(iterations=steps, seed=seed, appearance=appearance),
+                      photos=is_colmap(data))
     points = scene_point_cloud(data)
     start = None
     if points is not None:
