@@ -28,6 +28,18 @@ from backend.render.constants import NEAR_PLANE
 ROOT = Path(__file__).resolve().parent.parent
 DONUT = ROOT.parent / "shared" / "data" / "splats" / "donut_sh0.ply"
 SKULL = ROOT / "tests" / "data" / "colmap_skull"
+HOST_CXX = shutil.which("g++") or shutil.which("c++")
+needs_host_cxx = pytest.mark.skipif(HOST_CXX is None, reason="no C++ compiler (g++) on PATH to build the host check")
+
+
+def build_host_check(source: str, folder: Path) -> Path:
+    """tests/SOURCE, a C++ program including the kernels' headers (cuda/), built for the host into `folder`
+    without fused multiply-adds, as the float comparisons with the reference expect."""
+    exe = folder / Path(source).stem
+    build = subprocess.run([HOST_CXX, "-O2", "-std=c++17", "-ffp-contract=off", f"-I{ROOT / 'cuda'}",
+                            str(ROOT / "tests" / source), "-o", str(exe)], capture_output=True, text=True)
+    assert build.returncode == 0, f"the host check did not build:\n{build.stderr}"
+    return exe
 
 
 def orbit_cameras(n: int, width: int, height: int, radius: float = 3.0, fov_x: float = 0.9) -> list[Camera]:

@@ -5,7 +5,6 @@ the footprint's widened edge, never one holding a drawn pixel; the GPU tests com
 from __future__ import annotations
 
 import math
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -15,23 +14,15 @@ import torch
 
 from backend.formats.ply import read_ply
 from backend.render import camera_tensors, reference
-from helpers import orbit_cameras, random_gaussians
+from helpers import build_host_check, needs_host_cxx, orbit_cameras, random_gaussians
 
-CUDA_DIR = Path(__file__).resolve().parent.parent / "cuda"
 SHARED_PLY = Path(__file__).resolve().parents[2] / "shared" / "data" / "splats" / "donut_sh0.ply"
-CXX = shutil.which("g++") or shutil.which("c++")
-
-pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler (g++) on PATH to build the host check")
+pytestmark = needs_host_cxx
 
 
 @pytest.fixture(scope="module")
 def footprint_host(tmp_path_factory):
-    exe = tmp_path_factory.mktemp("footprint") / "footprint_host"
-    build = subprocess.run([CXX, "-O2", "-std=c++17", "-ffp-contract=off", f"-I{CUDA_DIR}",
-                            str(Path(__file__).with_name("footprint_host.cpp")), "-o", str(exe)],
-                           capture_output=True, text=True)
-    assert build.returncode == 0, f"the host check did not build:\n{build.stderr}"
-    return exe
+    return build_host_check("footprint_host.cpp", tmp_path_factory.mktemp("footprint"))
 
 
 def host_entries(exe: Path, proj, opacities, width: int, height: int, folder: Path) -> set[tuple[int, int]]:

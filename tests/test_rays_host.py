@@ -5,9 +5,7 @@ ones of a pixel or less, whose film widening matters, ones at the image's edges,
 the near plane among them)."""
 from __future__ import annotations
 
-import shutil
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,23 +13,16 @@ import torch
 
 from backend.render import camera_tensors, reference
 
-from helpers import orbit_cameras, random_gaussians, ray_parameters
+from helpers import build_host_check, needs_host_cxx, orbit_cameras, random_gaussians, ray_parameters
 
-CUDA_DIR = Path(__file__).resolve().parent.parent / "cuda"
-CXX = shutil.which("g++") or shutil.which("c++")
 RAY_PARAMS = 10
 
-pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler (g++) on PATH to build the host check")
+pytestmark = needs_host_cxx
 
 
 @pytest.fixture(scope="module")
 def rays_host(tmp_path_factory):
-    exe = tmp_path_factory.mktemp("rays") / "rays_host"
-    build = subprocess.run([CXX, "-O2", "-std=c++17", "-ffp-contract=off", f"-I{CUDA_DIR}",
-                            str(Path(__file__).with_name("rays_host.cpp")), "-o", str(exe)],
-                           capture_output=True, text=True)
-    assert build.returncode == 0, f"the host check did not build:\n{build.stderr}"
-    return exe
+    return build_host_check("rays_host.cpp", tmp_path_factory.mktemp("rays"))
 
 
 def reference_side(g, viewmat, K, width, height, upstream):
