@@ -23,6 +23,13 @@ def model_extent(means, fraction: float) -> tuple[np.ndarray, float]:
     return centre, float(np.quantile(np.linalg.norm(means - centre, axis=1), fraction))
 
 
+def train_until(trainer, step: int, bar) -> None:
+    """Train to `step`, the progress bar showing the loss and the Gaussians."""
+    while trainer.step < step:
+        trainer.train_step()
+        bar.update(trainer.step, loss=trainer.last["loss"], gaussians=len(trainer.g))
+
+
 def git_commit() -> str:
     """$SPLATWRIGHT_COMMIT if set (machines with a copied tree but no usable git), else HEAD, with '+changes'
     if the kernels or backend differ from it."""

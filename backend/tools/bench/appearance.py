@@ -30,7 +30,7 @@ from ...gaussians import Gaussians, with_far_field
 from ...policy import device_name, make_config
 from ...train import Trainer, evaluate
 from ..progress import Progress
-from . import RESULTS, git_commit, write_results
+from . import RESULTS, git_commit, train_until, write_results
 
 BAR_DB = 0.5
 SETTINGS = ("appearance", "far_field")
@@ -103,9 +103,7 @@ def train_run(data: Path, downscale: float, steps: int, seed: int, setting: str,
     trainer = Trainer(train, cfg, "cpu", start)
     bar = Progress(cfg.iterations, f"{setting} {value}, seed {seed}")
     began = time.monotonic()
-    while trainer.step < cfg.iterations:
-        trainer.train_step()
-        bar.update(trainer.step, loss=trainer.last["loss"], gaussians=len(trainer.g))
+    train_until(trainer, cfg.iterations, bar)
     seconds = time.monotonic() - began
     bar.close()
     scores = evaluate(trainer.g, test, trainer.sh_degree, cfg.background, cfg.rasterizer)

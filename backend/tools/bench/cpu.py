@@ -20,7 +20,7 @@ from ...data.dataset import Dataset
 from ...policy import cpu_config
 from ...train import Trainer, evaluate
 from ..progress import Progress
-from . import RESULTS, git_commit, write_results
+from . import RESULTS, git_commit, train_until, write_results
 
 BUDGET_SECONDS = 300.0
 GAIN_DB = 6.0
@@ -41,9 +41,7 @@ def main(argv: list[str]) -> int:
     load_before = os.getloadavg()[0]
     bar = Progress(cfg.iterations, "cpu training")
     start = time.monotonic()
-    while trainer.step < cfg.iterations:
-        trainer.train_step()
-        bar.update(trainer.step, loss=trainer.last["loss"], gaussians=len(trainer.g))
+    train_until(trainer, cfg.iterations, bar)
     seconds = time.monotonic() - start
     bar.close()
     final = evaluate(trainer.g, test, trainer.sh_degree, cfg.background, "reference")["psnr"]

@@ -32,7 +32,7 @@ from ...policy import PRESETS
 from ...render import camera_tensors, render
 from ...train import TrainConfig, Trainer, evaluate, with_steps
 from ..progress import Progress
-from . import RESULTS, git_commit, write_results
+from . import RESULTS, git_commit, train_until, write_results
 from .train import measure
 
 FPS_SIDE = 800  # the render rate is timed at FPS_SIDE x FPS_SIDE
@@ -111,11 +111,7 @@ def train_model(name: str, train: Dataset, cfg: TrainConfig, points, evals: dict
     steps = trainer.cfg.iterations  # cfg's schedule fitted to the views
     bar = Progress(steps, name)
 
-    def loop():
-        while trainer.step < steps:
-            trainer.train_step()
-            bar.update(trainer.step, loss=trainer.last["loss"], gaussians=len(trainer.g))
-    seconds, peak = measure(loop)
+    seconds, peak = measure(lambda: train_until(trainer, steps, bar))
     bar.close()
     scores = {split: evaluate(trainer.g, data, trainer.sh_degree, cfg.background, cfg.rasterizer)
               for split, data in evals.items()}

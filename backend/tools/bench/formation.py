@@ -49,7 +49,7 @@ from ...train import Trainer
 from ...render.formation import BLENDER, FORMATIONS, linear_to_srgb, srgb_to_linear
 from ...service.exports import motion_ply_bytes
 from ..progress import Progress
-from . import RESULTS, ROOT, git_commit, model_extent, write_results
+from . import RESULTS, ROOT, git_commit, model_extent, train_until, write_results
 
 SCENARIO = Path(__file__).resolve().parent / "blender_formation.py"
 DONUT = ROOT.parent / "shared" / "data" / "splats" / "donut_sh0.ply"
@@ -195,9 +195,7 @@ def train_model(data: Dataset, args, steps: int, formation: str, background, wha
                                  init_points=args.init_points, max_gaussians=args.max_gaussians)
     trainer = Trainer(data, make_config("cpu", "reference", settings))
     bar = Progress(trainer.cfg.iterations, what)
-    while trainer.step < trainer.cfg.iterations:
-        trainer.train_step()
-        bar.update(trainer.step, loss=trainer.last["loss"], gaussians=len(trainer.g))
+    train_until(trainer, trainer.cfg.iterations, bar)
     bar.close()
     return trainer.g.detached(), trainer
 

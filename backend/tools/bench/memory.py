@@ -34,7 +34,7 @@ from ...render import render
 from ...sh import SH_C0
 from ...train import Trainer, evaluate, fit_to_views
 from ..progress import Progress
-from . import RESULTS, ROOT, git_commit, model_extent, write_results
+from . import RESULTS, ROOT, git_commit, model_extent, train_until, write_results
 
 DONUT = ROOT.parent / "shared" / "data" / "splats" / "donut_sh0.ply"
 BAR_GB = 8.0  # 1e9 bytes
@@ -81,9 +81,7 @@ def main(argv: list[str]) -> int:
     initial_gaussians = len(trainer.g)
     bar = Progress(steps, "training")
     start = time.perf_counter()
-    while trainer.step < steps:
-        trainer.train_step()
-        bar.update(trainer.step, loss=trainer.last["loss"], gaussians=len(trainer.g))
+    train_until(trainer, steps, bar)
     torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     bar.close()

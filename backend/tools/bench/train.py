@@ -27,7 +27,7 @@ from ...render import camera_tensors
 from ...train import (Trainer, TrainConfig, evaluate, fit_to_views, load_checkpoint, random_start, score, warm_up,
                       with_steps)
 from ..progress import Progress
-from . import RESULTS, git_commit
+from . import RESULTS, git_commit, train_until
 from .scaling import scaling
 
 
@@ -135,16 +135,12 @@ def run_ours(train_set: Dataset, test_set: Dataset, cfg: TrainConfig, init: Gaus
     steps = trainer.cfg.iterations  # cfg's schedule fitted to the views
     bar = Progress(steps, "splatwright")
 
-    def loop(until: int):
-        while trainer.step < until:
-            trainer.train_step()
-            bar.update(trainer.step, loss=trainer.last["loss"], gaussians=len(trainer.g))
-    seconds, peak = measure(lambda: loop(resume_at or steps))
+    seconds, peak = measure(lambda: train_until(trainer, resume_at or steps, bar))
     if resume_at:
         with tempfile.TemporaryDirectory() as folder:
             trainer.save_checkpoint(Path(folder) / "checkpoint.pt")
             trainer = Trainer.from_checkpoint(train_set, load_checkpoint(Path(folder) / "checkpoint.pt"), "cuda", cfg)
-        more_seconds, more_peak = measure(lambda: loop(steps))
+        more_seconds, more_peak = measure(lambda: train_until(trainer, steps, bar))
         seconds, peak = seconds + more_seconds, max(peak, more_peak)
     bar.close()
     scores = evaluate(trainer.g, test_set, trainer.sh_degree, cfg.background, "cuda", cfg.image_formation)

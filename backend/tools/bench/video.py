@@ -46,7 +46,7 @@ from ...render import render
 from ...service.limits import Limits
 from ...train import Trainer, evaluate
 from ..progress import Progress, StageProgress
-from . import RESULTS, git_commit, write_results
+from . import RESULTS, git_commit, train_until, write_results
 
 WIDTH, HEIGHT = 384, 288  # the video's frames
 FRAME_COUNT = 48  # one turn around the object
@@ -157,9 +157,7 @@ def train(data: Dataset, test: Dataset, xyz: np.ndarray, rgb: np.ndarray, far: i
     trainer = Trainer(data, cfg, "cpu", Gaussians.from_point_cloud(xyz, rgb, cfg.sh_degree, "cpu"))
     bar = Progress(cfg.iterations, label)
     start = time.monotonic()
-    while trainer.step < cfg.iterations:
-        trainer.train_step()
-        bar.update(trainer.step, loss=trainer.last["loss"], gaussians=len(trainer.g))
+    train_until(trainer, cfg.iterations, bar)
     bar.close()
     scores = evaluate(trainer.g, test, trainer.sh_degree, cfg.background, "reference")
     return {"psnr": scores["psnr"], "ssim": scores["ssim"], "gaussians": len(trainer.g),
