@@ -365,8 +365,9 @@ def test_a_connection_to_a_failed_training_keeps_its_reason_as_the_backends_erro
     backend = Backend()
     backend.errors["connection"] = "refused"
     status = {"session": "cube", "state": "failed", "step": 30, "reason": "at step 31: training diverged"}
-    backend._connected({"capabilities": {"device": "cpu"}, "status": status, "reopened": ""})
-    assert backend.errors == {"backend": "backend: at step 31: training diverged"}
+    said = backend._connected({"capabilities": {"device": "cpu"}, "status": status, "reopened": ""})
+    assert backend.errors == {"backend": "the training of cube failed at step 31: training diverged"}
+    assert said.endswith("; the training of cube failed at step 31: training diverged")  # Blender's reports say it
     backend._connected({"capabilities": {"device": "cpu"}, "status": {**status, "state": "stopped", "reason": None},
                         "reopened": ""})
     assert backend.errors == {}

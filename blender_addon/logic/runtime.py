@@ -258,12 +258,14 @@ class Backend:
         self.connection, self.detail = "connected", ""
         self.capabilities, self.status, self.progress = reply["capabilities"], reply["status"], {}
         self.errors.clear()  # a new connection: what failed on the old one is moot, but for a failed training
-        if self.status.get("reason"):
-            self._failed("backend", f"backend: {self.status['reason']}")
         self.revision += 1
         caps = self.capabilities
-        ready = f"backend ready: {caps.get('gpu') or caps.get('device')}, torch {caps.get('torch')}"
-        return f"{ready}; {reply['reopened']}" if reply["reopened"] else ready
+        said = [f"backend ready: {caps.get('gpu') or caps.get('device')}, torch {caps.get('torch')}"]
+        if reply["reopened"]:
+            said.append(reply["reopened"])
+        if reason := self.status.get("reason"):
+            said.append(self._failed("backend", f"the training of {self.status['session']} failed {reason}"))
+        return "; ".join(said)
 
     def _apply_event(self, event: dict) -> list[tuple[str, str]]:
         kind = event.get("event")
