@@ -60,7 +60,8 @@ def test_training_continues_from_the_model_sent_and_checkpoints_it(tmp_path):
         status = client.call("status")
     progress = [e for e in events if e["event"] == "progress"]
     assert progress and {e["gaussians"] for e in progress} == {KEPT}  # every step trained the model sent
-    assert progress[0]["step"] <= 10 and status["step"] == ITERATIONS and status["gaussians"] == KEPT
+    # The steps go on from the checkpoint's (when the first report comes depends on the machine's load).
+    assert progress[0]["step"] > TRAINED and status["step"] == ITERATIONS and status["gaussians"] == KEPT
     state = load_checkpoint(checkpoint)
     assert state["step"] == ITERATIONS and len(state["gaussians"]["means"]) == KEPT
     # Adam started over with the model sent: its step counts are the steps since, not the run's
