@@ -34,6 +34,7 @@ CHECK = Limits().check
 # 24 neighbouring skull photos: they register together in a fraction of the time all 65 take (python -m backend
 # bench photos --data tests/data/colmap_skull measures those).
 OVERLAPPING = [str(n) for n in range(35, 59)]
+FEWER = ["35", "36", "37", "38", "39", "47", "48", "49", "50", "53", "54", "55"]  # 12 of them that register alone
 
 
 def reconstructed(photos: Path, out: Path, **options):
@@ -82,11 +83,11 @@ def test_other_photos_start_a_new_database(skull, tmp_path):
     shutil.copytree(skull.folder, out)
     photos = tmp_path / "fewer"
     photos.mkdir()
-    for name in OVERLAPPING[:12]:
+    for name in FEWER:
         shutil.copy(SKULL / "images" / f"{name}.jpg", photos)
     again = reconstruct(photos, out, CHECK)
     assert again.photos == 12 and 3 <= again.registered <= 12, again
-    assert set(colmap.load_cameras(out)[1]) <= set(OVERLAPPING[:12])
+    assert set(colmap.load_cameras(out)[1]) <= set(FEWER)
 
 
 def test_a_photo_of_other_bytes_under_its_name_forgets_the_database(tmp_path):
